@@ -1,0 +1,32 @@
+# Two commands for a newcomer:  make run   |   make test
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+ARGS ?= --demo
+
+.PHONY: run test venv dev clean
+
+$(BIN)/python:
+	$(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+
+$(VENV)/.installed: requirements.txt $(BIN)/python
+	$(BIN)/pip install -q -r requirements.txt
+	touch $@
+
+$(VENV)/.installed-dev: requirements-dev.txt $(VENV)/.installed
+	$(BIN)/pip install -q -r requirements-dev.txt
+	touch $@
+
+venv: $(VENV)/.installed
+
+## make run: set up .venv and start the app (ARGS="--model DIR" for a real model; default --demo)
+run: $(VENV)/.installed
+	$(BIN)/python app_sensevoice.py $(ARGS)
+
+## make test: set up .venv (with test tools) and run every test
+test: $(VENV)/.installed-dev
+	$(BIN)/python -m pytest -q tests
+
+clean:
+	rm -rf $(VENV) .pytest_cache

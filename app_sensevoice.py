@@ -1,0 +1,101 @@
+"""SenseVoice web app: FastAPI + Gradio UI (at /ui, / redirects) + REST API (/api) + health probes.
+
+    python app_sensevoice.py [--model DIR|NAME] [--demo] [--device cuda|cpu] [--host H] [--port P]
+
+Every option also reads its SENSEVOICE_* environment variable (see pipeline/config.py).
+Nothing heavy happens at import time: ``create_app`` builds the app, the model loads in the background
+after the server starts, and /readyz turns 200 once it is loaded and warmed up.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+from contextlib import asynccontextmanager
+
+os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
+
+logger = logging.getLogger("sensevoice.app")
+
+
+def create_app(settings=None, service=None, start: bool = True):
+    """Build the FastAPI app. ``start`` loads the model in a background thread at server start-up."""
+    import gradio as gr
+    from fastapi import FastAPI
+    from fastapi.responses import RedirectResponse
+
+    from pipeline.api import UploadLimit, build_router, install_error_handlers
+    from pipeline.config import Settings
+    from pipeline.service import TranscriptionService
+    from pipeline.ui import build_ui, css, head_html
+
+    settings = settings or Settings()
+    service = service or TranscriptionService(settings)
+
+    @asynccontextmanager
+    async def lifespan(_app):
+        if start:
+            service.start_background()
+        yield
+        service.stop()
+
+    app = FastAPI(title="SenseVoice", lifespan=lifespan)
+    app.state.service = service
+    install_error_handlers(app)
+    app.include_router(build_router(service))
+
+    @app.get("/", include_in_schema=False)
+    async def root():
+        return RedirectResponse("/ui/")
+
+    app = gr.mount_gradio_app(
+        app, build_ui(service), path="/ui", css=css(), head=head_html(),
+        show_error=False, max_file_size=settings.max_upload_bytes,
+        blocked_paths=[str(settings.data_dir.resolve())], enable_monitoring=False,
+        footer_links=[], mcp_server=False, ssr_mode=False,
+    )
+    app.add_middleware(UploadLimit, max_bytes=settings.max_upload_bytes + 64 * 1024)
+    return app
+
+
+def parse_args(argv=None):
+    ap = argparse.ArgumentParser(description="SenseVoice speech recognition web app")
+    ap.add_argument("--model", help="local model directory or hub name (default iic/SenseVoiceSmall)")
+    ap.add_argument("--demo", action="store_true", help="serve a small offline demo model")
+    ap.add_argument("--device", help="cuda, cuda:N or cpu (default: cuda if available)")
+    ap.add_argument("--host")
+    ap.add_argument("--port", type=int)
+    ap.add_argument("--data-dir", help="job store and spool directory")
+    return ap.parse_args(argv)
+
+
+def main(argv=None) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    args = parse_args(argv)
+    from pipeline.config import Settings
+    from pipeline.errors import ModelUnavailable
+    from pipeline.model import resolve_model
+    from pipeline.service import TranscriptionService
+
+    overrides = {k: v for k, v in {"model": args.model, "device": args.device, "host": args.host,
+                                   "port": args.port, "data_dir": args.data_dir}.items() if v is not None}
+    if args.demo:
+        overrides["demo"] = True
+    settings = Settings(**overrides)
+    try:
+        source = resolve_model(settings)  # fail fast, before the server starts
+    except ModelUnavailable as e:
+        print(f"error: {e.message}", file=sys.stderr)
+        return 2
+    import uvicorn
+
+    app = create_app(settings, TranscriptionService(settings, source))
+    print(f"SenseVoice on http://{settings.host}:{settings.port}/  (model: {source.name})", flush=True)
+    uvicorn.run(app, host=settings.host, port=settings.port, log_level="info")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

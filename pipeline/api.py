@@ -1,0 +1,138 @@
+"""REST API under /api, plus /healthz and /readyz. Thin: every call goes to TranscriptionService.
+
+Handlers that decode or touch SQLite are plain ``def`` (FastAPI runs them in its thread pool), so the
+event loop never blocks. Errors are JSON ``{"error": {"code", "message"}}`` with the right status.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from fastapi import APIRouter, FastAPI, File, Form, Request, UploadFile
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+
+from .errors import SenseVoiceError, UploadTooLarge
+from .service import TranscriptionService
+from .types import Job, Lane, TranscribeOptions
+
+logger = logging.getLogger("sensevoice.api")
+
+
+def error_response(status: int, code: str, message: str, headers: dict | None = None) -> JSONResponse:
+    return JSONResponse({"error": {"code": code, "message": message}}, status_code=status,
+                        headers=headers)
+
+
+def job_json(job: Job) -> dict:
+    return {
+        "id": job.id,
+        "status": job.state.value,
+        "position": job.position,
+        "filename": job.filename,
+        "created_at": job.created_at,
+        "started_at": job.started_at,
+        "finished_at": job.finished_at,
+        "duration_s": job.duration_s,
+        "audio_seconds": job.audio_seconds,
+        "options": {"language": job.options.language, "use_itn": job.options.use_itn},
+        "result": job.result.to_dict() if job.result else None,
+        "error": {"code": job.error.code, "message": job.error.message} if job.error else None,
+    }
+
+
+class UploadLimit:
+    """ASGI middleware: refuse request bodies over ``max_bytes`` while they stream in (413),
+    before the multipart parser spools them anywhere."""
+
+    def __init__(self, app, max_bytes: int):
+        self.app = app
+        self.max_bytes = max_bytes
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http" or scope.get("method") not in ("POST", "PUT"):
+            return await self.app(scope, receive, send)
+        headers = dict(scope.get("headers") or [])
+        declared = headers.get(b"content-length")
+        too_large = error_response(413, UploadTooLarge.code,
+                                   f"upload larger than {self.max_bytes} bytes")
+        if declared is not None and declared.isdigit() and int(declared) > self.max_bytes:
+            return await too_large(scope, receive, send)
+        seen = 0
+        started = False
+
+        async def limited_receive():
+            nonlocal seen
+            message = await receive()
+            if message["type"] == "http.request":
+                seen += len(message.get("body", b""))
+                if seen > self.max_bytes:
+                    raise _BodyTooLarge()
+            return message
+
+        async def tracking_send(message):
+            nonlocal started
+            if message["type"] == "http.response.start":
+                started = True
+            await send(message)
+
+        try:
+            await self.app(scope, limited_receive, tracking_send)
+        except _BodyTooLarge:
+            if not started:
+                await too_large(scope, receive, send)
+
+
+class _BodyTooLarge(Exception):
+    pass
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    @app.exception_handler(SenseVoiceError)
+    async def _domain(_request: Request, e: SenseVoiceError):
+        headers = {"Retry-After": str(e.retry_after)} if hasattr(e, "retry_after") else None
+        return error_response(e.status, e.code, e.message, headers)
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation(_request: Request, e: RequestValidationError):
+        parts = "; ".join(f"{'.'.join(map(str, err['loc']))}: {err['msg']}" for err in e.errors())
+        return error_response(400, "invalid_request", parts or "invalid request")
+
+
+def build_router(service: TranscriptionService) -> APIRouter:
+    router = APIRouter()
+
+    @router.post("/api/jobs", status_code=202)
+    def create_job(file: UploadFile = File(...), language: str = Form("auto"),
+                   use_itn: bool = Form(True), ban_emo_unk: bool = Form(False)):
+        options = TranscribeOptions(language=language, use_itn=use_itn, ban_emo_unk=ban_emo_unk)
+        data = file.file.read(service.settings.max_upload_bytes + 1)
+        if len(data) > service.settings.max_upload_bytes:
+            raise UploadTooLarge(f"upload larger than {service.settings.max_upload_bytes} bytes")
+        job = service.submit(data, filename=file.filename or "", options=options, lane=Lane.BULK)
+        return JSONResponse({"id": job.id, "status": job.state.value, "position": job.position},
+                            status_code=202, headers={"Location": f"/api/jobs/{job.id}"})
+
+    @router.get("/api/jobs/{job_id}")
+    def get_job(job_id: str):
+        return job_json(service.get(job_id))
+
+    @router.get("/healthz")
+    async def healthz():
+        return {"status": "ok"}
+
+    @router.get("/readyz")
+    async def readyz():
+        body = {"ready": service.ready, "state": service.state, "model": _model_name(service),
+                "demo": service.is_demo, "devices": service.devices}
+        if service.error:
+            body["error"] = service.error
+        return JSONResponse(body, status_code=200 if service.ready else 503)
+
+    return router
+
+
+def _model_name(service: TranscriptionService) -> str:
+    if service.source is None:
+        return service.settings.model
+    return "demo (hand-set weights, not a real model)" if service.is_demo else service.source.name

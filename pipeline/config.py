@@ -1,0 +1,60 @@
+"""All knobs of the service, read from the environment (prefix ``SENSEVOICE_``) or the CLI."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+DEFAULT_MODEL = "iic/SenseVoiceSmall"
+
+
+def default_device() -> str:
+    """``cuda`` when a GPU is visible, else ``cpu``. Imports torch lazily."""
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+class Settings(BaseSettings):
+    """Service settings. Every field reads ``SENSEVOICE_<NAME>`` from the environment."""
+
+    model_config = SettingsConfigDict(env_prefix="SENSEVOICE_", extra="ignore")
+
+    model: str = Field(
+        DEFAULT_MODEL,
+        description="Model: a local SenseVoiceSmall directory, or a hub name funasr downloads.",
+    )
+    demo: bool = Field(
+        False, description="Build (once, cached) and serve a small hand-set demo model offline."
+    )
+    device: str = Field("", description="'cuda', 'cuda:1', 'cpu'; empty = cuda if available.")
+    dtype: Literal["float16", "bfloat16", "float32"] = Field(
+        "float16", description="Encoder compute dtype on GPU (CPU always uses float32)."
+    )
+    host: str = Field("127.0.0.1", description="Address to bind.")
+    port: int = Field(7860, description="Port to bind.")
+    data_dir: Path = Field(Path("data"), description="Job store (SQLite) and audio spool.")
+    cache_dir: Path = Field(
+        Path.home() / ".cache" / "sensevoice-app",
+        description="Where the demo model is built and cached.",
+    )
+    queue_size: int = Field(1024, ge=1, description="Max jobs waiting; beyond it submit gets 503.")
+    max_upload_bytes: int = Field(200 * 1024 * 1024, description="Max upload size, bytes.")
+    max_audio_seconds: float = Field(4 * 3600.0, description="Max decoded duration, seconds.")
+    max_batch: int = Field(64, ge=1, description="Max clips per GPU batch.")
+    max_wait_ms: float = Field(2.0, ge=0, description="Batch formation wait after the first job, ms.")
+    max_batch_seconds: float = Field(
+        1200.0, description="Max total padded audio seconds in one batch (bounds GPU memory)."
+    )
+    cuda_graphs: bool = Field(True, description="Capture CUDA graphs per (batch, length) bucket.")
+    graph_batch_sizes: str = Field("1,2,4,8,16,32,64", description="Batch buckets to capture.")
+    graph_max_seconds: float = Field(30.0, description="Longest clip served by captured graphs, s.")
+    hub_timeout_s: float = Field(3.0, description="Seconds to wait for the model hub to answer.")
+    retry_after_s: int = Field(2, description="Retry-After seconds sent with 503 queue_full.")
+    poll_interval_s: float = Field(0.5, description="UI polling period, seconds.")
+
+    def resolved_device(self) -> str:
+        return self.device or default_device()

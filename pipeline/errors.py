@@ -1,0 +1,91 @@
+"""Domain errors a user can meet. Each carries an HTTP status, a stable code and a clear message.
+
+Library errors (PyAV, torch, sqlite) are translated into these at the module boundary.
+"""
+
+from __future__ import annotations
+
+
+class SenseVoiceError(Exception):
+    """Base class: ``status`` is the HTTP status, ``code`` a stable machine-readable name."""
+
+    status: int = 500
+    code: str = "internal_error"
+
+    def __init__(self, message: str):
+        super().__init__(message)
+        self.message = message
+
+
+class AudioDecodeError(SenseVoiceError):
+    """The upload is not audio we can decode (not a media file, truncated, unknown codec)."""
+
+    status = 415
+    code = "unsupported_media"
+
+
+class NoAudioStream(SenseVoiceError):
+    """A media container that holds no audio track (e.g. a silent video)."""
+
+    status = 400
+    code = "no_audio_stream"
+
+
+class EmptyAudio(SenseVoiceError):
+    """Decoding succeeded but produced no (or too few) samples."""
+
+    status = 400
+    code = "empty_audio"
+
+
+class AudioTooLong(SenseVoiceError):
+    """The decoded duration exceeds the configured cap."""
+
+    status = 413
+    code = "audio_too_long"
+
+
+class UploadTooLarge(SenseVoiceError):
+    """The upload exceeds the byte cap."""
+
+    status = 413
+    code = "upload_too_large"
+
+
+class InvalidOption(SenseVoiceError):
+    """A request option (language, flags) is not valid."""
+
+    status = 400
+    code = "invalid_option"
+
+
+class QueueFull(SenseVoiceError):
+    """Back-pressure: the bounded queue is full. ``retry_after`` is in seconds."""
+
+    status = 503
+    code = "queue_full"
+
+    def __init__(self, message: str, retry_after: int = 1):
+        super().__init__(message)
+        self.retry_after = retry_after
+
+
+class NotReady(SenseVoiceError):
+    """The model is still loading / warming up, or the worker is unhealthy."""
+
+    status = 503
+    code = "not_ready"
+
+
+class JobNotFound(SenseVoiceError):
+    """No job with this id exists."""
+
+    status = 404
+    code = "job_not_found"
+
+
+class ModelUnavailable(SenseVoiceError):
+    """The model cannot be loaded (hub unreachable, missing files, config mismatch)."""
+
+    status = 503
+    code = "model_unavailable"

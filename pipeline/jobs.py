@@ -1,0 +1,195 @@
+"""JobStore: the truth about jobs, on SQLite (WAL, synchronous=FULL).
+
+States: queued -> running -> done | failed. Every transition is state-checked (``WHERE state=?``)
+so a result can never be written twice and a recovered job can never be finished by a stale worker.
+The uploaded bytes of each accepted job are spooled beside the database (fsync'd before the submit
+answers), so that a restart can decode and run queued jobs again.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sqlite3
+import threading
+import time
+from pathlib import Path
+from typing import Iterable
+
+from .errors import JobNotFound
+from .types import Job, JobError, JobState, Lane, TranscribeOptions, Transcript
+
+logger = logging.getLogger("sensevoice.jobs")
+
+MAX_ATTEMPTS = 3  # a job that was running during 3 crashes is failed, not retried forever
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS jobs (
+    seq INTEGER PRIMARY KEY AUTOINCREMENT,
+    id TEXT UNIQUE NOT NULL,
+    state TEXT NOT NULL,
+    lane INTEGER NOT NULL,
+    options TEXT NOT NULL,
+    filename TEXT NOT NULL DEFAULT '',
+    audio_seconds REAL NOT NULL,
+    created_at REAL NOT NULL,
+    started_at REAL,
+    finished_at REAL,
+    attempts INTEGER NOT NULL DEFAULT 0,
+    result TEXT,
+    error_code TEXT,
+    error_message TEXT
+);
+CREATE INDEX IF NOT EXISTS jobs_state ON jobs(state, seq);
+"""
+
+
+class JobStore:
+    """SQLite-backed job store; one connection per thread."""
+
+    def __init__(self, data_dir: str | Path):
+        self.data_dir = Path(data_dir)
+        self.spool_dir = self.data_dir / "spool"
+        self.spool_dir.mkdir(parents=True, exist_ok=True)
+        self.db_path = self.data_dir / "jobs.sqlite3"
+        self._local = threading.local()
+        with self._conn() as c:
+            c.executescript(SCHEMA)
+
+    # ------------------------------------------------------------------ plumbing
+    def _conn(self) -> sqlite3.Connection:
+        conn = getattr(self._local, "conn", None)
+        if conn is None:
+            conn = sqlite3.connect(self.db_path, timeout=30.0, isolation_level=None)
+            conn.execute("PRAGMA journal_mode=WAL")
+            conn.execute("PRAGMA synchronous=FULL")
+            conn.execute("PRAGMA busy_timeout=30000")
+            conn.row_factory = sqlite3.Row
+            self._local.conn = conn
+        return conn
+
+    def spool_path(self, job_id: str) -> Path:
+        return self.spool_dir / f"{job_id}.upload"  # server-made name; the client's name is never a path
+
+    # ------------------------------------------------------------------ writes
+    def create(self, job: Job, upload: bytes) -> None:
+        """Spool the upload (fsync) and insert the job, before the submit answers."""
+        path = self.spool_path(job.id)
+        tmp = path.with_suffix(".tmp")
+        with open(tmp, "wb") as f:
+            f.write(upload)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+        self._conn().execute(
+            "INSERT INTO jobs (id, state, lane, options, filename, audio_seconds, created_at)"
+            " VALUES (?, ?, ?, ?, ?, ?, ?)",
+            (job.id, JobState.QUEUED.value, int(job.lane), _dump_options(job.options),
+             job.filename, job.audio_seconds, job.created_at),
+        )
+
+    def mark_running(self, job_ids: Iterable[str]) -> set[str]:
+        """queued -> running (attempts + 1). Returns the ids that really moved."""
+        now = time.time()
+        moved = set()
+        conn = self._conn()
+        for jid in job_ids:
+            cur = conn.execute(
+                "UPDATE jobs SET state=?, started_at=?, attempts=attempts+1 WHERE id=? AND state=?",
+                (JobState.RUNNING.value, now, jid, JobState.QUEUED.value),
+            )
+            if cur.rowcount:
+                moved.add(jid)
+        return moved
+
+    def finish(self, job_id: str, result: Transcript) -> bool:
+        cur = self._conn().execute(
+            "UPDATE jobs SET state=?, finished_at=?, result=? WHERE id=? AND state=?",
+            (JobState.DONE.value, time.time(), json.dumps(result.to_dict(), ensure_ascii=False),
+             job_id, JobState.RUNNING.value),
+        )
+        return bool(cur.rowcount)
+
+    def fail(self, job_id: str, code: str, message: str) -> bool:
+        """Fail a queued or running job (never a finished one)."""
+        cur = self._conn().execute(
+            "UPDATE jobs SET state=?, finished_at=?, error_code=?, error_message=?"
+            " WHERE id=? AND state IN (?, ?)",
+            (JobState.FAILED.value, time.time(), code, message, job_id,
+             JobState.QUEUED.value, JobState.RUNNING.value),
+        )
+        return bool(cur.rowcount)
+
+    def requeue(self, job_id: str) -> bool:
+        """running -> queued (e.g. after a retryable fault)."""
+        cur = self._conn().execute(
+            "UPDATE jobs SET state=?, started_at=NULL WHERE id=? AND state=?",
+            (JobState.QUEUED.value, job_id, JobState.RUNNING.value),
+        )
+        return bool(cur.rowcount)
+
+    def recover(self) -> list[Job]:
+        """After a restart: jobs left running go back to the queue, or fail after MAX_ATTEMPTS.
+        Returns every queued job in submission order (to be put back on the scheduler)."""
+        conn = self._conn()
+        conn.execute(
+            "UPDATE jobs SET state=?, finished_at=?, error_code='too_many_attempts',"
+            " error_message=? WHERE state=? AND attempts>=?",
+            (JobState.FAILED.value, time.time(),
+             f"the job was interrupted {MAX_ATTEMPTS} times while running and was given up",
+             JobState.RUNNING.value, MAX_ATTEMPTS),
+        )
+        conn.execute("UPDATE jobs SET state=?, started_at=NULL WHERE state=?",
+                     (JobState.QUEUED.value, JobState.RUNNING.value))
+        rows = conn.execute("SELECT * FROM jobs WHERE state=? ORDER BY seq",
+                            (JobState.QUEUED.value,)).fetchall()
+        return [_row_to_job(r) for r in rows]
+
+    def delete_spool(self, job_id: str) -> None:
+        try:
+            self.spool_path(job_id).unlink()
+        except FileNotFoundError:
+            pass
+
+    # ------------------------------------------------------------------ reads
+    def get(self, job_id: str) -> Job:
+        row = self._conn().execute("SELECT * FROM jobs WHERE id=?", (job_id,)).fetchone()
+        if row is None:
+            raise JobNotFound(f"no job with id {job_id!r}")
+        return _row_to_job(row)
+
+    def load_upload(self, job_id: str) -> bytes:
+        return self.spool_path(job_id).read_bytes()
+
+    def discard(self, job_id: str) -> None:
+        """Forget a job that was never accepted (the queue filled up between checks)."""
+        self._conn().execute("DELETE FROM jobs WHERE id=? AND state=?", (job_id, JobState.QUEUED.value))
+        self.delete_spool(job_id)
+
+    def counts(self) -> dict[str, int]:
+        rows = self._conn().execute("SELECT state, COUNT(*) AS n FROM jobs GROUP BY state").fetchall()
+        out = {s.value: 0 for s in JobState}
+        out.update({r["state"]: r["n"] for r in rows})
+        return out
+
+    def close(self) -> None:
+        conn = getattr(self._local, "conn", None)
+        if conn is not None:
+            conn.close()
+            self._local.conn = None
+
+
+def _dump_options(o: TranscribeOptions) -> str:
+    return json.dumps({"language": o.language, "use_itn": o.use_itn, "ban_emo_unk": o.ban_emo_unk})
+
+
+def _row_to_job(r: sqlite3.Row) -> Job:
+    result = Transcript.from_dict(json.loads(r["result"])) if r["result"] else None
+    error = JobError(r["error_code"], r["error_message"]) if r["error_code"] else None
+    return Job(
+        id=r["id"], state=JobState(r["state"]), options=TranscribeOptions(**json.loads(r["options"])),
+        lane=Lane(r["lane"]), created_at=r["created_at"], audio_seconds=r["audio_seconds"],
+        filename=r["filename"], started_at=r["started_at"], finished_at=r["finished_at"],
+        attempts=r["attempts"], result=result, error=error,
+    )

@@ -1,0 +1,147 @@
+"""Load SenseVoiceSmall through funasr: resolve the model directory (local, demo, or hub), load it,
+and keep funasr's own ``AutoModel.generate`` as the reference path for equivalence tests.
+
+Nothing here runs at import time; funasr is imported lazily (it takes seconds).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Sequence
+
+from .errors import ModelUnavailable
+
+if TYPE_CHECKING:
+    import numpy as np
+
+    from .config import Settings
+    from .types import TranscribeOptions
+
+logger = logging.getLogger("sensevoice.model")
+
+HUB_HOST = "www.modelscope.cn"  # where funasr downloads iic/SenseVoiceSmall
+HUB_PORT = 443
+REQUIRED_FILES = ("config.yaml", "model.pt", "am.mvn", "chn_jpn_yue_eng_ko_spectok.bpe.model")
+
+
+@dataclass(frozen=True)
+class ModelSource:
+    """A resolved, local model directory and what it is."""
+
+    path: Path
+    name: str  # what the user asked for
+    is_demo: bool
+
+
+def _looks_like_model_dir(path: Path) -> bool:
+    return path.is_dir() and all((path / f).exists() for f in REQUIRED_FILES)
+
+
+def _hub_cache_candidates(name: str) -> list[Path]:
+    root = Path(os.environ.get("MODELSCOPE_CACHE", Path.home() / ".cache" / "modelscope" / "hub"))
+    return [root / "models" / name, root / name]
+
+
+def hub_reachable(timeout_s: float) -> bool:
+    """A TCP connect to the hub, bounded by ``timeout_s`` (modelscope itself retries ~22 s)."""
+    try:
+        with socket.create_connection((HUB_HOST, HUB_PORT), timeout=timeout_s):
+            return True
+    except OSError:
+        return False
+
+
+def resolve_model(settings: "Settings") -> ModelSource:
+    """Turn ``--model``/``--demo`` into a local directory, failing fast with a clear message."""
+    if settings.demo:
+        from .testing import ensure_model_dir
+
+        path = ensure_model_dir("demo", cache_root=Path(settings.cache_dir) / "models")
+        return ModelSource(path=Path(path), name="demo", is_demo=True)
+    path = Path(settings.model).expanduser()
+    if path.exists():
+        if not _looks_like_model_dir(path):
+            missing = [f for f in REQUIRED_FILES if not (path / f).exists()]
+            raise ModelUnavailable(
+                f"{path} is not a SenseVoiceSmall model directory (missing: {', '.join(missing)})"
+            )
+        from .testing import is_demo_model
+
+        return ModelSource(path=path, name=settings.model, is_demo=is_demo_model(path))
+    for cached in _hub_cache_candidates(settings.model):
+        if _looks_like_model_dir(cached):
+            logger.info("using cached hub model %s", cached)
+            return ModelSource(path=cached, name=settings.model, is_demo=False)
+    if "/" not in settings.model:
+        raise ModelUnavailable(f"model {settings.model!r}: no such directory and not a hub name")
+    if not hub_reachable(settings.hub_timeout_s):
+        raise ModelUnavailable(
+            f"cannot reach the model hub ({HUB_HOST}) to download {settings.model!r} and it is "
+            "not in the local cache. Connect to the internet once, or pass a local model "
+            "directory with --model DIR (SENSEVOICE_MODEL=DIR), or try the app offline with --demo."
+        )
+    return ModelSource(path=_download(settings.model), name=settings.model, is_demo=False)
+
+
+def _download(name: str) -> Path:
+    from modelscope import snapshot_download
+
+    try:
+        return Path(snapshot_download(name))
+    except Exception as e:  # modelscope raises many types; all mean "could not download"
+        raise ModelUnavailable(f"downloading {name!r} from the model hub failed: {e}") from e
+
+
+def load_automodel(model_dir: str | Path, device: str):
+    """funasr's AutoModel for a local directory: no hub, no update check, no dither, SenseVoice only."""
+    import torch
+    from funasr import AutoModel
+
+    threads = torch.get_num_threads()
+    am = AutoModel(
+        model=str(model_dir),
+        device=device,
+        disable_update=True,
+        disable_pbar=True,
+        disable_log=True,
+        log_level="ERROR",
+        ncpu=threads,  # funasr's default of 4 oversubscribes small machines
+        frontend_conf={"dither": 0.0},
+    )
+    _check_weights_loaded(am.model, Path(model_dir) / "model.pt")
+    am.model.eval()
+    return am
+
+
+def _check_weights_loaded(model, weights: Path) -> None:
+    """funasr silently keeps random weights on a mismatch; compare one tensor to be sure."""
+    import torch
+
+    sd = torch.load(weights, map_location="cpu", weights_only=True)
+    sd = sd.get("state_dict", sd) if isinstance(sd, dict) else sd
+    name = "ctc.ctc_lo.weight"
+    if name in sd:
+        have = model.state_dict()[name].detach().float().cpu()
+        if have.shape != sd[name].shape or not torch.equal(have, sd[name].float()):
+            raise ModelUnavailable(f"{weights}: weights did not load into the model (config mismatch)")
+
+
+def reference_generate(
+    am, waves: Sequence["np.ndarray"], options: "TranscribeOptions"
+) -> list[str]:
+    """funasr's own path, one clip at a time: the baseline and the equivalence oracle."""
+    out = []
+    for w in waves:
+        r = am.generate(
+            input=w,
+            language=options.language,
+            use_itn=options.use_itn,
+            ban_emo_unk=options.ban_emo_unk,
+            batch_size=1,
+        )
+        out.append(r[0]["text"])
+    return out

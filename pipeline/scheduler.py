@@ -1,0 +1,124 @@
+"""Bounded two-lane queue with dynamic batch formation (Triton-style).
+
+``put`` never blocks: a full queue raises QueueFull at once. ``next_batch`` waits for a first item,
+then up to ``max_wait`` for more (unless a full batch is already there), and picks a batch around the
+oldest item of the most urgent lane, preferring items of similar length to cut padding, filling spare
+seats from the other lane, within ``max_batch`` items and ``max_batch_seconds`` of padded audio.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Optional
+
+import torch
+
+from .errors import QueueFull
+from .types import Lane, TranscribeOptions
+
+SAMPLE_RATE = 16_000  # Hz
+
+
+@dataclass(eq=False)
+class WorkItem:
+    job_id: str
+    lane: Lane
+    options: TranscribeOptions
+    n_samples: int  # 16 kHz samples
+    audio: Optional[torch.Tensor] = None  # 16 kHz wave; None -> load from the spool
+    enqueued_at: float = field(default_factory=time.monotonic)
+    seq: int = 0
+
+
+class Scheduler:
+    def __init__(self, maxsize: int, max_batch: int = 64, max_wait_s: float = 0.002,
+                 max_batch_seconds: float = 1200.0, retry_after_s: int = 2):
+        self.maxsize = maxsize
+        self.max_batch = max_batch
+        self.max_wait_s = max_wait_s
+        self.max_batch_samples = int(max_batch_seconds * SAMPLE_RATE)
+        self.retry_after_s = retry_after_s
+        self._items: list[WorkItem] = []
+        self._cond = threading.Condition()
+        self._seq = 0
+        self._closed = False
+
+    def __len__(self) -> int:
+        with self._cond:
+            return len(self._items)
+
+    def put(self, item: WorkItem, force: bool = False) -> None:
+        """Enqueue or raise QueueFull. ``force`` admits recovered jobs beyond the bound."""
+        with self._cond:
+            if not force and len(self._items) >= self.maxsize:
+                raise QueueFull(
+                    f"the server is busy ({len(self._items)} jobs waiting); "
+                    f"try again in {self.retry_after_s} s", retry_after=self.retry_after_s)
+            self._seq += 1
+            item.seq = self._seq
+            self._items.append(item)
+            self._cond.notify()
+
+    def position(self, job_id: str) -> int | None:
+        """1-based place in serving order (lane, then age), or None when not queued."""
+        with self._cond:
+            order = sorted(self._items, key=lambda i: (i.lane, i.seq))
+        for n, it in enumerate(order, 1):
+            if it.job_id == job_id:
+                return n
+        return None
+
+    def remove(self, job_id: str) -> bool:
+        with self._cond:
+            for i, it in enumerate(self._items):
+                if it.job_id == job_id:
+                    del self._items[i]
+                    return True
+        return False
+
+    def close(self) -> None:
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+
+    def next_batch(self, timeout: float) -> list[WorkItem]:
+        """Block up to ``timeout`` for work; return a batch (possibly empty)."""
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            while not self._items and not self._closed:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return []
+                self._cond.wait(left)
+            if self._closed:
+                return []
+            fill_until = time.monotonic() + self.max_wait_s
+            while len(self._items) < self.max_batch and not self._closed:
+                left = fill_until - time.monotonic()
+                if left <= 0:
+                    break
+                self._cond.wait(left)
+            batch = self._select()
+            chosen = set(map(id, batch))
+            self._items = [i for i in self._items if id(i) not in chosen]
+            return batch
+
+    def _select(self) -> list[WorkItem]:
+        anchor = min(self._items, key=lambda i: (i.lane, i.seq))
+        # same lane first, closest in length; then the other lane's items, closest in length
+        def key(i: WorkItem):
+            return (i.lane != anchor.lane, abs(i.n_samples - anchor.n_samples), i.seq)
+
+        batch = [anchor]
+        longest = anchor.n_samples
+        for it in sorted((i for i in self._items if i is not anchor), key=key):
+            if len(batch) >= self.max_batch:
+                break
+            new_longest = max(longest, it.n_samples)
+            if new_longest * (len(batch) + 1) > self.max_batch_samples:
+                continue
+            batch.append(it)
+            longest = new_longest
+        return batch

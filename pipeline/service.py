@@ -1,0 +1,197 @@
+"""TranscriptionService: the one place the UI, the REST API and the CLI talk to.
+
+submit: decode (PyAV, in the caller's thread) -> resample on the device -> spool + store (on disk)
+-> enqueue. Workers (one per device) run batches and write results to the store; get/wait read it.
+"""
+
+from __future__ import annotations
+
+import logging
+import secrets
+import threading
+import time
+import uuid
+from dataclasses import replace
+from pathlib import Path
+
+import torch
+
+from .audio import Resampler, decode_audio
+from .config import Settings
+from .errors import NotReady, SenseVoiceError
+from .jobs import JobStore
+from .model import ModelSource, load_automodel, resolve_model
+from .scheduler import SAMPLE_RATE, Scheduler, WorkItem
+from .types import Job, JobState, Lane, TranscribeOptions
+
+logger = logging.getLogger("sensevoice.service")
+
+HEARTBEAT_STALE_S = 30.0  # a worker silent for this long is not ready
+
+
+def new_job_id() -> str:
+    """A full random UUID (122 random bits): unguessable."""
+    return str(uuid.UUID(bytes=secrets.token_bytes(16), version=4))
+
+
+def visible_devices(device: str) -> list[str]:
+    if device == "cuda":
+        return [f"cuda:{i}" for i in range(torch.cuda.device_count())]
+    return [device]
+
+
+class TranscriptionService:
+    def __init__(self, settings: Settings, source: ModelSource | None = None):
+        self.settings = settings
+        self.source = source
+        self.devices = visible_devices(settings.resolved_device())
+        self.store = JobStore(settings.data_dir)
+        self.scheduler = Scheduler(
+            settings.queue_size, settings.max_batch, settings.max_wait_ms / 1e3,
+            settings.max_batch_seconds, settings.retry_after_s)
+        self.resampler = Resampler(self.devices[0])
+        self.workers: list = []
+        self.state = "starting"  # starting -> loading -> ready | failed
+        self.error: str | None = None
+        self.startup: dict[str, float] = {}
+        self._done = threading.Condition()
+
+    # ------------------------------------------------------------------ lifecycle
+    @property
+    def is_demo(self) -> bool:
+        return bool(self.source and self.source.is_demo)
+
+    @property
+    def ready(self) -> bool:
+        if self.state != "ready" or not self.workers:
+            return False
+        now = time.monotonic()
+        return all(w.is_alive() and w.fatal is None and now - w.heartbeat < HEARTBEAT_STALE_S
+                   for w in self.workers)
+
+    def start(self) -> None:
+        """Load, warm up, recover the queue, start workers. Blocking; call from a thread."""
+        from .engine import SenseVoiceEngine
+        from .worker import Worker
+
+        try:
+            self.state = "loading"
+            t0 = time.perf_counter()
+            if self.source is None:
+                self.source = resolve_model(self.settings)
+            am = load_automodel(self.source.path, self.devices[0])
+            self.startup["load_s"] = time.perf_counter() - t0
+            for n, dev in enumerate(self.devices):
+                engine = SenseVoiceEngine.from_automodel(am, dev, self.settings.dtype)
+                if self.settings.cuda_graphs:
+                    sizes = [int(b) for b in self.settings.graph_batch_sizes.split(",") if b.strip()]
+                    engine.capture_graphs(sizes, self.settings.graph_max_seconds)
+                engine.warmup()
+                self.startup.update({f"{k}_s[{dev}]": v for k, v in engine.startup_seconds.items()})
+                self.workers.append(Worker(f"sensevoice-worker-{n}", engine, self.scheduler,
+                                           self.store, load_audio=self._load_spooled(dev),
+                                           on_done=self._notify, on_fatal=self._on_fatal))
+            self._recover()
+            for w in self.workers:
+                w.start()
+            self.startup["total_s"] = time.perf_counter() - t0
+            self.state = "ready"
+            logger.info("ready on %s (model %s%s) in %.1f s", ", ".join(self.devices),
+                        self.source.name, ", DEMO" if self.is_demo else "", self.startup["total_s"])
+        except Exception as e:
+            self.state = "failed"
+            self.error = str(e)
+            logger.exception("start-up failed")
+            raise
+
+    def start_background(self) -> threading.Thread:
+        t = threading.Thread(target=self._start_quietly, name="sensevoice-startup", daemon=True)
+        t.start()
+        return t
+
+    def _start_quietly(self) -> None:
+        try:
+            self.start()
+        except Exception:
+            pass  # state/error already recorded and logged
+
+    def stop(self) -> None:
+        self.scheduler.close()
+        for w in self.workers:
+            w.stop()
+        for w in self.workers:
+            w.join(timeout=10)
+
+    def _on_fatal(self, e: BaseException) -> None:
+        self.state = "failed"
+        self.error = f"fatal device error: {e}"
+
+    def _notify(self, job_id: str) -> None:
+        with self._done:
+            self._done.notify_all()
+
+    def _load_spooled(self, device: str):
+        resampler = Resampler(device)
+
+        def load(job_id: str) -> torch.Tensor:
+            audio = decode_audio(self.store.load_upload(job_id),
+                                 max_seconds=self.settings.max_audio_seconds)
+            return resampler(audio)
+
+        return load
+
+    def _recover(self) -> None:
+        """Put jobs that a previous process accepted back on the queue."""
+        jobs = self.store.recover()
+        for job in jobs:
+            n = int(job.audio_seconds * SAMPLE_RATE)
+            self.scheduler.put(WorkItem(job.id, job.lane, job.options, n), force=True)
+        if jobs:
+            logger.info("recovered %d queued jobs from the store", len(jobs))
+
+    # ------------------------------------------------------------------ the API
+    def submit(self, data: bytes, *, filename: str = "", options: TranscribeOptions = TranscribeOptions(),
+               lane: Lane = Lane.BULK) -> Job:
+        """Decode, resample, persist and enqueue one upload. Blocking: call from a worker thread."""
+        if self.state == "failed":
+            raise NotReady(f"the service is not available: {self.error}")
+        if len(self.scheduler) >= self.scheduler.maxsize:  # cheap early answer before decoding
+            self.scheduler.put(WorkItem("", lane, options, 0))  # raises QueueFull
+        audio = decode_audio(data, max_seconds=self.settings.max_audio_seconds,
+                             max_bytes=self.settings.max_upload_bytes)
+        wave = self.resampler(audio)
+        if wave.is_cuda:
+            torch.cuda.current_stream(wave.device).synchronize()  # ready before another thread reads it
+        job = Job(id=new_job_id(), state=JobState.QUEUED, options=options, lane=lane,
+                  created_at=time.time(), audio_seconds=wave.shape[0] / SAMPLE_RATE,
+                  filename=_display_name(filename))
+        self.store.create(job, data)
+        try:
+            self.scheduler.put(WorkItem(job.id, lane, options, int(wave.shape[0]), audio=wave))
+        except SenseVoiceError:
+            self.store.discard(job.id)
+            raise
+        return replace(job, position=self.scheduler.position(job.id))
+
+    def get(self, job_id: str) -> Job:
+        job = self.store.get(job_id)
+        if job.state is JobState.QUEUED:
+            job = replace(job, position=self.scheduler.position(job_id))
+        return job
+
+    def wait(self, job_id: str, timeout: float = 60.0) -> Job:
+        deadline = time.monotonic() + timeout
+        with self._done:
+            while True:
+                job = self.get(job_id)
+                left = deadline - time.monotonic()
+                if job.state in (JobState.DONE, JobState.FAILED) or left <= 0:
+                    return job
+                self._done.wait(min(left, 0.5))
+
+
+def _display_name(name: str, limit: int = 200) -> str:
+    """The client's filename for display only: no path parts, no control characters, bounded."""
+    base = Path(str(name).replace("\\", "/")).name
+    clean = "".join(ch for ch in base if ch.isprintable() and ch not in "\u202e\u202d\u200f\u200e")
+    return clean[:limit]

@@ -1,0 +1,101 @@
+"""Typed values that cross module boundaries. Frozen dataclasses, never bare dicts."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import asdict, dataclass, field
+
+SAMPLE_RATE = 16_000  # Hz, what the model consumes
+LANGUAGES = ("auto", "zh", "en", "yue", "ja", "ko", "nospeech")
+
+
+class Lane(enum.IntEnum):
+    """Scheduling lane: lower value is served first."""
+
+    INTERACTIVE = 0  # UI jobs
+    BULK = 1  # API / CLI jobs
+
+
+class JobState(str, enum.Enum):
+    QUEUED = "queued"
+    RUNNING = "running"
+    DONE = "done"
+    FAILED = "failed"
+
+
+@dataclass(frozen=True)
+class TranscribeOptions:
+    """What the caller asks for. Hashable: it can key a batch group."""
+
+    language: str = "auto"  # one of LANGUAGES
+    use_itn: bool = True  # inverse text normalisation (punctuation, digits)
+    ban_emo_unk: bool = False  # never emit <|EMO_UNKNOWN|>
+
+    def __post_init__(self) -> None:
+        from .errors import InvalidOption
+
+        if self.language not in LANGUAGES:
+            raise InvalidOption(
+                f"unknown language {self.language!r}; choose one of {', '.join(LANGUAGES)}"
+            )
+
+
+@dataclass(frozen=True)
+class Segment:
+    """One block of rich text: <|lang|><|EMO|><|Event|>...<|itn|>text."""
+
+    language: str
+    emotion: str
+    events: tuple[str, ...]
+    itn: str
+    text: str
+    start: float | None = None  # seconds
+    end: float | None = None  # seconds
+
+
+@dataclass(frozen=True)
+class Transcript:
+    text: str  # plain text, tags removed
+    raw_text: str  # exactly what the model emitted, tags included
+    segments: tuple[Segment, ...] = ()
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "Transcript":
+        segs = tuple(
+            Segment(**{**s, "events": tuple(s.get("events", ()))}) for s in d.get("segments", ())
+        )
+        return cls(text=d["text"], raw_text=d["raw_text"], segments=segs)
+
+
+@dataclass(frozen=True)
+class JobError:
+    code: str
+    message: str
+
+
+@dataclass(frozen=True)
+class Job:
+    id: str
+    state: JobState
+    options: TranscribeOptions
+    lane: Lane
+    created_at: float  # unix seconds
+    audio_seconds: float
+    filename: str = ""  # the client's name, for display only (never used as a path)
+    started_at: float | None = None
+    finished_at: float | None = None
+    attempts: int = 0
+    result: Transcript | None = None
+    error: JobError | None = None
+    position: int | None = None  # place in queue (1 = next), when queued
+    meta: dict = field(default_factory=dict, compare=False)
+
+    @property
+    def duration_s(self) -> float | None:
+        """Compute time (start to finish), seconds."""
+        if self.started_at is None or self.finished_at is None:
+            return None
+        return self.finished_at - self.started_at

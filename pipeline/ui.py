@@ -1,0 +1,110 @@
+"""Gradio UI: a thin client of TranscriptionService.
+
+Submit returns at once with a job id; a gr.Timer polls the job; the raw rich text goes to the browser,
+where static/richtext.js renders badges and chips (escaping every piece of text).
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import gradio as gr
+
+from .errors import SenseVoiceError
+from .service import TranscriptionService
+from .types import LANGUAGES, Job, JobState, Lane, TranscribeOptions
+
+logger = logging.getLogger("sensevoice.ui")
+
+STATIC = Path(__file__).resolve().parent.parent / "static"
+RENDER_JS = "(raw) => { window.SenseVoiceRich && window.SenseVoiceRich.renderInto('sv-result', raw || ''); return []; }"
+
+
+def head_html() -> str:
+    """richtext.js inlined into the page head (no extra route, works under any mount path)."""
+    js = (STATIC / "richtext.js").read_text(encoding="utf-8")
+    return f"<script>{js}</script>"
+
+
+def css() -> str:
+    return (STATIC / "style.css").read_text(encoding="utf-8") + "\n.sv-hidden{display:none !important}\n"
+
+
+def status_line(job: Job) -> str:
+    if job.state is JobState.QUEUED:
+        return f"queued, position {job.position}" if job.position else "queued"
+    if job.state is JobState.RUNNING:
+        return "running"
+    if job.state is JobState.DONE:
+        return f"done in {job.duration_s:.2f} s ({job.audio_seconds:.1f} s of audio)"
+    err = job.error.message if job.error else "unknown error"
+    return f"failed: {err}"
+
+
+def build_ui(service: TranscriptionService) -> gr.Blocks:
+    settings = service.settings
+
+    def submit(path: str | None, language: str, use_itn: bool):
+        if not path:
+            return "", "error: choose or record an audio file first", "", gr.Timer(active=False)
+        try:
+            data = _read_upload(path, settings.max_upload_bytes)
+            job = service.submit(data, filename=Path(path).name,
+                                 options=TranscribeOptions(language=language, use_itn=use_itn),
+                                 lane=Lane.INTERACTIVE)
+        except SenseVoiceError as e:
+            if e.code == "queue_full":
+                return "", f"busy, try again in {e.retry_after} s", "", gr.Timer(active=False)
+            return "", f"error: {e.message}", "", gr.Timer(active=False)
+        return job.id, f"{status_line(job)} — job {job.id}", "", gr.Timer(active=True)
+
+    def poll(job_id: str):
+        if not job_id:
+            return gr.skip(), gr.skip(), gr.Timer(active=False)
+        try:
+            job = service.get(job_id)
+        except SenseVoiceError as e:
+            return f"error: {e.message}", "", gr.Timer(active=False)
+        finished = job.state in (JobState.DONE, JobState.FAILED)
+        raw = job.result.raw_text if job.result else ""
+        return f"{status_line(job)} — job {job.id}", raw, gr.Timer(active=not finished)
+
+    with gr.Blocks(title="SenseVoice") as demo:
+        gr.Markdown("## SenseVoice speech recognition\nUpload or record audio (or a video); "
+                    "the transcript shows language, emotion and audio events.")
+        if service.is_demo:
+            gr.Markdown("**Demo model**: hand-set weights for trying the app offline. "
+                        "Transcripts are not real speech recognition.", elem_id="sv-demo-banner")
+        with gr.Row():
+            with gr.Column():
+                audio = gr.Audio(sources=["upload", "microphone"], type="filepath", label="Audio")
+                language = gr.Dropdown(list(LANGUAGES), value="auto", label="Language")
+                use_itn = gr.Checkbox(value=True, label="ITN (punctuation and numbers)")
+                with gr.Row():
+                    submit_btn = gr.Button("Submit", variant="primary", elem_id="sv-submit")
+                    refresh_btn = gr.Button("Refresh", elem_id="sv-refresh")
+            with gr.Column():
+                status = gr.Textbox(label="Status", interactive=False, elem_id="sv-status")
+                gr.HTML("", elem_id="sv-result")
+                raw = gr.Textbox(elem_id="sv-raw", elem_classes=["sv-hidden"], show_label=False,
+                                 interactive=False)
+        job_id = gr.State("")
+        timer = gr.Timer(settings.poll_interval_s, active=False)
+        submit_btn.click(submit, [audio, language, use_itn], [job_id, status, raw, timer],
+                         concurrency_limit=None)
+        timer.tick(poll, [job_id], [status, raw, timer], concurrency_limit=None, show_progress="hidden")
+        refresh_btn.click(poll, [job_id], [status, raw, timer], concurrency_limit=None)
+        raw.change(None, [raw], None, js=RENDER_JS)
+    return demo
+
+
+def _read_upload(path: str, max_bytes: int) -> bytes:
+    from .errors import UploadTooLarge
+
+    with open(path, "rb") as f:
+        data = f.read(max_bytes + 1)
+    if len(data) > max_bytes:
+        raise UploadTooLarge(f"upload larger than {max_bytes} bytes")
+    return data
+

@@ -1,0 +1,139 @@
+"""The resident inference thread: one per device. Pops dynamic batches, runs the engine, stores results.
+
+Only this thread touches its engine. A CUDA out-of-memory error halves the batch and retries; a job
+that fails alone is failed with its reason, and the worker keeps serving.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from typing import Callable, Sequence
+
+import torch
+
+from .engine import SenseVoiceEngine
+from .jobs import JobStore
+from .richtext import to_transcript
+from .scheduler import SAMPLE_RATE, Scheduler, WorkItem
+
+logger = logging.getLogger("sensevoice.worker")
+
+POLL_S = 0.1  # seconds the loop waits for work before it beats the heartbeat again
+FATAL_CUDA_MARKERS = ("illegal memory access", "device-side assert", "unspecified launch failure",
+                      "an illegal instruction", "misaligned address")
+
+
+class Worker(threading.Thread):
+    def __init__(self, name: str, engine: SenseVoiceEngine, scheduler: Scheduler, store: JobStore,
+                 load_audio: Callable[[str], torch.Tensor],
+                 on_done: Callable[[str], None] = lambda job_id: None,
+                 on_fatal: Callable[[BaseException], None] = lambda e: None):
+        super().__init__(name=name, daemon=True)
+        self.engine = engine
+        self.scheduler = scheduler
+        self.store = store
+        self.load_audio = load_audio
+        self.on_done = on_done
+        self.on_fatal = on_fatal
+        self.heartbeat = time.monotonic()
+        self.busy_items = 0
+        self.batches = 0
+        self.items_done = 0
+        self.fatal: BaseException | None = None
+        self._stop_event = threading.Event()
+
+    def stop(self) -> None:
+        self._stop_event.set()
+
+    def run(self) -> None:
+        if self.engine.device.type == "cuda":
+            torch.cuda.set_device(self.engine.device)
+        while not self._stop_event.is_set():
+            self.heartbeat = time.monotonic()
+            batch = self.scheduler.next_batch(timeout=POLL_S)
+            if not batch:
+                continue
+            try:
+                self._run_batch(batch)
+            except Exception as e:  # a poisoned CUDA context: give up, let the supervisor restart
+                if _is_fatal(e):
+                    logger.critical("fatal device error, worker stops: %s", e)
+                    self.fatal = e
+                    self.on_fatal(e)
+                    return
+                logger.exception("unexpected worker error")
+            finally:
+                self.busy_items = 0
+
+    # ------------------------------------------------------------------ one batch
+    def _run_batch(self, batch: list[WorkItem]) -> None:
+        t_start = time.monotonic()
+        moved = self.store.mark_running([i.job_id for i in batch])
+        batch = [i for i in batch if i.job_id in moved]  # cancelled or already handled elsewhere
+        if not batch:
+            return
+        self.busy_items = len(batch)
+        waves = []
+        for item in list(batch):
+            try:
+                waves.append(self._audio(item))
+            except Exception as e:
+                logger.error("job %s: spooled audio unreadable: %s", item.job_id, e)
+                self._fail(item, "audio_lost", f"the job's audio could not be read: {e}")
+                batch.remove(item)
+        if batch:
+            self._infer(batch, waves, t_start)
+
+    def _audio(self, item: WorkItem) -> torch.Tensor:
+        if item.audio is not None:
+            return item.audio
+        return self.load_audio(item.job_id)  # a recovered job: decode its spooled upload
+
+    def _infer(self, batch: Sequence[WorkItem], waves: Sequence[torch.Tensor], t_start: float) -> None:
+        try:
+            t0 = time.monotonic()
+            outs = self.engine.transcribe(waves, [i.options for i in batch])
+            compute_ms = (time.monotonic() - t0) * 1e3
+        except torch.cuda.OutOfMemoryError:
+            if len(batch) == 1:
+                self._fail(batch[0], "out_of_memory", "the GPU ran out of memory on this clip alone")
+                return
+            torch.cuda.empty_cache()
+            half = len(batch) // 2
+            logger.warning("CUDA OOM on a batch of %d; retrying as %d + %d", len(batch), half,
+                           len(batch) - half)
+            self._infer(batch[:half], waves[:half], t_start)
+            self._infer(batch[half:], waves[half:], t_start)
+            return
+        except Exception as e:
+            if _is_fatal(e) or len(batch) == 1:
+                if _is_fatal(e):
+                    raise
+                self._fail(batch[0], "inference_error", f"inference failed: {e}")
+                return
+            logger.warning("batch of %d failed (%s); retrying one by one", len(batch), e)
+            for item, wave in zip(batch, waves):
+                self._infer([item], [wave], t_start)
+            return
+        self.batches += 1
+        for item, wave, out in zip(batch, waves, outs):
+            audio_s = wave.shape[0] / SAMPLE_RATE
+            transcript = to_transcript(out.raw_text, [(0.0, audio_s)])
+            if self.store.finish(item.job_id, transcript):
+                self.items_done += 1
+                logger.info(
+                    "job done id=%s audio_s=%.2f queue_ms=%.1f compute_ms=%.1f batch=%d",
+                    item.job_id, audio_s, (t_start - item.enqueued_at) * 1e3, compute_ms, len(batch))
+            self.on_done(item.job_id)
+
+    def _fail(self, item: WorkItem, code: str, message: str) -> None:
+        self.store.fail(item.job_id, code, message)
+        logger.info("job failed id=%s code=%s", item.job_id, code)
+        self.on_done(item.job_id)
+
+
+def _is_fatal(e: BaseException) -> bool:
+    text = str(e).lower()
+    return isinstance(e, RuntimeError) and any(m in text for m in FATAL_CUDA_MARKERS)

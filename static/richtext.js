@@ -1,0 +1,418 @@
+/*
+ * SenseVoice rich-text renderer. Plain browser script: no modules, no build step.
+ *
+ * The server returns the raw model text (tags included); every piece of presentation happens
+ * here, from the one table TAGS (emoji, label, CSS class and colour per tag).
+ *
+ *   window.SenseVoiceRich = {
+ *     TAGS,                          // { language, emotion, event, itn }: tag name -> entry
+ *     parse(raw),                    // -> [{ language, emotion, events, itn, text }]
+ *     plainText(raw),                // tags removed, segment texts joined by one space
+ *     render(container, raw, opts),  // returns the .sv-rich root; opts: { showRaw: false,
+ *                                    //   emptyText: 'No speech detected' ('' = show nothing) }
+ *     renderInto(elemId, raw, opts), // finds the element by id; returns the host or null
+ *     copyText(text),                // Promise: navigator.clipboard, textarea fallback
+ *     escapeHtml(s)
+ *   };
+ *
+ * parse() mirrors pipeline/richtext.py parse_rich_text() exactly (same tag pattern, same
+ * segmentation rule, same trimmed whitespace); tests/test_richtext_js.py checks the parity.
+ *
+ * Safety: the DOM is built with createElement + textContent only. No markup is ever built from
+ * model output, and CSS classes come from TAGS, never from a tag name.
+ */
+(function (root) {
+  'use strict';
+
+  // A tag is <|name|>, name = one or more chars other than < > | ASCII controls and space.
+  var TAG_RE = /<\|([^<>|\x00-\x20\x7f]+)\|>/g;
+  // Same set as WHITESPACE in pipeline/richtext.py.
+  var WS = '[ \t\n\r\f\v\u00a0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000\ufeff]';
+  var TRIM_RE = new RegExp('^' + WS + '+|' + WS + '+$', 'g');
+  var NO_SPEECH = 'No speech detected';
+  var SLOT_OF_KIND = { language: 'language', emotion: 'emotion', itn: 'itn' };
+
+  function hasOwn(obj, key) {
+    return Object.prototype.hasOwnProperty.call(obj, key);
+  }
+
+  function table(rows, make) {
+    var t = Object.create(null); // no prototype: names like "constructor" stay unknown
+    rows.forEach(function (r) {
+      t[r[0]] = Object.freeze(make(r));
+    });
+    return Object.freeze(t);
+  }
+
+  function slug(name) {
+    return name.toLowerCase().replace(/_/g, '-');
+  }
+
+  // The one table. color: an "R G B" triple, applied as the CSS custom property --sv-c.
+  // Emoji are \u escapes so the file is pure ASCII and immune to a wrong charset;
+  // tests/test_richtext_js.py spells each one out.
+  var TAGS = Object.freeze({
+    language: table([
+      ['zh', 'ZH', 'Chinese', '220 38 38'],
+      ['en', 'EN', 'English', '37 99 235'],
+      ['yue', 'YUE', 'Cantonese', '234 88 12'],
+      ['ja', 'JA', 'Japanese', '219 39 119'],
+      ['ko', 'KO', 'Korean', '124 58 237'],
+      ['nospeech', '\u2205', 'No speech', '107 114 128']
+    ], function (r) {
+      return { code: r[1], name: r[2], label: r[1] + ' \u00b7 ' + r[2], color: r[3],
+        title: 'Language: ' + r[2], cls: 'sv-lang-' + slug(r[0]) };
+    }),
+    emotion: table([
+      ['HAPPY', '\ud83d\ude0a', 'happy', '234 179 8'],
+      ['SAD', '\ud83d\ude14', 'sad', '59 130 246'],
+      ['ANGRY', '\ud83d\ude21', 'angry', '239 68 68'],
+      ['NEUTRAL', '\ud83d\ude10', 'neutral', '107 114 128'],
+      ['FEARFUL', '\ud83d\ude30', 'fearful', '139 92 246'],
+      ['DISGUSTED', '\ud83e\udd22', 'disgusted', '101 163 13'],
+      ['SURPRISED', '\ud83d\ude2e', 'surprised', '236 72 153'],
+      ['EMO_UNKNOWN', '\u2753', 'unknown', '148 163 184'],
+      ['EMO_OTHER', '\ud83e\udd14', 'other', '148 163 184']
+    ], function (r) {
+      return { emoji: r[1], label: r[0], title: 'Emotion: ' + r[2], color: r[3],
+        cls: 'sv-emo-' + slug(r[0]) };
+    }),
+    event: table([
+      ['BGM', '\ud83c\udfbc', 'background music', '168 85 247'],
+      ['Speech', '\ud83d\udde3\ufe0f', 'speech', '14 165 233'],
+      ['Applause', '\ud83d\udc4f', 'applause', '245 158 11'],
+      ['Laughter', '\ud83d\ude00', 'laughter', '234 179 8'],
+      ['Cry', '\ud83d\ude2d', 'crying', '96 165 250'],
+      ['Sneeze', '\ud83e\udd27', 'sneeze', '20 184 166'],
+      ['Breath', '\ud83d\ude2e\u200d\ud83d\udca8', 'breath', '45 212 191'],
+      ['Cough', '\ud83d\ude37', 'cough', '132 204 22'],
+      ['Sing', '\ud83c\udfa4', 'singing', '217 70 239'],
+      ['Speech_Noise', '\ud83d\udd09', 'speech noise', '251 146 60'],
+      ['GBG', '\ud83d\uddd1\ufe0f', 'garbage / noise', '120 113 108'],
+      ['Event_UNK', '\u2754', 'unknown event', '148 163 184']
+    ], function (r) {
+      return { emoji: r[1], label: r[0], title: 'Event: ' + r[2], color: r[3],
+        cls: 'sv-event-' + slug(r[0]) };
+    }),
+    itn: table([
+      ['withitn', 'ITN', 'Inverse text normalisation on (punctuation, digits)'],
+      ['woitn', 'no ITN', 'Inverse text normalisation off (raw spoken form)']
+    ], function (r) {
+      return { label: r[1], title: r[2], cls: 'sv-itn-' + r[0] };
+    })
+  });
+  var UNKNOWN = Object.freeze({
+    emoji: '\ud83c\udff7\ufe0f', title: 'Unknown tag', color: '148 163 184', cls: 'sv-unknown'
+  });
+
+  function kindOf(name) {
+    var kinds = ['language', 'emotion', 'event', 'itn'];
+    for (var i = 0; i < kinds.length; i++) {
+      if (hasOwn(TAGS[kinds[i]], name)) return kinds[i];
+    }
+    return null;
+  }
+
+  function trim(s) {
+    return s.replace(TRIM_RE, '');
+  }
+
+  function escapeHtml(s) {
+    return String(s == null ? '' : s)
+      .replace(/&/g, '&amp;')
+      .replace(/</g, '&lt;')
+      .replace(/>/g, '&gt;')
+      .replace(/"/g, '&quot;')
+      .replace(/'/g, '&#39;')
+      .replace(/`/g, '&#96;');
+  }
+
+  // ---- parsing (mirror of pipeline/richtext.py) ----
+
+  function newSeg() {
+    return { slots: Object.create(null), events: [], parts: [], hasText: false };
+  }
+
+  function addText(seg, s) {
+    seg.parts.push(s);
+    if (!seg.hasText && trim(s) !== '') seg.hasText = true;
+  }
+
+  function isEmpty(seg) {
+    return !seg.hasText && seg.events.length === 0 && Object.keys(seg.slots).length === 0;
+  }
+
+  function build(seg) {
+    return {
+      language: seg.slots.language || '',
+      emotion: seg.slots.emotion || '',
+      events: seg.events.slice(),
+      itn: seg.slots.itn || '',
+      text: trim(seg.parts.join(''))
+    };
+  }
+
+  function parse(raw) {
+    raw = raw == null ? '' : String(raw);
+    var out = [];
+    if (!raw) return out;
+    var cur = newSeg();
+    var pos = 0;
+    var m;
+    TAG_RE.lastIndex = 0;
+    while ((m = TAG_RE.exec(raw)) !== null) {
+      addText(cur, raw.slice(pos, m.index));
+      pos = TAG_RE.lastIndex;
+      var name = m[1];
+      var kind = kindOf(name);
+      var slot = kind && hasOwn(SLOT_OF_KIND, kind) ? SLOT_OF_KIND[kind] : null;
+      if (cur.hasText || (slot !== null && slot in cur.slots)) {
+        out.push(build(cur));
+        cur = newSeg();
+      }
+      if (slot === null) cur.events.push(name); // a known event, or an unknown tag verbatim
+      else cur.slots[slot] = name;
+    }
+    addText(cur, raw.slice(pos));
+    if (!isEmpty(cur)) out.push(build(cur));
+    return out;
+  }
+
+  function joinText(segments) {
+    return segments
+      .map(function (s) { return s.text; })
+      .filter(function (t) { return t !== ''; })
+      .join(' ');
+  }
+
+  function plainText(raw) {
+    return joinText(parse(raw));
+  }
+
+  // ---- DOM helpers: createElement + textContent, nothing else ----
+
+  function el(tag, cls, text) {
+    var e = document.createElement(tag);
+    if (cls) e.className = cls;
+    if (text != null) e.textContent = text;
+    return e;
+  }
+
+  function clear(node) {
+    while (node.firstChild) node.removeChild(node.firstChild);
+  }
+
+  function chip(classes, entry, labelText, tagName) {
+    var c = el('span', classes + ' ' + entry.cls);
+    c.title = entry.title;
+    c.setAttribute('data-tag', tagName);
+    if (entry.color) c.style.setProperty('--sv-c', entry.color);
+    if (entry.emoji) {
+      var em = el('span', 'sv-emoji', entry.emoji);
+      em.setAttribute('aria-hidden', 'true');
+      c.appendChild(em);
+      c.appendChild(document.createTextNode(' '));
+    }
+    c.appendChild(el('span', 'sv-label', labelText));
+    return c;
+  }
+
+  function renderSegment(seg, index) {
+    var row = el('div', 'sv-seg');
+    row.setAttribute('data-index', String(index));
+    row.setAttribute('data-lang', seg.language);
+    row.setAttribute('data-emotion', seg.emotion);
+    row.setAttribute('data-events', seg.events.join(' '));
+    row.setAttribute('data-itn', seg.itn);
+    var tags = el('div', 'sv-tags');
+
+    if (seg.language && hasOwn(TAGS.language, seg.language)) {
+      var L = TAGS.language[seg.language];
+      var badge = el('span', 'sv-lang ' + L.cls);
+      badge.title = L.title;
+      badge.setAttribute('data-tag', seg.language);
+      badge.style.setProperty('--sv-c', L.color);
+      badge.appendChild(el('span', 'sv-lang-code', L.code));
+      badge.appendChild(document.createTextNode(' \u00b7 '));
+      badge.appendChild(el('span', 'sv-lang-name', L.name));
+      tags.appendChild(badge);
+    }
+    if (seg.emotion && hasOwn(TAGS.emotion, seg.emotion)) {
+      tags.appendChild(chip('sv-chip sv-emo', TAGS.emotion[seg.emotion], seg.emotion, seg.emotion));
+    }
+    seg.events.forEach(function (name) {
+      if (hasOwn(TAGS.event, name)) {
+        tags.appendChild(chip('sv-chip sv-event', TAGS.event[name], name, name));
+      } else {
+        tags.appendChild(chip('sv-chip', UNKNOWN, '<|' + name + '|>', name));
+      }
+    });
+    if (seg.itn && hasOwn(TAGS.itn, seg.itn)) {
+      var I = TAGS.itn[seg.itn];
+      var itn = el('span', 'sv-itn ' + I.cls, I.label);
+      itn.title = I.title;
+      itn.setAttribute('data-tag', seg.itn);
+      tags.appendChild(itn);
+    }
+    if (tags.firstChild) row.appendChild(tags);
+    var text = el('span', 'sv-text', seg.text);
+    if (seg.text === '') text.className += ' sv-text-empty';
+    row.appendChild(text);
+    return row;
+  }
+
+  // ---- clipboard ----
+
+  function fallbackCopy(text) {
+    var ta = document.createElement('textarea');
+    ta.value = text;
+    ta.setAttribute('readonly', '');
+    ta.style.position = 'fixed';
+    ta.style.top = '-1000px';
+    ta.style.opacity = '0';
+    document.body.appendChild(ta);
+    var ok = false;
+    try {
+      ta.select();
+      ok = document.execCommand('copy');
+    } catch (e) {
+      ok = false;
+    } finally {
+      document.body.removeChild(ta);
+    }
+    if (!ok) throw new Error('copy failed');
+    return true;
+  }
+
+  function copyText(text) {
+    text = text == null ? '' : String(text);
+    var nav = root.navigator;
+    if (nav && nav.clipboard && typeof nav.clipboard.writeText === 'function') {
+      var p;
+      try {
+        p = Promise.resolve(nav.clipboard.writeText(text));
+      } catch (e) {
+        p = Promise.reject(e);
+      }
+      return p.then(function () { return true; }, function () { return fallbackCopy(text); });
+    }
+    return Promise.resolve().then(function () { return fallbackCopy(text); });
+  }
+
+  // ---- rendering ----
+
+  var uid = 0;
+
+  function render(container, raw, opts) {
+    if (!container || typeof container.appendChild !== 'function') {
+      throw new TypeError('SenseVoiceRich.render: container must be a DOM element');
+    }
+    opts = opts || {};
+    raw = raw == null ? '' : String(raw);
+    clear(container);
+    var rich = el('div', 'sv-rich');
+    container.appendChild(rich);
+    if (trim(raw) === '') {
+      var empty = opts.emptyText == null ? NO_SPEECH : String(opts.emptyText);
+      if (empty !== '') rich.appendChild(el('div', 'sv-empty', empty));
+      return rich;
+    }
+    var segments = parse(raw);
+    var plain = joinText(segments);
+
+    var bar = el('div', 'sv-toolbar');
+    var toggle = el('button', 'sv-btn sv-toggle-raw');
+    var copy = el('button', 'sv-btn sv-copy', 'Copy');
+    var status = el('span', 'sv-copy-status');
+    toggle.type = 'button';
+    copy.type = 'button';
+    copy.title = 'Copy the plain text';
+    status.setAttribute('role', 'status');
+    status.setAttribute('aria-live', 'polite');
+    bar.appendChild(toggle);
+    bar.appendChild(copy);
+    bar.appendChild(status);
+    rich.appendChild(bar);
+
+    var list = el('div', 'sv-segments');
+    segments.forEach(function (seg, i) { list.appendChild(renderSegment(seg, i)); });
+    rich.appendChild(list);
+    if (plain === '') rich.appendChild(el('div', 'sv-empty', NO_SPEECH));
+
+    var pre = el('pre', 'sv-raw', raw);
+    pre.id = 'sv-raw-' + (++uid);
+    rich.appendChild(pre);
+    toggle.setAttribute('aria-controls', pre.id);
+
+    function setRaw(show) {
+      pre.hidden = !show;
+      toggle.textContent = show ? 'Hide raw' : 'Show raw';
+      toggle.setAttribute('aria-expanded', show ? 'true' : 'false');
+    }
+    setRaw(!!opts.showRaw);
+    toggle.addEventListener('click', function () { setRaw(pre.hidden); });
+    copy.addEventListener('click', function () {
+      status.textContent = '';
+      copyText(plain).then(
+        function () { status.textContent = 'Copied'; },
+        function () { status.textContent = 'Copy failed'; }
+      );
+    });
+    return rich;
+  }
+
+  function findElement(elemId) {
+    if (elemId && typeof elemId === 'object' && elemId.nodeType === 1) return elemId;
+    var id = String(elemId == null ? '' : elemId).replace(/^#/, '');
+    if (!id) return null;
+    var found = document.getElementById(id);
+    if (found) return found;
+    // Gradio renders without a shadow root by default; look inside one if an app uses it.
+    var apps = document.querySelectorAll('gradio-app');
+    for (var i = 0; i < apps.length; i++) {
+      var sr = apps[i].shadowRoot;
+      if (sr && typeof sr.getElementById === 'function') {
+        found = sr.getElementById(id);
+        if (found) return found;
+      }
+    }
+    return null;
+  }
+
+  // Renders into the element itself when it is empty (or already ours); otherwise into a
+  // child div.sv-host, so nodes owned by Gradio's own rendering are never removed.
+  function renderInto(elemId, raw, opts) {
+    var target = findElement(elemId);
+    if (!target) {
+      if (root.console) root.console.warn('SenseVoiceRich.renderInto: no element #' + elemId);
+      return null;
+    }
+    var host = null;
+    for (var c = target.firstElementChild; c; c = c.nextElementSibling) {
+      if (c.classList.contains('sv-host')) { host = c; break; }
+    }
+    if (!host) {
+      var first = target.firstElementChild;
+      if (!first || first.classList.contains('sv-rich')) {
+        host = target;
+      } else {
+        host = el('div', 'sv-host');
+        target.appendChild(host);
+      }
+    }
+    render(host, raw, opts);
+    return host;
+  }
+
+  var api = Object.freeze({
+    TAGS: TAGS,
+    parse: parse,
+    plainText: plainText,
+    render: render,
+    renderInto: renderInto,
+    copyText: copyText,
+    escapeHtml: escapeHtml
+  });
+  root.SenseVoiceRich = api;
+  if (typeof module === 'object' && module && module.exports) module.exports = api;
+})(typeof window !== 'undefined' ? window : this);

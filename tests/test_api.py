@@ -1,0 +1,140 @@
+"""Integration over real HTTP on loopback: the real app, the demo model, real media files."""
+
+from __future__ import annotations
+
+import time
+import uuid
+
+import httpx
+import pytest
+
+
+def submit(server, path, name=None, **form):
+    with open(path, "rb") as f:
+        return httpx.post(server.url + "/api/jobs", files={"file": (name or path.name, f)},
+                          data={k: str(v) for k, v in form.items()}, timeout=60)
+
+
+def wait_done(server, job_id, timeout=60.0) -> dict:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        body = httpx.get(f"{server.url}/api/jobs/{job_id}", timeout=10).json()
+        if body["status"] in ("done", "failed"):
+            return body
+        time.sleep(0.05)
+    raise TimeoutError(job_id)
+
+
+def test_health_and_ready(live_server):
+    assert httpx.get(live_server.url + "/healthz").json() == {"status": "ok"}
+    ready = httpx.get(live_server.url + "/readyz").json()
+    assert ready["ready"] is True and ready["demo"] is True and "demo" in ready["model"]
+
+
+def test_root_redirects_to_ui(live_server):
+    r = httpx.get(live_server.url + "/", follow_redirects=False)
+    assert r.status_code in (302, 307) and r.headers["location"].startswith("/ui")
+    assert httpx.get(live_server.url + "/ui/", timeout=30).status_code == 200
+
+
+@pytest.mark.parametrize("fmt,rate,channels", [("wav", 16000, 1), ("mp3", 44100, 2),
+                                               ("opus", 48000, 1), ("m4a", 22050, 2)])
+def test_submit_poll_result(live_server, clip_factory, fmt, rate, channels):
+    r = submit(live_server, clip_factory(fmt, rate, channels), language="en", use_itn="true")
+    assert r.status_code == 202, r.text
+    body = r.json()
+    assert set(body) >= {"id", "status", "position"} and body["status"] == "queued"
+    uuid.UUID(body["id"])  # a full UUID
+    done = wait_done(live_server, body["id"])
+    assert done["status"] == "done", done
+    res = done["result"]
+    assert res["raw_text"].startswith("<|en|><|NEUTRAL|><|Speech|><|withitn|>")
+    seg = res["segments"][0]
+    assert (seg["language"], seg["emotion"], seg["events"], seg["itn"]) == ("en", "NEUTRAL", ["Speech"], "withitn")
+    assert "speech" in res["text"] and "<|" not in res["text"]
+    for k in ("created_at", "started_at", "finished_at", "duration_s"):
+        assert done[k] is not None
+
+
+def test_options_reach_the_model(live_server, clip_factory):
+    r = submit(live_server, clip_factory("wav", 16000, 1), language="zh", use_itn="false")
+    done = wait_done(live_server, r.json()["id"])
+    assert done["result"]["raw_text"].startswith("<|zh|><|NEUTRAL|><|Speech|><|woitn|>")
+
+
+def test_video_audio_track(live_server, clip_factory, media_dir):
+    from tests.media import make_video_with_audio
+
+    video = make_video_with_audio(media_dir / "with_audio.mp4", clip_factory("wav", 44100, 2))
+    done = wait_done(live_server, submit(live_server, video).json()["id"])
+    assert done["status"] == "done" and "speech" in done["result"]["text"]
+
+
+def _bad_inputs(tmp_path, clip_factory, media_dir):
+    from tests.media import make_video_without_audio
+
+    text = tmp_path / "notes.wav"
+    text.write_text("this is not audio at all\n" * 20)
+    mp3 = clip_factory("mp3", 44100, 1).read_bytes()
+    trunc = tmp_path / "truncated.mp3"
+    trunc.write_bytes(mp3[:300])
+    empty = tmp_path / "empty.wav"
+    empty.write_bytes(b"")
+    silent_video = make_video_without_audio(media_dir / "no_audio.mp4")
+    return [(text, (400, 415)), (trunc, (400, 415)), (empty, (400, 415)), (silent_video, (400,))]
+
+
+def test_bad_inputs_get_errors_and_the_next_job_succeeds(live_server, tmp_path, clip_factory, media_dir):
+    for path, statuses in _bad_inputs(tmp_path, clip_factory, media_dir):
+        r = submit(live_server, path)
+        assert r.status_code in statuses, (path.name, r.status_code, r.text)
+        err = r.json()["error"]
+        assert err["code"] and err["message"], err
+    r = submit(live_server, clip_factory("wav", 16000, 1))
+    assert wait_done(live_server, r.json()["id"])["status"] == "done"
+
+
+def test_empty_audio_message(live_server, tmp_path):
+    import wave
+
+    path = tmp_path / "zero.wav"
+    with wave.open(str(path), "wb") as w:
+        w.setnchannels(1)
+        w.setsampwidth(2)
+        w.setframerate(16000)
+        w.writeframes(b"")
+    r = submit(live_server, path)
+    assert r.status_code == 400 and "no audio samples" in r.json()["error"]["message"]
+
+
+def test_unknown_job_is_404_json(live_server):
+    r = httpx.get(f"{live_server.url}/api/jobs/{uuid.uuid4()}")
+    assert r.status_code == 404 and r.json()["error"]["code"] == "job_not_found"
+
+
+def test_invalid_language_is_400(live_server, clip_factory):
+    r = submit(live_server, clip_factory("wav", 16000, 1), language="klingon")
+    assert r.status_code == 400 and "klingon" in r.json()["error"]["message"]
+
+
+def test_upload_over_byte_cap_is_413(demo_dir, tmp_path):
+    from tests.conftest import LiveServer, make_settings
+
+    server = LiveServer(make_settings(demo_dir, tmp_path / "d", max_upload_bytes=10_000)).start()
+    try:
+        r = httpx.post(server.url + "/api/jobs", files={"file": ("big.wav", b"\0" * 500_000)})
+        assert r.status_code == 413 and r.json()["error"]["code"] == "upload_too_large"
+    finally:
+        server.stop()
+
+
+def test_queue_full_is_503_with_retry_after(live_server, clip_factory):
+    sched = live_server.service.scheduler
+    old = sched.maxsize
+    sched.maxsize = 0
+    try:
+        r = submit(live_server, clip_factory("wav", 16000, 1))
+    finally:
+        sched.maxsize = old
+    assert r.status_code == 503 and int(r.headers["retry-after"]) >= 1
+    assert r.json()["error"]["code"] == "queue_full"

@@ -1,0 +1,118 @@
+"""The project's guarantee: the batched engine gives funasr's tokens (fp32), batch-mates don't matter."""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pytest
+import torch
+
+from pipeline.audio import decode_audio
+from pipeline.engine import N_QUERIES, SenseVoiceEngine
+from pipeline.model import reference_generate
+from pipeline.types import TranscribeOptions
+
+OPTS = [
+    TranscribeOptions("auto", True),
+    TranscribeOptions("en", False),
+    TranscribeOptions("zh", True),
+    TranscribeOptions("ja", False, ban_emo_unk=True),
+    TranscribeOptions("nospeech", True),
+]
+
+
+@pytest.fixture(scope="module")
+def clips(clip_factory):
+    """Real speech at 16 kHz, cut to different lengths, plus noise."""
+    speech = decode_audio(clip_factory("wav", 16000, 1).read_bytes()).samples
+    rng = np.random.default_rng(0)
+    out = [speech, speech[: len(speech) // 2], speech[: 16000 + 321], np.concatenate([speech, speech])]
+    out.append((0.05 * rng.standard_normal(27_777)).astype(np.float32))
+    return [np.ascontiguousarray(c, dtype=np.float32) for c in out]
+
+
+def funasr_ids(am, wave: np.ndarray, opt: TranscribeOptions) -> list[int]:
+    """funasr's own model on its own frontend's features, one clip: the reference token ids."""
+    m = am.model
+    fe = am.kwargs["frontend"]
+    feats, lens = fe(torch.from_numpy(wave)[None], torch.tensor([len(wave)]))
+    q = m.embed(torch.tensor([[m.lid_dict[opt.language], 1, 2,
+                               m.textnorm_dict["withitn" if opt.use_itn else "woitn"]]]))
+    x = torch.cat([q, feats], 1)
+    with torch.inference_mode():
+        enc, enc_lens = m.encoder(x.clone(), lens + N_QUERIES)
+        logp = m.ctc.log_softmax(enc)
+        if opt.ban_emo_unk:
+            logp[:, :, m.emo_dict["unk"]] = -float("inf")
+    y = torch.unique_consecutive(logp[0, : int(enc_lens[0])].argmax(-1))
+    return y[y != 0].tolist()
+
+
+@pytest.fixture(scope="module")
+def tiny_engine(tiny_am):
+    return SenseVoiceEngine.from_automodel(tiny_am, "cpu", "float32")
+
+
+@pytest.fixture(scope="module")
+def demo_engine(demo_am):
+    return SenseVoiceEngine.from_automodel(demo_am, "cpu", "float32")
+
+
+def test_mixed_batch_same_tokens_as_funasr_model(tiny_am, tiny_engine, clips):
+    """One padded batch mixing lengths, languages, itn and ban_emo_unk == funasr item by item."""
+    waves = [torch.from_numpy(c) for c in clips]
+    outs = tiny_engine.transcribe(waves, OPTS)
+    for wave, opt, out in zip(clips, OPTS, outs):
+        ref = funasr_ids(tiny_am, wave, opt)
+        agree = _agreement(list(out.token_ids), ref)
+        assert agree >= 0.99, (opt, agree, out.token_ids[:20], ref[:20])
+
+
+def test_single_clip_tokens_identical(tiny_am, tiny_engine, clips):
+    for opt in OPTS[:3]:
+        out = tiny_engine.transcribe([torch.from_numpy(clips[0])], [opt])[0]
+        assert list(out.token_ids) == funasr_ids(tiny_am, clips[0], opt)
+
+
+def test_demo_model_text_identical_to_automodel_generate(demo_am, demo_engine, clips):
+    """End to end from the same 16 kHz waveform: identical text to AutoModel.generate."""
+    for opt in OPTS[:3]:
+        ref = reference_generate(demo_am, clips[:4], opt)
+        mine = [o.raw_text for o in demo_engine.transcribe([torch.from_numpy(c) for c in clips[:4]],
+                                                           [opt] * 4)]
+        assert mine == ref
+    assert "<|NEUTRAL|><|Speech|>" in mine[0] and "speech" in mine[0]
+
+
+def test_random_model_agrees_with_automodel_generate(tiny_am, tiny_engine, clips):
+    """Random weights: >= 99 % token agreement end to end (near-ties may flip on tiny feature diffs)."""
+    opt = TranscribeOptions("auto", True)
+    ref = reference_generate(tiny_am, clips, opt)
+    mine = tiny_engine.transcribe([torch.from_numpy(c) for c in clips], [opt] * len(clips))
+    units = lambda t: re.findall(r"<\|[^|]*\|>|\S+", t)  # noqa: E731 (tags and words)
+    agree = [_agreement(units(m.raw_text), units(r)) for r, m in zip(ref, mine)]
+    assert min(agree) >= 0.99, agree
+
+
+def test_result_independent_of_batch_mates(tiny_engine, clips):
+    """A clip alone and inside a busy padded batch give the same tokens (fp32)."""
+    target = torch.from_numpy(clips[2])
+    alone = tiny_engine.transcribe([target], [OPTS[1]])[0]
+    others = [torch.from_numpy(c) for c in clips] * 3
+    busy = tiny_engine.transcribe(others + [target], OPTS * 3 + [OPTS[1]])[-1]
+    assert busy.token_ids == alone.token_ids
+
+
+def _agreement(a: list[int], b: list[int]) -> float:
+    """Fraction of positions equal after aligning by edit distance (1.0 when identical)."""
+    if a == b:
+        return 1.0
+    n, m = len(a), len(b)
+    d = np.zeros((n + 1, m + 1), dtype=np.int32)
+    d[:, 0] = np.arange(n + 1)
+    d[0, :] = np.arange(m + 1)
+    for i in range(1, n + 1):
+        for j in range(1, m + 1):
+            d[i, j] = min(d[i - 1, j] + 1, d[i, j - 1] + 1, d[i - 1, j - 1] + (a[i - 1] != b[j - 1]))
+    return 1.0 - d[n, m] / max(n, m, 1)

@@ -120,7 +120,7 @@ class Worker(threading.Thread):
         self.batches += 1
         for item, wave, out in zip(batch, waves, outs):
             audio_s = wave.shape[0] / SAMPLE_RATE
-            transcript = to_transcript(out.raw_text, [(0.0, audio_s)])
+            transcript = to_transcript(out.raw_text)
             if self.store.finish(item.job_id, transcript):
                 self.items_done += 1
                 logger.info(

@@ -52,7 +52,8 @@ def page(server):
 
 
 def _transcribe(page, server, clip, language="en"):
-    page.goto(server.url + "/", wait_until="networkidle")
+    page.goto(server.url + "/", wait_until="load")
+    page.wait_for_selector("#sv-submit", timeout=30_000)
     page.locator("input[type=file]").first.set_input_files(str(clip))
     page.wait_for_selector("audio, .waveform-container, [data-testid='waveform-Audio']", timeout=30_000)
     page.locator("#sv-submit").click()

@@ -196,6 +196,7 @@ class SenseVoiceEngine:
             for b in sorted(batch_sizes, reverse=True):
                 for t in range(max_frames, 0, -LENGTH_BUCKET):
                     self._graphs[(b, t)] = _Graph(self.core, b, t, in_dim, pool, stream)
+                logger.info("captured batch %d graphs (%.1f s so far)", b, time.perf_counter() - t0)
         torch.cuda.synchronize(self.device)
         self._graph_batches = sorted(batch_sizes)
         self._graph_max_frames = max_frames

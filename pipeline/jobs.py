@@ -14,8 +14,9 @@ import os
 import sqlite3
 import threading
 import time
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterable
+from typing import Iterable, Iterator
 
 from .errors import JobNotFound
 from .types import Job, JobError, JobState, Lane, TranscribeOptions, Transcript
@@ -89,27 +90,49 @@ class JobStore:
              job.filename, job.audio_seconds, job.created_at),
         )
 
+    @contextmanager
+    def _transaction(self) -> Iterator[sqlite3.Connection]:
+        """One transaction (one fsync) for many statements: a whole batch commits at once."""
+        conn = self._conn()
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            yield conn
+        except BaseException:
+            conn.execute("ROLLBACK")
+            raise
+        conn.execute("COMMIT")
+
     def mark_running(self, job_ids: Iterable[str]) -> set[str]:
-        """queued -> running (attempts + 1). Returns the ids that really moved."""
+        """queued -> running (attempts + 1), in one transaction. Returns the ids that really moved."""
         now = time.time()
         moved = set()
-        conn = self._conn()
-        for jid in job_ids:
-            cur = conn.execute(
-                "UPDATE jobs SET state=?, started_at=?, attempts=attempts+1 WHERE id=? AND state=?",
-                (JobState.RUNNING.value, now, jid, JobState.QUEUED.value),
-            )
-            if cur.rowcount:
-                moved.add(jid)
+        with self._transaction() as conn:
+            for jid in job_ids:
+                cur = conn.execute(
+                    "UPDATE jobs SET state=?, started_at=?, attempts=attempts+1 WHERE id=? AND state=?",
+                    (JobState.RUNNING.value, now, jid, JobState.QUEUED.value),
+                )
+                if cur.rowcount:
+                    moved.add(jid)
         return moved
 
     def finish(self, job_id: str, result: Transcript) -> bool:
-        cur = self._conn().execute(
-            "UPDATE jobs SET state=?, finished_at=?, result=? WHERE id=? AND state=?",
-            (JobState.DONE.value, time.time(), json.dumps(result.to_dict(), ensure_ascii=False),
-             job_id, JobState.RUNNING.value),
-        )
-        return bool(cur.rowcount)
+        return job_id in self.finish_many([(job_id, result)])
+
+    def finish_many(self, results: Iterable[tuple[str, Transcript]]) -> set[str]:
+        """running -> done for a batch, in one transaction. Returns the ids that were written."""
+        now = time.time()
+        written = set()
+        with self._transaction() as conn:
+            for jid, result in results:
+                cur = conn.execute(
+                    "UPDATE jobs SET state=?, finished_at=?, result=? WHERE id=? AND state=?",
+                    (JobState.DONE.value, now, json.dumps(result.to_dict(), ensure_ascii=False),
+                     jid, JobState.RUNNING.value),
+                )
+                if cur.rowcount:
+                    written.add(jid)
+        return written
 
     def fail(self, job_id: str, code: str, message: str) -> bool:
         """Fail a queued or running job (never a finished one)."""

@@ -1,7 +1,8 @@
 """Bounded two-lane queue with dynamic batch formation (Triton-style).
 
 ``put`` never blocks: a full queue raises QueueFull at once. ``next_batch`` waits for a first item,
-then up to ``max_wait`` for more (unless a full batch is already there), and picks a batch around the
+then up to ``max_wait`` for more (unless a full batch is already there, or the item arrived at an idle
+queue: nothing else arrived within IDLE_GAP_S before it, so waiting would only add latency), and picks a batch around the
 oldest item of the most urgent lane, preferring items of similar length to cut padding, filling spare
 seats from the other lane, within ``max_batch`` items and ``max_batch_seconds`` of padded audio.
 """
@@ -19,6 +20,7 @@ from .errors import QueueFull
 from .types import Lane, TranscribeOptions
 
 SAMPLE_RATE = 16_000  # Hz
+IDLE_GAP_S = 0.05  # seconds without arrivals after which a lone job is served without waiting
 
 
 @dataclass(eq=False)
@@ -44,6 +46,8 @@ class Scheduler:
         self._cond = threading.Condition()
         self._seq = 0
         self._closed = False
+        self._last_put = 0.0  # monotonic time of the latest arrival
+        self._gap_before_last = float("inf")  # seconds between the two latest arrivals
 
     def __len__(self) -> int:
         with self._cond:
@@ -58,6 +62,9 @@ class Scheduler:
                     f"try again in {self.retry_after_s} s", retry_after=self.retry_after_s)
             self._seq += 1
             item.seq = self._seq
+            now = time.monotonic()
+            self._gap_before_last = now - self._last_put
+            self._last_put = now
             self._items.append(item)
             self._cond.notify()
 
@@ -94,7 +101,8 @@ class Scheduler:
                 self._cond.wait(left)
             if self._closed:
                 return []
-            fill_until = time.monotonic() + self.max_wait_s
+            idle = len(self._items) == 1 and self._gap_before_last > IDLE_GAP_S
+            fill_until = time.monotonic() + (0.0 if idle else self.max_wait_s)
             while len(self._items) < self.max_batch and not self._closed:
                 left = fill_until - time.monotonic()
                 if left <= 0:

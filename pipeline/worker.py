@@ -118,14 +118,15 @@ class Worker(threading.Thread):
                 self._infer([item], [wave], t_start)
             return
         self.batches += 1
-        for item, wave, out in zip(batch, waves, outs):
-            audio_s = wave.shape[0] / SAMPLE_RATE
-            transcript = to_transcript(out.raw_text)
-            if self.store.finish(item.job_id, transcript):
-                self.items_done += 1
+        results = [(item.job_id, to_transcript(out.raw_text)) for item, out in zip(batch, outs)]
+        written = self.store.finish_many(results)
+        self.items_done += len(written)
+        for item, wave in zip(batch, waves):
+            if item.job_id in written:
                 logger.info(
                     "job done id=%s audio_s=%.2f queue_ms=%.1f compute_ms=%.1f batch=%d",
-                    item.job_id, audio_s, (t_start - item.enqueued_at) * 1e3, compute_ms, len(batch))
+                    item.job_id, wave.shape[0] / SAMPLE_RATE, (t_start - item.enqueued_at) * 1e3,
+                    compute_ms, len(batch))
             self.on_done(item.job_id)
 
     def _fail(self, item: WorkItem, code: str, message: str) -> None:

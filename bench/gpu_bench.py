@@ -140,11 +140,12 @@ class Bench:
         self.clips30 = [speechlike(30.0, 200 + s) for s in range(8)]
         log("setup done", m)
 
-    def engine(self, dtype: str, graphs: bool, batches=(1, 2, 4, 8, 16, 32, 64, 128)):
+    def engine(self, dtype: str, graphs: bool, batches=(1, 2, 4, 8, 16, 32, 64, 128),
+               fp32_residual: bool = False):
         from pipeline.engine import SenseVoiceEngine
 
         t = time.perf_counter()
-        e = SenseVoiceEngine.from_automodel(self.am, str(self.dev), dtype)
+        e = SenseVoiceEngine.from_automodel(self.am, str(self.dev), dtype, fp32_residual=fp32_residual)
         build = time.perf_counter() - t
         cap = e.capture_graphs(list(batches), self.args.graph_max_seconds) if graphs and self.cuda else 0.0
         warm = e.warmup()
@@ -242,28 +243,45 @@ class Bench:
             "max_logit_margin_at_disagreement": round(max(margins), 5) if margins else None}
         log("fp32 e2e", F["fp32_e2e_vs_generate"])
 
-        # (d) fp16 vs fp32 over many clips: token agreement and relative logit error
-        agree16, rel = [], []
-        for i in range(0, n_clips, 32):
-            group = [torch.from_numpy(c) for c in clips[i:i + 32]]
-            go = [opts[(i + j) % len(opts)] for j in range(len(group))]
-            with torch.inference_mode():
-                f, _, frames = e32.features(group)
-                x32, lens, ban = e32.encoder_inputs(f, frames, go)
-                l32 = e32.core(x32, lens, ban, return_logits=True).float()
-                x16, _, _ = e16.encoder_inputs(f, frames, go)
-                l16 = e16.core(x16, lens, ban, return_logits=True).float()
-            o32, o16 = e32.decode(l32.argmax(-1), lens), e16.decode(l16.argmax(-1), lens)
-            for j in range(len(group)):
-                n = int(lens[j])
-                rel.append(float((l16[j, :n] - l32[j, :n]).norm() / l32[j, :n].norm()))
-                agree16.append(token_agreement(list(o16[j].token_ids), list(o32[j].token_ids)))
-        F["fp16_vs_fp32"] = {"clips": len(agree16), "token_agreement_mean": round(float(np.mean(agree16)), 5),
-                             "token_agreement_min": round(float(np.min(agree16)), 5),
-                             "rel_logit_err_mean": round(float(np.mean(rel)), 6),
-                             "rel_logit_err_max": round(float(np.max(rel)), 6)}
-        log("fp16 vs fp32", F["fp16_vs_fp32"])
-
+        # (d) fp16 (and fp16 with an fp32 residual stream) vs fp32 over many clips
+        e16r, _ = self.engine("float16", graphs=False, fp32_residual=True)
+        for name, eng in (("fp16_vs_fp32", e16), ("fp16_fp32residual_vs_fp32", e16r)):
+            agree16, rel, frame_agree, margins = [], [], [], []
+            for i in range(0, n_clips, 32):
+                group = [torch.from_numpy(c) for c in clips[i:i + 32]]
+                go = [opts[(i + j) % len(opts)] for j in range(len(group))]
+                with torch.inference_mode():
+                    f, _, frames = e32.features(group)
+                    x32, lens, ban = e32.encoder_inputs(f, frames, go)
+                    l32 = e32.core(x32, lens, ban, return_logits=True).float()
+                    x16, _, _ = eng.encoder_inputs(f, frames, go)
+                    l16 = eng.core(x16, lens, ban, return_logits=True).float()
+                a32, a16 = l32.argmax(-1), l16.argmax(-1)
+                o32, o16 = e32.decode(a32, lens), eng.decode(a16, lens)
+                for j in range(len(group)):
+                    n = int(lens[j])
+                    rel.append(float((l16[j, :n] - l32[j, :n]).norm() / l32[j, :n].norm()))
+                    agree16.append(token_agreement(list(o16[j].token_ids), list(o32[j].token_ids)))
+                    frame_agree.append(float((a16[j, :n] == a32[j, :n]).float().mean()))
+                    diff = (a16[j, :n] != a32[j, :n]).nonzero().flatten()
+                    if len(diff):
+                        top2 = torch.log_softmax(l32[j, diff], -1).topk(2, dim=-1).values
+                        margins += (top2[:, 0] - top2[:, 1]).tolist()
+            F[name] = {"clips": len(agree16), "token_agreement_mean": round(float(np.mean(agree16)), 5),
+                       "token_agreement_min": round(float(np.min(agree16)), 5),
+                       "frame_argmax_agreement": round(float(np.mean(frame_agree)), 5),
+                       "rel_logit_err_mean": round(float(np.mean(rel)), 6),
+                       "rel_logit_err_max": round(float(np.max(rel)), 6),
+                       "fp32_logprob_margin_at_flips_p50": round(float(np.median(margins)), 5) if margins else None,
+                       "fp32_logprob_margin_at_flips_max": round(float(np.max(margins)), 5) if margins else None}
+            log(name, F[name])
+        if self.cuda:  # what the fp32 residual stream costs, eager, B=64 x 10 s
+            waves = [torch.from_numpy(self.clips10[i % 8]).to(self.dev) for i in range(64)]
+            for name, eng in (("fp16", e16), ("fp16_fp32residual", e16r)):
+                st = stats_ms(self.timeit(lambda: eng.transcribe(waves, [opts[0]] * 64), 10))
+                F[f"eager_b64_10s_{name}_p50_ms"] = st["p50_ms"]
+            log("eager cost", {k: v for k, v in F.items() if k.startswith("eager")})
+        del e16r
         # (e) batch independence (fp32): alone vs inside a busy padded batch
         target = torch.from_numpy(clips[3])
         alone = e32.transcribe([target], [O("en", False)])[0]

@@ -52,8 +52,9 @@ class EncoderCore(torch.nn.Module):
     """Encoder + CTC head + argmax over a padded batch, written for capture: no host syncs,
     no tensor creation that depends on data, masks in the compute dtype, SDPA attention."""
 
-    def __init__(self, sv_model, dtype: torch.dtype, max_frames: int):
+    def __init__(self, sv_model, dtype: torch.dtype, max_frames: int, fp32_residual: bool = False):
         super().__init__()
+        self.fp32_residual = fp32_residual and dtype != torch.float32
         enc = sv_model.encoder
         self.enc = enc
         self.lo = sv_model.ctc.ctc_lo
@@ -62,16 +63,16 @@ class EncoderCore(torch.nn.Module):
         in_dim = sv_model.embed.weight.shape[1]
         pos = torch.arange(1, max_frames + 1, device=self.lo.weight.device)[None, :]
         pe = enc.embed.encode(pos, in_dim, torch.float32)[0]  # [T, 560], fp32 like funasr
-        self.register_buffer("pe", pe.to(dtype), persistent=False)
+        self.register_buffer("pe", pe.to(torch.float32 if self.fp32_residual else dtype), persistent=False)
         self.layers = list(enc.encoders0) + list(enc.encoders)
         self.tp_layers = list(enc.tp_encoders)
 
-    @staticmethod
-    def _layer(layer, x: torch.Tensor, mask: torch.Tensor, key_mask: torch.Tensor) -> torch.Tensor:
+    def _layer(self, layer, x: torch.Tensor, mask: torch.Tensor, key_mask: torch.Tensor) -> torch.Tensor:
+        """One SAN-M block. With fp32_residual the residual stream stays fp32 and only the
+        matmuls/attention run in the compute dtype (like autocast)."""
         att = layer.self_attn
         b, t, _ = x.shape
-        h = F.layer_norm(x, layer.norm1.normalized_shape, layer.norm1.weight, layer.norm1.bias,
-                         layer.norm1.eps)
+        h = _ln(layer.norm1, x).to(self.dtype)
         qkv = F.linear(h, att.linear_q_k_v.weight, att.linear_q_k_v.bias)
         q, k, v = qkv.split(att.h * att.d_k, dim=-1)
         # FSMN memory: depthwise conv over the masked values (zero padding like funasr's pad_fn)
@@ -84,12 +85,12 @@ class EncoderCore(torch.nn.Module):
             v.view(heads).transpose(1, 2), attn_mask=key_mask,
         )
         o = F.linear(o.transpose(1, 2).reshape(b, t, -1), att.linear_out.weight, att.linear_out.bias)
-        o = o + mem
+        o = (o + mem).to(x.dtype)
         x = x + o if layer.in_size == layer.size else o
         ff = layer.feed_forward
-        h = F.layer_norm(x, layer.norm2.normalized_shape, layer.norm2.weight, layer.norm2.bias,
-                         layer.norm2.eps)
-        return x + F.linear(F.relu(F.linear(h, ff.w_1.weight, ff.w_1.bias)), ff.w_2.weight, ff.w_2.bias)
+        h = _ln(layer.norm2, x).to(self.dtype)
+        y = F.linear(F.relu(F.linear(h, ff.w_1.weight, ff.w_1.bias)), ff.w_2.weight, ff.w_2.bias)
+        return x + y.to(x.dtype)
 
     def forward(self, x: torch.Tensor, lengths: torch.Tensor, ban_emo_unk: torch.Tensor,
                 return_logits: bool = False):
@@ -97,21 +98,29 @@ class EncoderCore(torch.nn.Module):
         ban_emo_unk [B] bool. Returns argmax ids [B, T] (int64), or logits if asked."""
         t = x.shape[1]
         valid = torch.arange(t, device=x.device)[None, :] < lengths[:, None]  # [B, T] bool
-        mask = valid[:, :, None].to(x.dtype)
+        mask = valid[:, :, None].to(self.dtype)
         key_mask = valid[:, None, None, :]  # [B, 1, 1, T]: True = attend
+        if self.fp32_residual:
+            x = x.float()
         x = x * self.scale + self.pe[:t]
         for layer in self.layers:
             x = self._layer(layer, x, mask, key_mask)
-        x = self.enc.after_norm(x)
+        x = _ln(self.enc.after_norm, x)
         for layer in self.tp_layers:
             x = self._layer(layer, x, mask, key_mask)
-        x = self.enc.tp_norm(x)
-        logits = self.lo(x)
+        logits = self.lo(_ln(self.enc.tp_norm, x).to(self.dtype))
         col = logits[:, :, EMO_UNKNOWN_ID]
         logits[:, :, EMO_UNKNOWN_ID] = torch.where(ban_emo_unk[:, None], float("-inf"), col)
         if return_logits:
             return logits
         return logits.argmax(-1)
+
+
+def _ln(norm, x: torch.Tensor) -> torch.Tensor:
+    """LayerNorm with the module's parameters, in x's dtype (fp32 params cast when x is fp32)."""
+    w = norm.weight.to(x.dtype) if norm.weight is not None else None
+    b = norm.bias.to(x.dtype) if norm.bias is not None else None
+    return F.layer_norm(x, norm.normalized_shape, w, b, norm.eps)
 
 
 class _Graph:
@@ -147,8 +156,10 @@ class SenseVoiceEngine:
     """Batched SenseVoiceSmall on one device. Not thread-safe: one worker thread owns it."""
 
     def __init__(self, sv_model, tokenizer, frontend: BatchedFrontend, device: str,
-                 dtype: str = "float16", max_frames: int = 4096):
+                 dtype: str = "float16", max_frames: int = 4096, fp32_residual: bool = False):
         self.device = torch.device(device)
+        if self.device.type == "cuda" and self.device.index is None:
+            self.device = torch.device("cuda", torch.cuda.current_device())
         if self.device.type == "cpu":
             dtype = "float32"  # fp16 matmuls on CPU are slow and not what users expect
         self.dtype = DTYPES[dtype]
@@ -162,7 +173,7 @@ class SenseVoiceEngine:
         model.eval()
         self.model = model
         self.max_frames = max_frames
-        self.core = EncoderCore(model, self.dtype, max_frames).eval()
+        self.core = EncoderCore(model, self.dtype, max_frames, fp32_residual).eval()
         q_rows = torch.tensor([[lid, EVENT_ROW, EMO_ROW, itn] for lid in range(16) for itn in (14, 15)],
                               device=self.device)
         with torch.inference_mode():
@@ -175,12 +186,11 @@ class SenseVoiceEngine:
 
     # ------------------------------------------------------------------ set-up
     @classmethod
-    def from_automodel(cls, am, device: str, dtype: str = "float16") -> "SenseVoiceEngine":
-        from funasr.frontends.wav_frontend import WavFrontend  # noqa: F401 (type only)
-
-        fe = am.kwargs["frontend"]
-        frontend = BatchedFrontend(fe.cmvn)
-        return cls(am.model, am.kwargs["tokenizer"], frontend, device, dtype)
+    def from_automodel(cls, am, device: str, dtype: str = "float16",
+                       fp32_residual: bool = False) -> "SenseVoiceEngine":
+        frontend = BatchedFrontend(am.kwargs["frontend"].cmvn)
+        return cls(am.model, am.kwargs["tokenizer"], frontend, device, dtype,
+                   fp32_residual=fp32_residual)
 
     def capture_graphs(self, batch_sizes: Sequence[int], max_seconds: float) -> float:
         """Capture one CUDA graph per (batch bucket, length bucket); returns seconds spent."""

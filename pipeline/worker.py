@@ -48,8 +48,16 @@ class Worker(threading.Thread):
         self._stop_event.set()
 
     def run(self) -> None:
-        if self.engine.device.type == "cuda":
-            torch.cuda.set_device(self.engine.device)
+        try:
+            if self.engine.device.type == "cuda":
+                torch.cuda.set_device(self.engine.device)
+            self._loop()
+        except BaseException as e:  # the thread must never die silently: readiness reports it
+            logger.critical("worker %s died: %s", self.name, e, exc_info=True)
+            self.fatal = e
+            self.on_fatal(e)
+
+    def _loop(self) -> None:
         while not self._stop_event.is_set():
             self.heartbeat = time.monotonic()
             batch = self.scheduler.next_batch(timeout=POLL_S)
@@ -64,6 +72,8 @@ class Worker(threading.Thread):
                     self.on_fatal(e)
                     return
                 logger.exception("unexpected worker error")
+                for item in batch:  # never leave a job running forever
+                    self._fail(item, "internal_error", f"the worker failed on this batch: {e}")
             finally:
                 self.busy_items = 0
 

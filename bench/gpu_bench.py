@@ -319,7 +319,8 @@ class Bench:
 
         S = R.setdefault("engine", {})
         t = time.perf_counter()
-        eng, st = self.engine(self.args.dtype, graphs=self.cuda)
+        eng, st = self.engine(self.args.dtype, graphs=self.cuda, fp32_residual=bool(self.args.fp32_residual))
+        st["fp32_residual"] = bool(self.args.fp32_residual)
         st["startup_total_s"] = round(time.perf_counter() - t, 2)
         S["startup"] = st
         log("engine start-up", st)
@@ -446,6 +447,22 @@ class Bench:
             S["profile_b64_10s"] = self.profile(eng, gpu([self.clips10[i % 8] for i in range(64)]), opts)
             S["profile_b1_10s"] = self.profile(eng, gpu(self.clips10[:1]), opts)
             log("profile", S["profile_b64_10s"], S["profile_b1_10s"])
+            S["op_profile_b64_10s"] = self.op_profile(eng, gpu([self.clips10[i % 8] for i in range(64)]), opts)
+            print(S["op_profile_b64_10s"], flush=True)
+
+    def op_profile(self, eng, waves, opts) -> str:
+        """torch.profiler table of the eager B=64 forward: where the GPU time goes, by op."""
+        from torch.profiler import ProfilerActivity, profile
+
+        with torch.inference_mode():
+            f, _, frames = eng.features(waves)
+            x, lens, ban = eng.encoder_inputs(f, frames, [opts] * len(waves))
+            eng.core(x, lens, ban)
+            self.sync()
+            with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+                eng.core(x, lens, ban)
+                self.sync()
+        return prof.key_averages().table(sort_by="cuda_time_total", row_limit=25, max_name_column_width=60)
 
     def profile(self, eng, waves, opts) -> dict:
         def ev():
@@ -543,6 +560,7 @@ def main():
     ap.add_argument("--model-dir", default="/tmp/sensevoice-full")
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--dtype", default="float16")
+    ap.add_argument("--fp32-residual", type=int, default=1)
     ap.add_argument("--n", type=int, default=30, help="timed repetitions")
     ap.add_argument("--concurrent", type=int, default=512)
     ap.add_argument("--max-batch", type=int, default=64)

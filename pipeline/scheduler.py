@@ -1,8 +1,9 @@
 """Bounded two-lane queue with dynamic batch formation (Triton-style).
 
 ``put`` never blocks: a full queue raises QueueFull at once. ``next_batch`` waits for a first item,
-then up to ``max_wait`` for more (unless a full batch is already there, or the item arrived at an idle
-queue: nothing else arrived within IDLE_GAP_S before it, so waiting would only add latency), and picks a batch around the
+then up to ``max_wait`` for more -- but only while arrivals are dense (the previous one came less than
+``max_wait`` before): a lone request on an idle server is dispatched at once, and batches still form
+from bursts and from whatever queues up while the device is busy. It picks a batch around the
 oldest item of the most urgent lane, preferring items of similar length to cut padding, filling spare
 seats from the other lane, within ``max_batch`` items and ``max_batch_seconds`` of padded audio.
 """
@@ -20,7 +21,6 @@ from .errors import QueueFull
 from .types import Lane, TranscribeOptions
 
 SAMPLE_RATE = 16_000  # Hz
-IDLE_GAP_S = 0.05  # seconds without arrivals after which a lone job is served without waiting
 
 
 @dataclass(eq=False)
@@ -101,7 +101,7 @@ class Scheduler:
                 self._cond.wait(left)
             if self._closed:
                 return []
-            idle = len(self._items) == 1 and self._gap_before_last > IDLE_GAP_S
+            idle = len(self._items) == 1 and self._gap_before_last > self.max_wait_s
             fill_until = time.monotonic() + (0.0 if idle else self.max_wait_s)
             while len(self._items) < self.max_batch and not self._closed:
                 left = fill_until - time.monotonic()

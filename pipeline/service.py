@@ -82,7 +82,8 @@ class TranscriptionService:
             am = load_automodel(self.source.path, self.devices[0])
             self.startup["load_s"] = time.perf_counter() - t0
             for n, dev in enumerate(self.devices):
-                engine = SenseVoiceEngine.from_automodel(am, dev, self.settings.dtype)
+                engine = SenseVoiceEngine.from_automodel(am, dev, self.settings.dtype,
+                                                         fp32_residual=self.settings.fp32_residual)
                 if self.settings.cuda_graphs:
                     sizes = [int(b) for b in self.settings.graph_batch_sizes.split(",") if b.strip()]
                     engine.capture_graphs(sizes, self.settings.graph_max_seconds)

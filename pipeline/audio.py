@@ -329,14 +329,44 @@ def _at_first_rate(frames: Iterable[av.AudioFrame]) -> Iterator[av.AudioFrame]:
             gc.collect()
 
 
-def _frame_to_mono(frame: av.AudioFrame) -> np.ndarray:
-    """The channel average of ``frame`` as float32 in [-1, 1] (exact for 8/16/24-bit PCM)."""
-    data = frame.to_ndarray()
+_SAMPLE_DTYPES = {"u8": np.uint8, "s16": np.int16, "s32": np.int32, "s64": np.int64,
+                  "flt": np.float32, "dbl": np.float64}
+
+
+def _frame_arrays(frame: av.AudioFrame) -> tuple[tuple, list[np.ndarray]]:
+    """Zero-copy views of a frame's samples: (run key, arrays). Planar: one array per channel;
+    packed: one interleaved array. Frames with the same key are converted together."""
     channels = len(frame.layout.channels)
-    if not frame.format.is_planar:  # packed: (1, samples * channels), interleaved
-        data = data.reshape(-1, channels).T
-    dtype = data.dtype
-    mono = data[0].astype(np.float32) if channels == 1 else data.mean(axis=0, dtype=np.float32)
+    planar = frame.format.is_planar
+    dtype = _SAMPLE_DTYPES.get(frame.format.name.rstrip("p"))
+    if dtype is None:  # an unusual sample format: let PyAV convert it
+        data = frame.to_ndarray()
+        key = (data.dtype, channels, planar)
+        return key, (list(data) if planar else [data.reshape(-1)])
+    n = frame.samples
+    if planar:
+        return (np.dtype(dtype), channels, True), [
+            np.frombuffer(p, dtype=dtype, count=n) for p in frame.planes[:channels]]
+    return (np.dtype(dtype), channels, False), [np.frombuffer(frame.planes[0], dtype=dtype,
+                                                              count=n * channels)]
+
+
+def _run_to_mono(key: tuple, runs: list[list[np.ndarray]]) -> np.ndarray:
+    """Channel average of a run of same-format frames, float32 in [-1, 1] (exact for PCM <= 24 bit)."""
+    dtype, channels, planar = key
+    if not planar:  # de-interleave once: (samples, channels) column views
+        inter = np.concatenate([r[0] for r in runs]).reshape(-1, channels)
+        runs = [[inter[:, c] for c in range(channels)]]
+    mono = np.empty(sum(len(r[0]) for r in runs), dtype=np.float32)
+    pos = 0
+    for r in runs:  # sum channels straight into the output: no stacked intermediate
+        seg = mono[pos:pos + len(r[0])]
+        np.copyto(seg, r[0], casting="unsafe")
+        for c in r[1:]:
+            seg += c
+        pos += len(seg)
+    if channels > 1:
+        mono *= np.float32(1.0 / channels)
     if dtype == np.uint8:
         return (mono - np.float32(128.0)) * np.float32(1.0 / 128.0)
     if np.issubdtype(dtype, np.signedinteger):
@@ -350,8 +380,11 @@ def _frame_to_mono(frame: av.AudioFrame) -> np.ndarray:
 
 
 def _collect(frames: Iterable[av.AudioFrame], max_seconds: float) -> DecodedAudio:
-    """Concatenate mono frames, raising :class:`AudioTooLong` as soon as the cap is passed."""
-    chunks: list[np.ndarray] = []
+    """Gather frames (zero-copy views) and convert them to mono in runs of one format, raising
+    :class:`AudioTooLong` as soon as the cap is passed (memory stays bounded by the cap)."""
+    blocks: list[np.ndarray] = []
+    run: list[list[np.ndarray]] = []
+    run_key: tuple | None = None
     rate = 0
     total = 0  # samples
     limit = 0.0  # samples
@@ -359,17 +392,23 @@ def _collect(frames: Iterable[av.AudioFrame], max_seconds: float) -> DecodedAudi
         if not rate:
             rate = frame.sample_rate
             limit = max_seconds * rate
-        chunk = _frame_to_mono(frame)
-        total += chunk.size
+        total += frame.samples
         if total > limit:
             raise AudioTooLong(f"the audio is longer than the {max_seconds:g} s limit")
-        chunks.append(chunk)
+        key, arrays = _frame_arrays(frame)
+        if run and key != run_key:
+            blocks.append(_run_to_mono(run_key, run))
+            run = []
+        run_key = key
+        run.append(arrays)
+    if run:
+        blocks.append(_run_to_mono(run_key, run))
     if not rate or total < MIN_AUDIO_SECONDS * rate:
         got = f"{total / rate * 1000:.1f} ms" if rate else "nothing"
         raise EmptyAudio(
             f"no audio samples: decoding gave {got}, less than {MIN_AUDIO_SECONDS * 1000:g} ms"
         )
-    samples = np.concatenate(chunks) if len(chunks) > 1 else chunks[0]
+    samples = np.concatenate(blocks) if len(blocks) > 1 else blocks[0]
     return DecodedAudio(samples=samples, sample_rate=rate)
 
 

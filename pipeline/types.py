@@ -51,6 +51,7 @@ class Segment:
     text: str
     start: float | None = None  # seconds
     end: float | None = None  # seconds
+    speaker: str | None = None  # e.g. "left"/"right" channel of a stereo call; None when mono
 
 
 @dataclass(frozen=True)

@@ -50,8 +50,9 @@ def create_app(settings=None, service=None, start: bool = True):
     async def root():
         return RedirectResponse("/ui/")
 
+    ui_auth = tuple(settings.ui_auth.split(":", 1)) if settings.ui_auth else None
     app = gr.mount_gradio_app(
-        app, build_ui(service), path="/ui", css=css(), head=head_html(),
+        app, build_ui(service), path="/ui", css=css(), head=head_html(), auth=ui_auth,
         show_error=False, max_file_size=settings.max_upload_bytes,
         blocked_paths=[str(settings.data_dir.resolve())], enable_monitoring=False,
         footer_links=[], mcp_server=False, ssr_mode=False,
@@ -68,12 +69,43 @@ def parse_args(argv=None):
     ap.add_argument("--host")
     ap.add_argument("--port", type=int)
     ap.add_argument("--data-dir", help="job store and spool directory")
+    ap.add_argument("--supervise", action="store_true",
+                    help="run the server as a child process and restart it when it exits non-zero")
     return ap.parse_args(argv)
+
+
+RESTART_BACKOFF_S = (1, 2, 5, 10, 30)  # seconds between restarts; the last repeats
+
+
+def supervise(argv: list[str]) -> int:
+    """Bare-metal supervisor: restart the server after a crash, a fatal device error or a hang
+    (it exits non-zero); queued and running jobs resume from the store. Ctrl-C stops both."""
+    import subprocess
+    import time
+
+    child_argv = [sys.executable, __file__, *[a for a in argv if a != "--supervise"]]
+    restarts = 0
+    while True:
+        started = time.monotonic()
+        proc = subprocess.Popen(child_argv)
+        try:
+            code = proc.wait()
+        except KeyboardInterrupt:
+            proc.terminate()
+            return proc.wait()
+        if code in (0, 2):  # clean stop, or a configuration error a restart cannot fix
+            return code
+        restarts = 0 if time.monotonic() - started > 300 else restarts + 1
+        delay = RESTART_BACKOFF_S[min(restarts, len(RESTART_BACKOFF_S) - 1)]
+        logger.warning("server exited with %s; restarting in %d s", code, delay)
+        time.sleep(delay)
 
 
 def main(argv=None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     args = parse_args(argv)
+    if args.supervise:
+        return supervise(list(sys.argv[1:] if argv is None else argv))
     from pipeline.config import Settings
     from pipeline.errors import ModelUnavailable
     from pipeline.model import resolve_model
@@ -83,6 +115,7 @@ def main(argv=None) -> int:
                                    "port": args.port, "data_dir": args.data_dir}.items() if v is not None}
     if args.demo:
         overrides["demo"] = True
+    overrides.setdefault("exit_on_fatal", True)
     settings = Settings(**overrides)
     try:
         source = resolve_model(settings)  # fail fast, before the server starts

@@ -8,11 +8,14 @@ from __future__ import annotations
 
 import logging
 
-from fastapi import APIRouter, FastAPI, File, Form, Request, UploadFile
+import hmac
+
+from fastapi import APIRouter, Depends, FastAPI, File, Form, Request, UploadFile
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from .errors import SenseVoiceError, UploadTooLarge
+from .errors import SenseVoiceError, Unauthorized, UploadTooLarge
 from .service import TranscriptionService
 from .types import Job, Lane, TranscribeOptions
 
@@ -59,28 +62,32 @@ class UploadLimit:
         if declared is not None and declared.isdigit() and int(declared) > self.max_bytes:
             return await too_large(scope, receive, send)
         seen = 0
-        started = False
+        exceeded = started = False
 
         async def limited_receive():
-            nonlocal seen
+            nonlocal seen, exceeded
             message = await receive()
             if message["type"] == "http.request":
                 seen += len(message.get("body", b""))
                 if seen > self.max_bytes:
+                    exceeded = True
                     raise _BodyTooLarge()
             return message
 
-        async def tracking_send(message):
+        async def guarded_send(message):
             nonlocal started
+            if exceeded:  # the app's own answer to the aborted body (e.g. a 400) is replaced
+                return
             if message["type"] == "http.response.start":
                 started = True
             await send(message)
 
         try:
-            await self.app(scope, limited_receive, tracking_send)
+            await self.app(scope, limited_receive, guarded_send)
         except _BodyTooLarge:
-            if not started:
-                await too_large(scope, receive, send)
+            pass
+        if exceeded and not started:
+            await too_large(scope, receive, send)
 
 
 class _BodyTooLarge(Exception):
@@ -93,16 +100,36 @@ def install_error_handlers(app: FastAPI) -> None:
         headers = {"Retry-After": str(e.retry_after)} if hasattr(e, "retry_after") else None
         return error_response(e.status, e.code, e.message, headers)
 
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(_request: Request, e: StarletteHTTPException):
+        code = {404: "not_found", 405: "method_not_allowed"}.get(e.status_code, "invalid_request")
+        return error_response(e.status_code, code, str(e.detail), getattr(e, "headers", None))
+
     @app.exception_handler(RequestValidationError)
     async def _validation(_request: Request, e: RequestValidationError):
         parts = "; ".join(f"{'.'.join(map(str, err['loc']))}: {err['msg']}" for err in e.errors())
         return error_response(400, "invalid_request", parts or "invalid request")
 
 
+def require_token(token: str):
+    """A dependency: 'Authorization: Bearer <token>' (or X-API-Key) when a token is configured."""
+
+    def check(request: Request) -> None:
+        if not token:
+            return
+        auth = request.headers.get("authorization", "")
+        given = auth[7:] if auth.lower().startswith("bearer ") else request.headers.get("x-api-key", "")
+        if not hmac.compare_digest(given.encode(), token.encode()):
+            raise Unauthorized("missing or wrong API token (send 'Authorization: Bearer <token>')")
+
+    return check
+
+
 def build_router(service: TranscriptionService) -> APIRouter:
     router = APIRouter()
+    auth = [Depends(require_token(service.settings.api_token))]
 
-    @router.post("/api/jobs", status_code=202)
+    @router.post("/api/jobs", status_code=202, dependencies=auth)
     def create_job(file: UploadFile = File(...), language: str = Form("auto"),
                    use_itn: bool = Form(True), ban_emo_unk: bool = Form(False)):
         options = TranscribeOptions(language=language, use_itn=use_itn, ban_emo_unk=ban_emo_unk)
@@ -113,7 +140,7 @@ def build_router(service: TranscriptionService) -> APIRouter:
         return JSONResponse({"id": job.id, "status": job.state.value, "position": job.position},
                             status_code=202, headers={"Location": f"/api/jobs/{job.id}"})
 
-    @router.get("/api/jobs/{job_id}")
+    @router.get("/api/jobs/{job_id}", dependencies=auth)
     def get_job(job_id: str):
         return job_json(service.get(job_id))
 
@@ -125,8 +152,9 @@ def build_router(service: TranscriptionService) -> APIRouter:
     async def readyz():
         body = {"ready": service.ready, "state": service.state, "model": _model_name(service),
                 "demo": service.is_demo, "devices": service.devices}
-        if service.error:
-            body["error"] = service.error
+        reason = service.error or (service.unhealthy_reason() if service.state == "ready" else None)
+        if reason:
+            body["error"] = reason
         return JSONResponse(body, status_code=200 if service.ready else 503)
 
     return router

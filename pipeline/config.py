@@ -55,6 +55,17 @@ class Settings(BaseSettings):
     cuda_graphs: bool = Field(True, description="Capture CUDA graphs per (batch, length) bucket.")
     graph_batch_sizes: str = Field("1,2,4,8,16,32,64", description="Batch buckets to capture.")
     graph_max_seconds: float = Field(30.0, description="Longest clip served by captured graphs, s.")
+    queue_timeout_s: float = Field(600.0, description="A job waiting longer than this fails ('timed out in queue').")
+    min_free_memory_ratio: float = Field(
+        0.15, description="GPU admission: refuse new jobs (503) while free device memory is under this share.")
+    retention_hours: float = Field(24.0, description="Results and their audio are purged after this.")
+    delete_audio_when_done: bool = Field(False, description="Delete a job's audio as soon as it is done.")
+    hung_timeout_s: float = Field(120.0, description="A worker without a heartbeat this long is hung.")
+    exit_on_fatal: bool = Field(
+        False, description="Exit the process (code 3) on a fatal device error or a hung worker, so a "
+        "supervisor restarts it; set by main().")
+    api_token: str = Field("", description="If set, REST calls need 'Authorization: Bearer <token>'.")
+    ui_auth: str = Field("", description="If set ('user:password'), the UI asks for this login.")
     hub_timeout_s: float = Field(3.0, description="Seconds to wait for the model hub to answer.")
     retry_after_s: int = Field(2, description="Retry-After seconds sent with 503 queue_full.")
     poll_interval_s: float = Field(0.5, description="UI polling period, seconds.")

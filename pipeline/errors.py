@@ -70,6 +70,17 @@ class QueueFull(SenseVoiceError):
         self.retry_after = retry_after
 
 
+class MemoryPressure(SenseVoiceError):
+    """GPU admission control: free device memory is under the threshold."""
+
+    status = 503
+    code = "gpu_memory_low"
+
+    def __init__(self, message: str, retry_after: int = 5):
+        super().__init__(message)
+        self.retry_after = retry_after
+
+
 class NotReady(SenseVoiceError):
     """The model is still loading / warming up, or the worker is unhealthy."""
 
@@ -82,6 +93,20 @@ class JobNotFound(SenseVoiceError):
 
     status = 404
     code = "job_not_found"
+
+
+class JobGone(SenseVoiceError):
+    """The job existed but its result and audio were purged after the retention period."""
+
+    status = 410
+    code = "job_purged"
+
+
+class Unauthorized(SenseVoiceError):
+    """A REST call without the configured API token."""
+
+    status = 401
+    code = "unauthorized"
 
 
 class ModelUnavailable(SenseVoiceError):

@@ -18,7 +18,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterable, Iterator
 
-from .errors import JobNotFound
+from .errors import JobGone, JobNotFound
 from .types import Job, JobError, JobState, Lane, TranscribeOptions, Transcript
 
 logger = logging.getLogger("sensevoice.jobs")
@@ -169,6 +169,22 @@ class JobStore:
                             (JobState.QUEUED.value,)).fetchall()
         return [_row_to_job(r) for r in rows]
 
+    def purge(self, finished_before: float) -> list[str]:
+        """Delete results and audio of jobs finished before ``finished_before`` (unix s); the row
+        stays as a tombstone so the id answers 410, not 404."""
+        conn = self._conn()
+        rows = conn.execute(
+            "SELECT id FROM jobs WHERE state IN (?, ?) AND finished_at < ?",
+            (JobState.DONE.value, JobState.FAILED.value, finished_before)).fetchall()
+        ids = [r["id"] for r in rows]
+        with self._transaction() as c:
+            for jid in ids:
+                c.execute("UPDATE jobs SET state=?, result=NULL, filename='' WHERE id=? AND state IN (?, ?)",
+                          (JobState.PURGED.value, jid, JobState.DONE.value, JobState.FAILED.value))
+        for jid in ids:
+            self.delete_spool(jid)
+        return ids
+
     def delete_spool(self, job_id: str) -> None:
         try:
             self.spool_path(job_id).unlink()
@@ -180,6 +196,9 @@ class JobStore:
         row = self._conn().execute("SELECT * FROM jobs WHERE id=?", (job_id,)).fetchone()
         if row is None:
             raise JobNotFound(f"no job with id {job_id!r}")
+        if row["state"] == JobState.PURGED.value:
+            raise JobGone(f"job {job_id} finished more than the retention period ago; its result "
+                          "and audio were deleted")
         return _row_to_job(row)
 
     def load_upload(self, job_id: str) -> bytes:

@@ -7,6 +7,7 @@ submit: decode (PyAV, in the caller's thread) -> resample on the device -> spool
 from __future__ import annotations
 
 import logging
+import os
 import secrets
 import threading
 import time
@@ -18,7 +19,7 @@ import torch
 
 from .audio import Resampler, decode_audio
 from .config import Settings
-from .errors import NotReady, SenseVoiceError
+from .errors import MemoryPressure, NotReady, SenseVoiceError
 from .jobs import JobStore
 from .model import ModelSource, load_automodel, resolve_model
 from .scheduler import SAMPLE_RATE, Scheduler, WorkItem
@@ -26,7 +27,8 @@ from .types import Job, JobState, Lane, TranscribeOptions
 
 logger = logging.getLogger("sensevoice.service")
 
-HEARTBEAT_STALE_S = 30.0  # a worker silent for this long is not ready
+JANITOR_PERIOD_S = 5.0  # how often retention and the watchdog run
+FATAL_EXIT_CODE = 3  # process exit status after a fatal device error or a hung worker
 
 
 def new_job_id() -> str:
@@ -55,6 +57,8 @@ class TranscriptionService:
         self.error: str | None = None
         self.startup: dict[str, float] = {}
         self._done = threading.Condition()
+        self._stopping = threading.Event()
+        self._janitor: threading.Thread | None = None
 
     # ------------------------------------------------------------------ lifecycle
     @property
@@ -65,9 +69,19 @@ class TranscriptionService:
     def ready(self) -> bool:
         if self.state != "ready" or not self.workers:
             return False
+        return self.unhealthy_reason() is None
+
+    def unhealthy_reason(self) -> str | None:
+        """Why the service cannot serve (a dead, failed or hung worker), or None."""
         now = time.monotonic()
-        return all(w.is_alive() and w.fatal is None and now - w.heartbeat < HEARTBEAT_STALE_S
-                   for w in self.workers)
+        for w in self.workers:
+            if w.fatal is not None:
+                return f"{w.name}: fatal error: {w.fatal}"
+            if not w.is_alive():
+                return f"{w.name} is not running"
+            if now - w.heartbeat > self.settings.hung_timeout_s:
+                return f"{w.name} is hung (no heartbeat for {now - w.heartbeat:.0f} s)"
+        return None
 
     def start(self) -> None:
         """Load, warm up, recover the queue, start workers. Blocking; call from a thread."""
@@ -91,10 +105,15 @@ class TranscriptionService:
                 self.startup.update({f"{k}_s[{dev}]": v for k, v in engine.startup_seconds.items()})
                 self.workers.append(Worker(f"sensevoice-worker-{n}", engine, self.scheduler,
                                            self.store, load_audio=self._load_spooled(dev),
-                                           on_done=self._notify, on_fatal=self._on_fatal))
+                                           on_done=self._notify, on_fatal=self._on_fatal,
+                                           queue_timeout_s=self.settings.queue_timeout_s,
+                                           delete_audio_when_done=self.settings.delete_audio_when_done))
             self._recover()
             for w in self.workers:
                 w.start()
+            self._janitor = threading.Thread(target=self._janitor_loop, name="sensevoice-janitor",
+                                             daemon=True)
+            self._janitor.start()
             self.startup["total_s"] = time.perf_counter() - t0
             self.state = "ready"
             logger.info("ready on %s (model %s%s) in %.1f s", ", ".join(self.devices),
@@ -117,6 +136,7 @@ class TranscriptionService:
             pass  # state/error already recorded and logged
 
     def stop(self) -> None:
+        self._stopping.set()
         self.scheduler.close()
         for w in self.workers:
             w.stop()
@@ -126,6 +146,26 @@ class TranscriptionService:
     def _on_fatal(self, e: BaseException) -> None:
         self.state = "failed"
         self.error = f"fatal device error: {e}"
+
+    def purge_expired(self) -> int:
+        cutoff = time.time() - self.settings.retention_hours * 3600
+        return len(self.store.purge(cutoff))
+
+    def _janitor_loop(self) -> None:
+        """Retention, and the watchdog: a fatal or hung worker ends the process (the supervisor
+        restarts it and the queue resumes from the store)."""
+        while not self._stopping.wait(JANITOR_PERIOD_S):
+            try:
+                n = self.purge_expired()
+                if n:
+                    logger.info("retention: purged %d jobs", n)
+            except Exception:
+                logger.exception("retention failed")
+            reason = self.unhealthy_reason()
+            if reason and self.settings.exit_on_fatal:
+                logger.critical("exiting for a restart: %s", reason)
+                logging.shutdown()
+                os._exit(FATAL_EXIT_CODE)
 
     def _notify(self, job_id: str) -> None:
         with self._done:
@@ -158,6 +198,7 @@ class TranscriptionService:
             raise NotReady(f"the service is not available: {self.error}")
         if len(self.scheduler) >= self.scheduler.maxsize:  # cheap early answer before decoding
             self.scheduler.put(WorkItem("", lane, options, 0))  # raises QueueFull
+        self._check_memory()
         audio = decode_audio(data, max_seconds=self.settings.max_audio_seconds,
                              max_bytes=self.settings.max_upload_bytes)
         wave = self.resampler(audio)
@@ -173,6 +214,19 @@ class TranscriptionService:
             self.store.discard(job.id)
             raise
         return replace(job, position=self.scheduler.position(job.id))
+
+    def _check_memory(self) -> None:
+        """GPU admission control: refuse new work while every device is short of free memory."""
+        cuda = [d for d in self.devices if d.startswith("cuda")]
+        if not cuda or self.settings.min_free_memory_ratio <= 0:
+            return
+        ratios = []
+        for d in cuda:
+            free, total = torch.cuda.mem_get_info(torch.device(d))
+            ratios.append(free / total)
+        if max(ratios) < self.settings.min_free_memory_ratio:
+            raise MemoryPressure(
+                f"the GPU is short of memory ({max(ratios):.0%} free); try again in a few seconds")
 
     def get(self, job_id: str) -> Job:
         job = self.store.get(job_id)

@@ -21,6 +21,7 @@ class JobState(str, enum.Enum):
     RUNNING = "running"
     DONE = "done"
     FAILED = "failed"
+    PURGED = "purged"  # result and audio deleted after the retention period
 
 
 @dataclass(frozen=True)

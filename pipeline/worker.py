@@ -29,7 +29,8 @@ class Worker(threading.Thread):
     def __init__(self, name: str, engine: SenseVoiceEngine, scheduler: Scheduler, store: JobStore,
                  load_audio: Callable[[str], torch.Tensor],
                  on_done: Callable[[str], None] = lambda job_id: None,
-                 on_fatal: Callable[[BaseException], None] = lambda e: None):
+                 on_fatal: Callable[[BaseException], None] = lambda e: None,
+                 queue_timeout_s: float = float("inf"), delete_audio_when_done: bool = False):
         super().__init__(name=name, daemon=True)
         self.engine = engine
         self.scheduler = scheduler
@@ -37,6 +38,8 @@ class Worker(threading.Thread):
         self.load_audio = load_audio
         self.on_done = on_done
         self.on_fatal = on_fatal
+        self.queue_timeout_s = queue_timeout_s
+        self.delete_audio_when_done = delete_audio_when_done
         self.heartbeat = time.monotonic()
         self.busy_items = 0
         self.batches = 0
@@ -80,6 +83,10 @@ class Worker(threading.Thread):
     # ------------------------------------------------------------------ one batch
     def _run_batch(self, batch: list[WorkItem]) -> None:
         t_start = time.monotonic()
+        for item in [i for i in batch if t_start - i.enqueued_at > self.queue_timeout_s]:
+            self._fail(item, "queue_timeout",
+                       f"timed out in queue after {t_start - item.enqueued_at:.0f} s")
+            batch.remove(item)
         moved = self.store.mark_running([i.job_id for i in batch])
         batch = [i for i in batch if i.job_id in moved]  # cancelled or already handled elsewhere
         if not batch:
@@ -131,6 +138,9 @@ class Worker(threading.Thread):
         results = [(item.job_id, to_transcript(out.raw_text)) for item, out in zip(batch, outs)]
         written = self.store.finish_many(results)
         self.items_done += len(written)
+        if self.delete_audio_when_done:
+            for jid in written:
+                self.store.delete_spool(jid)
         for item, wave in zip(batch, waves):
             if item.job_id in written:
                 logger.info(

@@ -1,0 +1,381 @@
+"""Split long audio into speech spans of at most ``max_segment_s`` with silero-vad, on CPU, offline.
+
+SenseVoice's encoder attends over the whole input (memory grows with T^2), so long audio is cut
+into spans before recognition. Three steps:
+
+1. **Speech probabilities**, one per 512-sample window (32 ms), from the silero-vad model that
+   ships inside the ``silero-vad`` pip package (no download). The audio is cut into up to
+   :data:`MAX_LANES` contiguous *lanes* run side by side as one batch, each with its own LSTM
+   state, so one model call scores up to 64 windows (about 7x faster than one window per call on
+   2 cores). Each lane first replays :data:`LANE_WARMUP_MS` of the audio before its own part and
+   discards those scores. Silero's LSTM remembers for tens of seconds, so scores near a lane start
+   differ a little from a single pass over the whole file (the same happens to anyone who runs
+   silero on a file in pieces); measured here, span boundaries move by at most 64 ms (2 windows).
+   Memory stays bounded: the wave is read through strided views, never copied; per call only
+   ``lanes x 576`` samples are gathered; one float32 score per window is kept (450 KB per hour).
+2. **Speech regions** from the scores with silero's own hysteresis
+   (``get_speech_timestamps_from_probs``: ``threshold``, ``min_silence_ms``, ``speech_pad_ms``,
+   regions shorter than :data:`MIN_SPEECH_MS` dropped).
+3. **Spans**: a region longer than ``max_segment_s`` is cut at its quietest point (lowest energy
+   over 25 ms frames, 10 ms hop) between 60% and 100% of the limit, repeatedly; then neighbours
+   separated by at most ``merge_gap_ms`` are merged while the result stays within the limit.
+
+Spans are sorted, non-overlapping, inside ``[0, len(wave))``, each ``<= max_segment_s``. Audio with
+no speech gives ``[]``: what to do then (e.g. transcribe it whole) is the caller's decision.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import threading
+import time
+import warnings
+from collections.abc import Callable
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+logger = logging.getLogger("sensevoice.vad")
+
+SAMPLE_RATE = 16000  # Hz, the only rate accepted (silero's 16 kHz model; SenseVoice's rate)
+MAX_SEGMENT_S = 30.0  # s, default longest span
+WINDOW = 512  # samples, silero's window at 16 kHz (32 ms)
+CONTEXT = 64  # samples, silero prepends the previous window's tail to each window
+STATE_SIZE = 128  # silero LSTM width; its state tensor is (2, batch, STATE_SIZE)
+MIN_SPEECH_MS = 250  # ms, shorter speech regions are dropped (silero's default)
+MAX_LANES = 64  # lanes scored in one batched model call
+MIN_LANE_S = 30.0  # s, audio per lane at least (short audio runs in fewer lanes)
+LANE_WARMUP_MS = 1000  # ms, audio replayed before each lane's own part, scores discarded
+SPLIT_WINDOW = (0.6, 1.0)  # fraction of max_segment_s where a long region may be cut
+FRAME = 400  # samples, 25 ms energy frame for choosing a cut
+HOP = 160  # samples, 10 ms energy hop
+PROGRESS_STEPS = 100  # progress reports per split, about
+SCORING_SHARE = 0.95  # fraction of progress given to scoring (the rest is post-processing)
+
+
+@dataclass(frozen=True)
+class Span:
+    """A stretch of the 16 kHz wave: ``wave[start:end]`` (samples, end exclusive)."""
+
+    start: int  # samples
+    end: int  # samples, exclusive
+
+    @property
+    def start_s(self) -> float:
+        return self.start / SAMPLE_RATE
+
+    @property
+    def end_s(self) -> float:
+        return self.end / SAMPLE_RATE
+
+    @property
+    def duration_s(self) -> float:
+        return (self.end - self.start) / SAMPLE_RATE
+
+
+@contextmanager
+def _torch_threads_kept():
+    """Restore torch's intra-op thread count: ``import silero_vad`` sets it to 1 process-wide."""
+    before = torch.get_num_threads()
+    try:
+        yield
+    finally:
+        if torch.get_num_threads() != before:
+            torch.set_num_threads(before)
+
+
+def _load_net() -> Any:
+    """The stateless core of silero's JIT model: ``net(x[B, 576], state[2, B, 128]) -> (p, state)``.
+
+    silero's wrapper (``model(x, sr)``) keeps state and context inside itself, so one wrapper
+    cannot serve two threads; its ``_model`` takes the state as an argument and can.
+    """
+    with _torch_threads_kept(), warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)  # torch.jit.load deprecation notice
+        from silero_vad import load_silero_vad
+
+        wrapper = load_silero_vad(onnx=False)
+    net = getattr(wrapper, "_model", None)
+    if net is None:
+        raise RuntimeError(
+            "silero-vad's JIT model has no '_model' submodule; pipeline/vad.py was written "
+            "against silero-vad 6.2.3 (see requirements.txt)"
+        )
+    return net
+
+
+def _as_wave(wave: torch.Tensor | np.ndarray) -> torch.Tensor:
+    """A 1-D float32 CPU tensor sharing memory with ``wave`` when it already is one."""
+    if isinstance(wave, np.ndarray):
+        arr = wave
+        if arr.dtype == np.int16:
+            arr = arr.astype(np.float32) / 32768.0
+        elif arr.dtype != np.float32:
+            if not np.issubdtype(arr.dtype, np.floating):
+                raise TypeError(f"wave must be float or int16 samples, not {arr.dtype}")
+            arr = arr.astype(np.float32)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)  # read-only arrays: we never write
+            t = torch.from_numpy(np.ascontiguousarray(arr))
+    elif isinstance(wave, torch.Tensor):
+        t = wave.detach()
+        if t.dtype == torch.int16:
+            t = t.float() / 32768.0
+        elif not t.is_floating_point():
+            raise TypeError(f"wave must be float or int16 samples, not {t.dtype}")
+        t = t.to(device="cpu", dtype=torch.float32).contiguous()
+    else:
+        raise TypeError(f"wave must be a torch.Tensor or numpy array, not {type(wave).__name__}")
+    if t.dim() == 2 and t.shape[0] == 1:
+        t = t[0]
+    if t.dim() != 1:
+        raise ValueError(f"wave must be mono (1-D), got shape {tuple(t.shape)}")
+    return t
+
+
+class _Windows:
+    """Windows of a wave with silero's 64-sample context, gathered by index without copying it.
+
+    Row ``i`` is ``wave[512 i - 64 : 512 i + 512]``, zero-filled outside the wave. Interior rows come
+    from one strided view; window 0 and the last one or two are built one by one.
+    """
+
+    def __init__(self, wave: torch.Tensor):
+        self.wave = wave
+        self.n = wave.numel()
+        size = CONTEXT + WINDOW
+        # view row r = window r + 1: starts at 512 (r + 1) - 64
+        # last row r needs 512 r + 1024 <= n
+        self.count = (self.n - 2 * WINDOW) // WINDOW + 1 if self.n >= 2 * WINDOW else 0
+        self.view = (
+            wave.as_strided((self.count, size), (WINDOW, 1), wave.storage_offset() + WINDOW - CONTEXT)
+            if self.count
+            else None
+        )
+
+    def _row(self, i: int) -> torch.Tensor:
+        row = torch.zeros(CONTEXT + WINDOW)
+        lo, hi = i * WINDOW - CONTEXT, i * WINDOW + WINDOW
+        a, b = max(lo, 0), min(hi, self.n)
+        if b > a:
+            row[a - lo : b - lo] = self.wave[a:b]
+        return row
+
+    def gather(self, idx: torch.Tensor) -> torch.Tensor:
+        """Rows for window indices ``idx`` (``(B,)`` int64): ``(B, 576)`` float32."""
+        if self.view is None:
+            return torch.stack([self._row(int(i)) for i in idx])
+        rows = self.view[(idx - 1).clamp(0, self.count - 1)]
+        edge = (idx < 1) | (idx > self.count)
+        if bool(edge.any()):
+            for b in torch.nonzero(edge).flatten().tolist():
+                rows[b] = self._row(int(idx[b]))
+        return rows
+
+
+class Segmenter:
+    """Speech spans of a 16 kHz mono wave. Thread-safe; silero is loaded once, lazily, on CPU.
+
+    Loading keeps torch's thread count as it was (``import silero_vad`` sets it to 1). Scoring runs
+    on the caller's thread with torch's current thread count; calls from several threads share the
+    model and run concurrently (the model's state lives in each call).
+    """
+
+    def __init__(
+        self,
+        max_segment_s: float = MAX_SEGMENT_S,
+        min_silence_ms: int = 300,
+        speech_pad_ms: int = 100,
+        threshold: float = 0.5,
+        merge_gap_ms: int = 500,
+    ):
+        """
+        Args:
+            max_segment_s: longest span, seconds (at least 1 s).
+            min_silence_ms: silence that ends a speech region, ms.
+            speech_pad_ms: padding added on each side of a speech region, ms (silero halves it
+                between regions closer than twice the padding, so regions never overlap).
+            threshold: speech probability that starts a region (silero ends one below
+                ``threshold - 0.15``).
+            merge_gap_ms: neighbouring regions at most this far apart (after padding) are merged
+                into one span while it stays within ``max_segment_s``; larger gaps always separate
+                spans. 0 merges only touching regions.
+        """
+        if not max_segment_s >= 1.0:
+            raise ValueError(f"max_segment_s must be at least 1 s, got {max_segment_s}")
+        if min_silence_ms < 0 or speech_pad_ms < 0 or merge_gap_ms < 0:
+            raise ValueError("min_silence_ms, speech_pad_ms and merge_gap_ms must be >= 0")
+        if not 0.0 < threshold < 1.0:
+            raise ValueError(f"threshold must be in (0, 1), got {threshold}")
+        self.max_segment_s = float(max_segment_s)
+        self.min_silence_ms = int(min_silence_ms)
+        self.speech_pad_ms = int(speech_pad_ms)
+        self.threshold = float(threshold)
+        self.merge_gap_ms = int(merge_gap_ms)
+        self._net: Any = None
+        self._lock = threading.Lock()
+
+    def _model(self) -> Any:
+        if self._net is None:
+            with self._lock:
+                if self._net is None:
+                    self._net = _load_net()
+        return self._net
+
+    def load(self) -> "Segmenter":
+        """Load silero now (e.g. at service start) instead of on the first :meth:`split`."""
+        self._model()
+        return self
+
+    # -- public ---------------------------------------------------------------------------------
+
+    def split(
+        self,
+        wave: torch.Tensor | np.ndarray,
+        on_progress: Callable[[float], None] | None = None,
+    ) -> list[Span]:
+        """Speech spans of ``wave`` (1-D or ``(1, n)``, float in [-1, 1] or int16, 16 kHz).
+
+        float32 input is used in place (a 1-hour file is never copied); other dtypes and CUDA
+        tensors are converted first. ``on_progress(fraction)`` is called about 100 times with
+        increasing fractions, last with 1.0; an exception it raises aborts the split (a way to
+        cancel). Returns ``[]`` when nothing is speech.
+        """
+        t0 = time.perf_counter()
+        x = _as_wave(wave)
+        report = _Progress(on_progress)
+        if x.numel() == 0:
+            report(1.0)
+            return []
+        probs = self.speech_probs(x, lambda f: report(f * SCORING_SHARE))
+        regions = self._regions(probs, x.numel())
+        max_len = int(round(self.max_segment_s * SAMPLE_RATE))
+        pieces = [p for r in regions for p in _split_long(x, r, max_len)]
+        spans = _merge(pieces, max_len, self.merge_gap_ms * SAMPLE_RATE // 1000)
+        report(1.0)
+        logger.debug(
+            "vad: %.1f s of audio -> %d spans in %.2f s", x.numel() / SAMPLE_RATE, len(spans),
+            time.perf_counter() - t0,
+        )  # fmt: skip
+        return spans
+
+    def speech_probs(
+        self, wave: torch.Tensor | np.ndarray, on_progress: Callable[[float], None] | None = None
+    ) -> np.ndarray:
+        """silero's speech probability per 512-sample window (last window zero-padded), float32."""
+        x = _as_wave(wave)
+        net = self._model()
+        nw = math.ceil(x.numel() / WINDOW)
+        probs = np.zeros(nw, dtype=np.float32)
+        if nw == 0:
+            return probs
+        min_lane = int(MIN_LANE_S * SAMPLE_RATE) // WINDOW
+        lanes = max(1, min(MAX_LANES, nw // max(min_lane, 1)))
+        own = math.ceil(nw / lanes)  # windows each lane reports
+        warm = LANE_WARMUP_MS * SAMPLE_RATE // 1000 // WINDOW  # windows replayed, not reported
+        first = torch.arange(lanes, dtype=torch.int64) * own  # first reported window per lane
+        start = (first - warm).clamp(min=0)
+        steps = int((first + own - start).max())
+        state = torch.zeros(2, lanes, STATE_SIZE)
+        windows = _Windows(x)
+        every = max(1, steps // PROGRESS_STEPS)
+        with torch.inference_mode():
+            for s in range(steps):
+                idx = start + s
+                out, state = net(windows.gather(idx.clamp(max=nw)), state)
+                keep = (idx >= first) & (idx < torch.clamp(first + own, max=nw))
+                if bool(keep.all()):
+                    probs[idx.numpy()] = out[:, 0].numpy()
+                elif bool(keep.any()):
+                    probs[idx[keep].numpy()] = out[keep, 0].numpy()
+                if on_progress is not None and ((s + 1) % every == 0 or s + 1 == steps):
+                    on_progress((s + 1) / steps)
+        return probs
+
+    # -- steps ----------------------------------------------------------------------------------
+
+    def _regions(self, probs: np.ndarray, n: int) -> list[tuple[int, int]]:
+        """Speech regions ``(start, end)`` in samples, padded, from silero's hysteresis."""
+        from silero_vad import get_speech_timestamps_from_probs
+
+        found = get_speech_timestamps_from_probs(
+            probs.tolist(),
+            sampling_rate=SAMPLE_RATE,
+            threshold=self.threshold,
+            min_speech_duration_ms=MIN_SPEECH_MS,
+            min_silence_duration_ms=self.min_silence_ms,
+            speech_pad_ms=self.speech_pad_ms,
+            audio_length_samples=n,
+        )
+        out: list[tuple[int, int]] = []
+        for d in found:
+            a, b = max(int(d["start"]), out[-1][1] if out else 0), min(int(d["end"]), n)
+            if b > a:
+                out.append((a, b))
+        return out
+
+
+class _Progress:
+    """Forward strictly increasing fractions in [0, 1] to a callback, if any."""
+
+    def __init__(self, callback: Callable[[float], None] | None):
+        self.callback = callback
+        self.last = -1.0
+
+    def __call__(self, fraction: float) -> None:
+        fraction = min(max(float(fraction), 0.0), 1.0)
+        if self.callback is not None and fraction > self.last:
+            self.last = fraction
+            self.callback(fraction)
+
+
+def _quietest(x: torch.Tensor, lo: int, hi: int) -> int:
+    """A cut point in ``(lo, hi)``: the centre of the lowest-energy 25 ms frame in ``x[lo:hi]``.
+
+    Ties (e.g. digital silence) go to the middle candidate, so a cut lands inside a silent gap
+    rather than at its edge.
+    """
+    seg = x[lo:hi].double()
+    if seg.numel() < FRAME:
+        return (lo + hi) // 2
+    cs = torch.cat([torch.zeros(1, dtype=torch.float64), torch.cumsum(seg * seg, 0)])
+    starts = torch.arange(0, seg.numel() - FRAME + 1, HOP)
+    energy = cs[starts + FRAME] - cs[starts]
+    floor = float(energy.min())
+    tol = 1e-9 * float(energy.max()) + 1e-12
+    candidates = torch.nonzero(energy <= floor + tol).flatten()
+    best = int(starts[candidates[len(candidates) // 2]])
+    return lo + best + FRAME // 2
+
+
+def _split_long(x: torch.Tensor, region: tuple[int, int], max_len: int) -> list[tuple[int, int]]:
+    """Cut a region longer than ``max_len`` at quiet points so every piece is ``<= max_len``."""
+    start, end = region
+    pieces: list[tuple[int, int]] = []
+    lo_frac, hi_frac = SPLIT_WINDOW
+    while end - start > max_len:
+        cut = _quietest(x, start + int(lo_frac * max_len), start + int(hi_frac * max_len))
+        pieces.append((start, cut))
+        start = cut
+    pieces.append((start, end))
+    return pieces
+
+
+def _merge(pieces: list[tuple[int, int]], max_len: int, max_gap: int) -> list[Span]:
+    """Greedily join neighbours at most ``max_gap`` apart while the join is ``<= max_len``."""
+    spans: list[Span] = []
+    cur: tuple[int, int] | None = None
+    for a, b in pieces:
+        if cur is not None and a - cur[1] <= max_gap and b - cur[0] <= max_len:
+            cur = (cur[0], b)
+            continue
+        if cur is not None:
+            spans.append(Span(*cur))
+        cur = (a, b)
+    if cur is not None:
+        spans.append(Span(*cur))
+    return spans

@@ -1,0 +1,469 @@
+"""Metrics: the text exposition parses, counters and histograms add up under threads, label values are
+escaped, scrape-time gauges come from callbacks, and the NVML sampler works with a fake NVML and
+stays quiet without one."""
+
+from __future__ import annotations
+
+import logging
+import math
+import threading
+import time
+from dataclasses import dataclass, field
+
+import pytest
+
+from pipeline.metrics import CONTENT_TYPE, LATENCY_BUCKETS, Metrics, nvml_ids
+
+
+# ---------------------------------------------------------------------- a tiny 0.0.4 parser
+@dataclass
+class Exposition:
+    help: dict[str, str] = field(default_factory=dict)
+    type: dict[str, str] = field(default_factory=dict)
+    samples: list[tuple[str, dict[str, str], float]] = field(default_factory=list)
+
+    def get(self, name: str, **labels: str) -> list[float]:
+        return [v for n, ls, v in self.samples if n == name and labels.items() <= ls.items()]
+
+    def one(self, name: str, **labels: str) -> float:
+        values = self.get(name, **labels)
+        assert len(values) == 1, (name, labels, values)
+        return values[0]
+
+
+ESCAPES = {"\\": "\\", '"': '"', "n": "\n"}
+
+
+def _labels(line: str, i: int) -> tuple[dict[str, str], int]:
+    """Parse ``{a="x",b="y"}`` starting at line[i] == '{'; return the labels and the index after '}'."""
+    labels, i = {}, i + 1
+    while line[i] != "}":
+        eq = line.index("=", i)
+        name, i = line[i:eq], eq + 1
+        assert line[i] == '"', line
+        i, value = i + 1, []
+        while line[i] != '"':
+            if line[i] == "\\":
+                value.append(ESCAPES[line[i + 1]])  # KeyError: an escape the format does not have
+                i += 2
+            else:
+                value.append(line[i])
+                i += 1
+        labels[name] = "".join(value)
+        i += 1
+        if line[i] == ",":
+            i += 1
+    return labels, i + 1
+
+
+def parse(text: str) -> Exposition:
+    assert text.endswith("\n")
+    out = Exposition()
+    for line in text.splitlines():
+        if line.startswith("# HELP ") or line.startswith("# TYPE "):
+            _, kind, name, rest = line.split(" ", 3)
+            table = out.help if kind == "HELP" else out.type
+            assert name not in table, f"second {kind} for {name}"
+            table[name] = rest
+            continue
+        assert line and not line.startswith("#"), repr(line)
+        name_end = min(j for j in (line.find("{"), line.find(" ")) if j >= 0)
+        name, labels, i = line[:name_end], {}, name_end
+        if line[i] == "{":
+            labels, i = _labels(line, i)
+        assert line[i] == " " and " " not in line[i + 1:], repr(line)
+        out.samples.append((name, labels, float(line[i + 1:])))
+    return out
+
+
+def family(sample_name: str, types: dict[str, str]) -> str:
+    for suffix in ("_bucket", "_sum", "_count"):
+        base = sample_name.removesuffix(suffix)
+        if base != sample_name and types.get(base) == "histogram":
+            return base
+    return sample_name
+
+
+def scrape(m: Metrics) -> Exposition:
+    return parse(m.render())
+
+
+# ---------------------------------------------------------------------- a fake NVML
+class FakeNvmlError(Exception):
+    pass
+
+
+@dataclass
+class FakeGpu:
+    uuid: str
+    used: int = 3 << 30
+    total: int = 141 << 30
+    temp: int = 41
+    power_mw: int = 123_456
+    clock: int = 1980
+    util: int = 37
+    no_power: bool = False
+
+
+class FakeNvml:
+    NVML_TEMPERATURE_GPU = 0
+    NVML_CLOCK_SM = 1
+
+    def __init__(self, gpus: list[FakeGpu]):
+        self.gpus = gpus
+        self.inits = 0
+        self.shutdowns = 0
+
+    def nvmlInit(self):
+        self.inits += 1
+
+    def nvmlShutdown(self):
+        self.shutdowns += 1
+
+    def nvmlDeviceGetHandleByIndex(self, i):
+        if not 0 <= i < len(self.gpus):
+            raise FakeNvmlError("Invalid Argument")
+        return self.gpus[i]
+
+    def nvmlDeviceGetHandleByUUID(self, uuid):
+        return next(g for g in self.gpus if g.uuid == uuid)
+
+    def nvmlDeviceGetUUID(self, h):
+        return h.uuid.encode()  # older pynvml returns bytes
+
+    def nvmlDeviceGetMemoryInfo(self, h):
+        return type("Memory", (), {"used": h.used, "free": h.total - h.used, "total": h.total})()
+
+    def nvmlDeviceGetTemperature(self, h, sensor):
+        assert sensor == self.NVML_TEMPERATURE_GPU
+        return h.temp
+
+    def nvmlDeviceGetPowerUsage(self, h):
+        if h.no_power:
+            raise FakeNvmlError("Not Supported")
+        return h.power_mw
+
+    def nvmlDeviceGetClockInfo(self, h, kind):
+        assert kind == self.NVML_CLOCK_SM
+        return h.clock
+
+    def nvmlDeviceGetUtilizationRates(self, h):
+        return type("Utilization", (), {"gpu": h.util, "memory": 5})()
+
+
+class NoDriverNvml(FakeNvml):
+    def __init__(self):
+        super().__init__([])
+
+    def nvmlInit(self):
+        raise FakeNvmlError("NVML Shared Library Not Found")
+
+
+GPU_NAMES = ("sensevoice_gpu_memory_used_bytes", "sensevoice_gpu_memory_free_bytes",
+             "sensevoice_gpu_memory_total_bytes", "sensevoice_gpu_temperature_celsius",
+             "sensevoice_gpu_power_watts", "sensevoice_gpu_sm_clock_mhz",
+             "sensevoice_gpu_utilization_ratio")
+
+
+@pytest.fixture
+def no_visible_env(monkeypatch):
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+
+
+# ---------------------------------------------------------------------- format
+def test_every_sample_has_help_and_type_before_it():
+    m = Metrics(["cuda:0"])
+    m.request_success("bulk")
+    m.request_failure("interactive", "out_of_memory")
+    m.rejected("queue_full")
+    m.observe_queue(0.02)
+    m.observe_compute(0.1, 4, "cuda:0")
+    m.set_queue_depth_fn(lambda: 3)
+    m.set_jobs_by_state_fn(lambda: {"queued": 3})
+    text = m.render()
+    exp, seen_types = parse(text), set()
+    for line in text.splitlines():
+        if line.startswith("# TYPE "):
+            seen_types.add(line.split()[2])
+        elif not line.startswith("#"):
+            assert family(line.split("{")[0].split()[0], exp.type) in seen_types, line
+    assert set(exp.help) == set(exp.type)
+    assert set(exp.type.values()) <= {"counter", "gauge", "histogram"}
+    for name, kind in exp.type.items():
+        assert name.startswith("sensevoice_")
+        assert name.endswith("_total") == (kind == "counter"), name
+    assert exp.type["sensevoice_queue_duration_seconds"] == "histogram"
+    assert CONTENT_TYPE == "text/plain; version=0.0.4; charset=utf-8"
+
+
+def test_fresh_metrics_have_zero_series_per_device():
+    exp = scrape(Metrics(["cuda:0", "cuda:1"]))
+    for dev in ("cuda:0", "cuda:1"):
+        assert exp.one("sensevoice_inference_count_total", device=dev) == 0
+        assert exp.one("sensevoice_execution_count_total", device=dev) == 0
+        assert exp.one("sensevoice_compute_duration_seconds_count", device=dev) == 0
+    assert exp.one("sensevoice_queue_duration_us_total") == 0
+    assert exp.get("sensevoice_request_success_total") == []
+    assert "sensevoice_request_success_total" in exp.type  # family announced before its first sample
+
+
+def test_counters_increase():
+    m = Metrics(["cuda:0"])
+    for _ in range(3):
+        m.request_success("bulk")
+    m.request_success("interactive")
+    m.request_failure("bulk", "out_of_memory")
+    m.request_failure("bulk", "out_of_memory")
+    m.request_failure("bulk", "audio_lost")
+    m.rejected("queue_full")
+    m.observe_compute(0.5, 8, "cuda:0")
+    m.observe_compute(0.25, 2, "cuda:0")
+    exp = scrape(m)
+    assert exp.one("sensevoice_request_success_total", lane="bulk") == 3
+    assert exp.one("sensevoice_request_success_total", lane="interactive") == 1
+    assert exp.one("sensevoice_request_failure_total", lane="bulk", code="out_of_memory") == 2
+    assert exp.one("sensevoice_request_failure_total", lane="bulk", code="audio_lost") == 1
+    assert exp.one("sensevoice_request_rejected_total", reason="queue_full") == 1
+    assert exp.one("sensevoice_inference_count_total", device="cuda:0") == 10
+    assert exp.one("sensevoice_execution_count_total", device="cuda:0") == 2
+    assert exp.one("sensevoice_compute_duration_us_total", device="cuda:0") == pytest.approx(750_000)
+    m.request_success("bulk")
+    assert scrape(m).one("sensevoice_request_success_total", lane="bulk") == 4
+
+
+def test_enum_labels_become_lower_case_names():
+    from pipeline.types import Lane
+
+    m = Metrics([])
+    m.request_success(Lane.INTERACTIVE)
+    assert scrape(m).one("sensevoice_request_success_total", lane="interactive") == 1
+
+
+def test_histogram_buckets_are_cumulative_and_inf_equals_count():
+    m = Metrics(["cuda:0"])
+    waits = [0.0, 0.0005, 0.001, 0.0011, 0.3, 1.0, 59.9, 60.0, 61.0, 3600.0, -1.0]
+    for w in waits:
+        m.observe_queue(w)
+    exp = scrape(m)
+    buckets = [(ls["le"], v) for n, ls, v in exp.samples if n == "sensevoice_queue_duration_seconds_bucket"]
+    bounds = [float(le) for le, _ in buckets]
+    assert bounds == [*LATENCY_BUCKETS, math.inf] and buckets[-1][0] == "+Inf"
+    counts = [v for _, v in buckets]
+    assert counts == sorted(counts), "buckets must be cumulative"
+    total = exp.one("sensevoice_queue_duration_seconds_count")
+    assert counts[-1] == total == len(waits)
+    by_le = dict(buckets)
+    assert by_le["0.001"] == 4  # le is inclusive; the negative wait counts as 0
+    assert by_le["1.0"] == 7
+    assert by_le["60.0"] == 9
+    clean = sum(max(w, 0.0) for w in waits)
+    assert exp.one("sensevoice_queue_duration_seconds_sum") == pytest.approx(clean)
+    assert exp.one("sensevoice_queue_duration_us_total") == pytest.approx(clean * 1e6)
+
+
+def test_compute_histogram_per_device():
+    m = Metrics(["cuda:0", "cuda:1"])
+    m.observe_compute(0.004, 1, "cuda:0")
+    m.observe_compute(2.0, 64, "cuda:1")
+    exp = scrape(m)
+    assert exp.one("sensevoice_compute_duration_seconds_bucket", device="cuda:0", le="0.005") == 1
+    assert exp.one("sensevoice_compute_duration_seconds_bucket", device="cuda:1", le="0.005") == 0
+    assert exp.one("sensevoice_compute_duration_seconds_bucket", device="cuda:1", le="+Inf") == 1
+    assert exp.one("sensevoice_compute_duration_seconds_sum", device="cuda:1") == 2.0
+
+
+@pytest.mark.parametrize("code", ['say "hi"', "back\\slash", "two\nlines", '\\"\n\\n', "ü 日本"])
+def test_label_values_are_escaped(code):
+    m = Metrics([])
+    m.request_failure("bulk", code)
+    text = m.render()
+    line = next(ln for ln in text.splitlines() if ln.startswith("sensevoice_request_failure_total{"))
+    escaped = code.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+    assert f'code="{escaped}"' in line
+    assert parse(text).one("sensevoice_request_failure_total", lane="bulk", code=code) == 1
+
+
+# ---------------------------------------------------------------------- scrape-time gauges
+def test_gauges_come_from_callbacks_at_scrape_time():
+    m = Metrics([])
+    assert "sensevoice_queue_depth" not in scrape(m).type  # no callback, no gauge
+    depth = [5]
+    m.set_queue_depth_fn(lambda: depth[0])
+    m.set_jobs_by_state_fn(lambda: {"queued": depth[0], "running": 2, "done": 10, "failed": 1})
+    exp = scrape(m)
+    assert exp.type["sensevoice_queue_depth"] == "gauge" and exp.type["sensevoice_jobs"] == "gauge"
+    assert exp.one("sensevoice_queue_depth") == 5
+    assert {ls["state"]: v for n, ls, v in exp.samples if n == "sensevoice_jobs"} == {
+        "queued": 5, "running": 2, "done": 10, "failed": 1}
+    depth[0] = 0
+    assert scrape(m).one("sensevoice_queue_depth") == 0
+    assert scrape(m).one("sensevoice_jobs", state="queued") == 0
+
+
+def test_a_failing_callback_leaves_its_gauge_out(caplog):
+    m = Metrics([])
+    m.set_queue_depth_fn(lambda: 1 / 0)
+    m.set_jobs_by_state_fn(lambda: {"done": 1})
+    with caplog.at_level(logging.WARNING, logger="sensevoice.metrics"):
+        exp = scrape(m)
+    assert "sensevoice_queue_depth" not in exp.type
+    assert exp.one("sensevoice_jobs", state="done") == 1
+    assert any("queue depth" in r.getMessage() for r in caplog.records)
+
+
+# ---------------------------------------------------------------------- threads
+def test_updates_from_8_threads_are_exact():
+    m = Metrics(["cuda:0", "cuda:1"])
+    n_threads, n = 8, 10_000
+    barrier = threading.Barrier(n_threads)
+
+    def hammer(t: int):
+        barrier.wait()
+        dev = f"cuda:{t % 2}"
+        for i in range(n):
+            m.request_success("bulk")
+            m.request_failure("bulk", "oom")
+            m.rejected("queue_full")
+            m.observe_queue(0.001)
+            m.observe_compute(0.002, 3, dev)
+            if i % 1000 == 0:
+                m.render()  # scrapes race with updates
+
+    threads = [threading.Thread(target=hammer, args=(t,)) for t in range(n_threads)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    exp, total = scrape(m), n_threads * n
+    assert exp.one("sensevoice_request_success_total", lane="bulk") == total
+    assert exp.one("sensevoice_request_failure_total", lane="bulk", code="oom") == total
+    assert exp.one("sensevoice_request_rejected_total", reason="queue_full") == total
+    assert exp.one("sensevoice_queue_duration_seconds_count") == total
+    assert exp.one("sensevoice_queue_duration_seconds_bucket", le="0.001") == total
+    for dev in ("cuda:0", "cuda:1"):
+        assert exp.one("sensevoice_execution_count_total", device=dev) == total // 2
+        assert exp.one("sensevoice_inference_count_total", device=dev) == 3 * total // 2
+        assert exp.one("sensevoice_compute_duration_seconds_count", device=dev) == total // 2
+
+
+# ---------------------------------------------------------------------- NVML
+def gpu_names(exp: Exposition) -> set[str]:
+    return {n for n, _, _ in exp.samples if n.startswith("sensevoice_gpu_")} | {
+        n for n in exp.type if n.startswith("sensevoice_gpu_")}
+
+
+def test_without_nvml_there_are_no_gpu_metrics_and_no_error(caplog, no_visible_env):
+    m = Metrics(["cuda:0"], nvml=NoDriverNvml())
+    with caplog.at_level(logging.INFO, logger="sensevoice.metrics"):
+        m.start()
+        m.start()
+        exp = scrape(m)
+        m.stop()
+    assert gpu_names(exp) == set()
+    notes = [r for r in caplog.records if "NVML not available" in r.getMessage()]
+    assert len(notes) == 1 and notes[0].levelno == logging.INFO
+
+
+def test_cpu_service_never_touches_nvml():
+    fake = FakeNvml([FakeGpu("GPU-0")])
+    m = Metrics(["cpu"], nvml=fake)
+    m.start()
+    assert gpu_names(scrape(m)) == set() and fake.inits == 0
+    m.stop()
+
+
+def test_real_pynvml_start_stop_does_not_raise():
+    m = Metrics(["cuda:0"], nvml_interval_s=0.05)  # real pynvml: gauges on a GPU host, none elsewhere
+    m.start()
+    try:
+        exp = scrape(m)
+    finally:
+        m.stop()
+    names = gpu_names(exp)
+    assert names == set() or "sensevoice_gpu_memory_total_bytes" in names
+
+
+def test_fake_nvml_gauges_with_labels_and_units(no_visible_env):
+    fake = FakeNvml([FakeGpu("GPU-aaa"), FakeGpu("GPU-bbb", used=1 << 30, temp=55, util=100)])
+    m = Metrics(["cuda:0", "cuda:1"], nvml_interval_s=60, nvml=fake)
+    m.start()
+    try:
+        exp = scrape(m)  # start samples once before it returns
+    finally:
+        m.stop()
+    assert gpu_names(exp) == set(GPU_NAMES)
+    for name in GPU_NAMES:
+        assert exp.type[name] == "gauge" and exp.help[name]
+        assert [ls for n, ls, _ in exp.samples if n == name] == [
+            {"device": "cuda:0", "gpu_uuid": "GPU-aaa"}, {"device": "cuda:1", "gpu_uuid": "GPU-bbb"}]
+    a, b = {"device": "cuda:0"}, {"device": "cuda:1"}
+    assert exp.one("sensevoice_gpu_memory_used_bytes", **a) == 3 << 30
+    assert exp.one("sensevoice_gpu_memory_free_bytes", **b) == (141 << 30) - (1 << 30)
+    assert exp.one("sensevoice_gpu_memory_total_bytes", **b) == 141 << 30
+    assert exp.one("sensevoice_gpu_temperature_celsius", **b) == 55
+    assert exp.one("sensevoice_gpu_power_watts", **a) == pytest.approx(123.456)
+    assert exp.one("sensevoice_gpu_sm_clock_mhz", **a) == 1980
+    assert exp.one("sensevoice_gpu_utilization_ratio", **a) == pytest.approx(0.37)
+    assert exp.one("sensevoice_gpu_utilization_ratio", **b) == 1.0
+    assert fake.inits == fake.shutdowns == 1
+    assert gpu_names(scrape(m)) == set(), "stopped: no stale GPU gauges"
+
+
+def test_sampler_follows_cuda_visible_devices(monkeypatch):
+    fake = FakeNvml([FakeGpu("GPU-0"), FakeGpu("GPU-1"), FakeGpu("GPU-2")])
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2,GPU-0")
+    m = Metrics(["cuda:0", "cuda:1"], nvml_interval_s=60, nvml=fake)
+    m.start()
+    exp = scrape(m)
+    m.stop()
+    assert {ls["device"]: ls["gpu_uuid"] for n, ls, _ in exp.samples
+            if n == "sensevoice_gpu_memory_used_bytes"} == {"cuda:0": "GPU-2", "cuda:1": "GPU-0"}
+
+
+def test_sampler_updates_and_skips_unsupported_readings(no_visible_env):
+    gpu = FakeGpu("GPU-x", no_power=True)
+    m = Metrics(["cuda:0"], nvml_interval_s=0.01, nvml=FakeNvml([gpu]))
+    m.start()
+    try:
+        exp = scrape(m)
+        assert "sensevoice_gpu_power_watts" not in gpu_names(exp)
+        assert exp.one("sensevoice_gpu_temperature_celsius") == 41
+        gpu.temp = 77
+        deadline = time.monotonic() + 5
+        while scrape(m).one("sensevoice_gpu_temperature_celsius") != 77:
+            assert time.monotonic() < deadline, "sampler did not pick up the new reading"
+            time.sleep(0.01)
+    finally:
+        m.stop()
+
+
+def test_a_device_nvml_cannot_find_is_skipped(no_visible_env):
+    m = Metrics(["cuda:0", "cuda:3"], nvml_interval_s=60, nvml=FakeNvml([FakeGpu("GPU-only")]))
+    m.start()
+    exp = scrape(m)
+    m.stop()
+    assert [ls["device"] for n, ls, _ in exp.samples if n == "sensevoice_gpu_sm_clock_mhz"] == ["cuda:0"]
+
+
+def test_nvml_ids_maps_cuda_ordinals():
+    assert nvml_ids(["cuda", "cpu"], None) == [("cuda", 0)]
+    assert nvml_ids(["cuda:0", "cuda:2"], None) == [("cuda:0", 0), ("cuda:2", 2)]
+    assert nvml_ids(["cuda:0", "cuda:1"], "3, GPU-abc") == [("cuda:0", 3), ("cuda:1", "GPU-abc")]
+    assert nvml_ids(["cuda:1"], "0") == []
+    assert nvml_ids(["cuda:0"], "") == []
+
+
+def test_prometheus_client_parses_the_exposition():
+    parser = pytest.importorskip("prometheus_client.parser")
+    m = Metrics(["cuda:0"], nvml=FakeNvml([FakeGpu("GPU-p")]))
+    m.request_failure("bulk", 'odd "code"\n\\')
+    m.observe_queue(0.2)
+    m.observe_compute(0.2, 2, "cuda:0")
+    m.set_jobs_by_state_fn(lambda: {"queued": 1})
+    m.start()
+    text = m.render()
+    m.stop()
+    families = {f.name: f for f in parser.text_string_to_metric_families(text)}
+    assert families["sensevoice_queue_duration_seconds"].type == "histogram"
+    failure = families["sensevoice_request_failure"].samples[0]
+    assert failure.labels["code"] == 'odd "code"\n\\' and failure.value == 1

@@ -12,10 +12,11 @@ import hmac
 
 from fastapi import APIRouter, Depends, FastAPI, File, Form, Request, UploadFile
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from .errors import SenseVoiceError, Unauthorized, UploadTooLarge
+from .metrics import CONTENT_TYPE
 from .service import TranscriptionService
 from .types import Job, Lane, TranscribeOptions
 
@@ -143,6 +144,10 @@ def build_router(service: TranscriptionService) -> APIRouter:
     @router.get("/api/jobs/{job_id}", dependencies=auth)
     def get_job(job_id: str):
         return job_json(service.get(job_id))
+
+    @router.get("/metrics")
+    def metrics():
+        return Response(service.metrics.render(), media_type=CONTENT_TYPE)
 
     @router.get("/healthz")
     async def healthz():

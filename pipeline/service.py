@@ -21,6 +21,7 @@ from .audio import Resampler, decode_audio
 from .config import Settings
 from .errors import MemoryPressure, NotReady, SenseVoiceError
 from .jobs import JobStore
+from .metrics import Metrics
 from .model import ModelSource, load_automodel, resolve_model
 from .scheduler import SAMPLE_RATE, Scheduler, WorkItem
 from .types import Job, JobState, Lane, TranscribeOptions
@@ -52,6 +53,9 @@ class TranscriptionService:
             settings.queue_size, settings.max_batch, settings.max_wait_ms / 1e3,
             settings.max_batch_seconds, settings.retry_after_s)
         self.resampler = Resampler(self.devices[0])
+        self.metrics = Metrics(self.devices)
+        self.metrics.set_queue_depth_fn(lambda: len(self.scheduler))
+        self.metrics.set_jobs_by_state_fn(self.store.counts)
         self.workers: list = []
         self.state = "starting"  # starting -> loading -> ready | failed
         self.error: str | None = None
@@ -107,8 +111,10 @@ class TranscriptionService:
                                            self.store, load_audio=self._load_spooled(dev),
                                            on_done=self._notify, on_fatal=self._on_fatal,
                                            queue_timeout_s=self.settings.queue_timeout_s,
+                                           metrics=self.metrics,
                                            delete_audio_when_done=self.settings.delete_audio_when_done))
             self._recover()
+            self.metrics.start()
             for w in self.workers:
                 w.start()
             self._janitor = threading.Thread(target=self._janitor_loop, name="sensevoice-janitor",
@@ -142,6 +148,7 @@ class TranscriptionService:
             w.stop()
         for w in self.workers:
             w.join(timeout=10)
+        self.metrics.stop()
 
     def _on_fatal(self, e: BaseException) -> None:
         self.state = "failed"
@@ -194,6 +201,13 @@ class TranscriptionService:
     def submit(self, data: bytes, *, filename: str = "", options: TranscribeOptions = TranscribeOptions(),
                lane: Lane = Lane.BULK) -> Job:
         """Decode, resample, persist and enqueue one upload. Blocking: call from a worker thread."""
+        try:
+            return self._submit(data, filename, options, lane)
+        except SenseVoiceError as e:
+            self.metrics.rejected(e.code)
+            raise
+
+    def _submit(self, data: bytes, filename: str, options: TranscribeOptions, lane: Lane) -> Job:
         if self.state == "failed":
             raise NotReady(f"the service is not available: {self.error}")
         if len(self.scheduler) >= self.scheduler.maxsize:  # cheap early answer before decoding

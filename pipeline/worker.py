@@ -15,6 +15,7 @@ import torch
 
 from .engine import SenseVoiceEngine
 from .jobs import JobStore
+from .metrics import Metrics
 from .richtext import to_transcript
 from .scheduler import SAMPLE_RATE, Scheduler, WorkItem
 
@@ -30,7 +31,8 @@ class Worker(threading.Thread):
                  load_audio: Callable[[str], torch.Tensor],
                  on_done: Callable[[str], None] = lambda job_id: None,
                  on_fatal: Callable[[BaseException], None] = lambda e: None,
-                 queue_timeout_s: float = float("inf"), delete_audio_when_done: bool = False):
+                 queue_timeout_s: float = float("inf"), delete_audio_when_done: bool = False,
+                 metrics: Metrics | None = None):
         super().__init__(name=name, daemon=True)
         self.engine = engine
         self.scheduler = scheduler
@@ -40,6 +42,7 @@ class Worker(threading.Thread):
         self.on_fatal = on_fatal
         self.queue_timeout_s = queue_timeout_s
         self.delete_audio_when_done = delete_audio_when_done
+        self.metrics = metrics or Metrics([])
         self.heartbeat = time.monotonic()
         self.busy_items = 0
         self.batches = 0
@@ -91,6 +94,8 @@ class Worker(threading.Thread):
         batch = [i for i in batch if i.job_id in moved]  # cancelled or already handled elsewhere
         if not batch:
             return
+        for item in batch:
+            self.metrics.observe_queue(t_start - item.enqueued_at)
         self.busy_items = len(batch)
         waves = []
         for item in list(batch):
@@ -113,6 +118,7 @@ class Worker(threading.Thread):
             t0 = time.monotonic()
             outs = self.engine.transcribe(waves, [i.options for i in batch])
             compute_ms = (time.monotonic() - t0) * 1e3
+            self.metrics.observe_compute(compute_ms / 1e3, len(batch), str(self.engine.device))
         except torch.cuda.OutOfMemoryError:
             if len(batch) == 1:
                 self._fail(batch[0], "out_of_memory", "the GPU ran out of memory on this clip alone")
@@ -143,6 +149,7 @@ class Worker(threading.Thread):
                 self.store.delete_spool(jid)
         for item, wave in zip(batch, waves):
             if item.job_id in written:
+                self.metrics.request_success(item.lane)
                 logger.info(
                     "job done id=%s audio_s=%.2f queue_ms=%.1f compute_ms=%.1f batch=%d",
                     item.job_id, wave.shape[0] / SAMPLE_RATE, (t_start - item.enqueued_at) * 1e3,
@@ -151,6 +158,7 @@ class Worker(threading.Thread):
 
     def _fail(self, item: WorkItem, code: str, message: str) -> None:
         self.store.fail(item.job_id, code, message)
+        self.metrics.request_failure(item.lane, code)
         logger.info("job failed id=%s code=%s", item.job_id, code)
         self.on_done(item.job_id)
 

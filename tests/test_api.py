@@ -138,3 +138,15 @@ def test_queue_full_is_503_with_retry_after(live_server, clip_factory):
         sched.maxsize = old
     assert r.status_code == 503 and int(r.headers["retry-after"]) >= 1
     assert r.json()["error"]["code"] == "queue_full"
+
+
+def test_metrics_endpoint_counts_jobs_and_batches(live_server, clip_factory):
+    done = wait_done(live_server, submit(live_server, clip_factory("wav", 16000, 1)).json()["id"])
+    assert done["status"] == "done"
+    text = httpx.get(live_server.url + "/metrics").text
+    lines = {ln.split(" ")[0]: ln.split(" ")[-1] for ln in text.splitlines() if ln and not ln.startswith("#")}
+    assert float(lines['sensevoice_request_success_total{lane="bulk"}']) >= 1
+    assert float(lines['sensevoice_execution_count_total{device="cpu"}']) >= 1
+    assert float(lines['sensevoice_inference_count_total{device="cpu"}']) >= 1
+    assert 'sensevoice_jobs{state="done"}' in lines and "sensevoice_queue_depth" in lines
+    assert any(k.startswith("sensevoice_queue_duration_seconds_bucket") for k in lines)

@@ -490,6 +490,60 @@ class Bench:
             res.setdefault("wall", []).append(wall * 1e3)
         return {k: round(statistics.median(v), 3) for k, v in res.items()}
 
+    # ------------------------------------------------------------------ one-hour recording
+    def long_audio(self):
+        """A 1-hour recording: silero-vad segments (CPU) -> pieces through the real worker/queue."""
+        from pipeline.jobs import JobStore
+        from pipeline.scheduler import Scheduler, WorkItem
+        from pipeline.types import Job, JobState, Lane, TranscribeOptions
+        from pipeline.vad import Segmenter
+        from pipeline.worker import Worker
+
+        L = R.setdefault("long_audio", {})
+        minutes = self.args.long_minutes
+        rng = np.random.default_rng(7)
+        parts = []
+        for i in range(minutes * 6):  # 10 s blocks: speech of 4..9 s, then silence
+            speech = speechlike(float(rng.uniform(4, 9)), 5000 + i)
+            parts += [speech, np.zeros(int(SR * 10) - len(speech), np.float32)]
+        wave = np.concatenate(parts)
+        L["audio_seconds"] = round(len(wave) / SR, 1)
+        seg = Segmenter(max_segment_s=30.0).load()
+        t = time.perf_counter()
+        spans = seg.split(torch.from_numpy(wave))
+        L["vad_s"] = round(time.perf_counter() - t, 2)
+        L["segments"] = len(spans)
+        eng, _ = self.engine(self.args.dtype, graphs=self.cuda, batches=(1, 2, 4, 8, 16, 32, 64),
+                             fp32_residual=bool(self.args.fp32_residual))
+        store = JobStore(tempfile.mkdtemp(prefix="svlong-"))
+        sched = Scheduler(100_000, max_batch=self.args.max_batch, max_wait_s=self.args.max_wait_ms / 1e3)
+        finished = threading.Event()
+        opts = TranscribeOptions("auto", True)
+        jid = "long-1"
+        store.create(Job(jid, JobState.QUEUED, opts, Lane.BULK, time.time(), len(wave) / SR), b"")
+        worker = Worker("long-worker", eng, sched, store, load_audio=lambda j: None,
+                        on_done=lambda j: finished.set() if store.get(j).state is JobState.DONE else None)
+        worker.start()
+        gpu_wave = torch.from_numpy(wave).to(self.dev)
+        if self.cuda:
+            torch.cuda.reset_peak_memory_stats(self.dev)
+        t = time.perf_counter()
+        for n, sp in enumerate(spans):
+            sched.put(WorkItem(jid, Lane.BULK, opts, sp.end - sp.start, audio=gpu_wave[sp.start:sp.end],
+                               piece=n, pieces=len(spans), start_s=sp.start / SR))
+        ok = finished.wait(300)
+        L["engine_s"] = round(time.perf_counter() - t, 3)
+        worker.stop()
+        worker.join(5)
+        job = store.get(jid)
+        L["done"] = ok and job.state is JobState.DONE
+        L["result_segments"] = len(job.result.segments) if job.result else 0
+        L["engine_audio_s_per_s"] = round(L["audio_seconds"] / L["engine_s"], 1)
+        L["end_to_end_audio_s_per_s"] = round(L["audio_seconds"] / (L["engine_s"] + L["vad_s"]), 1)
+        if self.cuda:
+            L["peak_gpu_mem_gib"] = round(torch.cuda.max_memory_allocated(self.dev) / 2**30, 2)
+        log("long audio", L)
+
     # ------------------------------------------------------------------ report
     def table(self):
         B, S = R.get("baseline", {}), R.get("engine", {})
@@ -521,7 +575,8 @@ class Bench:
         lines += ["", "| length x batch | p50 ms | clips/s |", "|---|---|---|"]
         for k, v in S.get("length_sweep", {}).items():
             lines.append(f"| {k} | {v['p50_ms']} | {v['clips_per_s']} |")
-        lines += ["", "fidelity: " + json.dumps(R.get("fidelity", {})),
+        lines += ["", "long audio: " + json.dumps(R.get("long_audio", {})),
+                  "fidelity: " + json.dumps(R.get("fidelity", {})),
                   "errors: " + json.dumps({k: v[-300:] for k, v in R["errors"].items()})]
         text = "\n".join(lines)
         (self.out / "table.md").write_text(text)
@@ -567,6 +622,7 @@ def main():
     ap.add_argument("--max-wait-ms", type=float, default=2.0)
     ap.add_argument("--graph-max-seconds", type=float, default=30.0)
     ap.add_argument("--fidelity-clips", type=int, default=256)
+    ap.add_argument("--long-minutes", type=int, default=60)
     ap.add_argument("--skip", default="")
     ap.add_argument("--budget-s", type=float, default=560.0, help="skip sections started after this")
     args = ap.parse_args()
@@ -575,6 +631,7 @@ def main():
     b.section("serving", b.serving)
     b.section("baselines", b.baselines)
     b.section("fidelity", b.fidelity)
+    b.section("long_audio", b.long_audio)
     b.table()
     save(b.out)
 

@@ -11,14 +11,16 @@ import logging
 import hmac
 
 from fastapi import APIRouter, Depends, FastAPI, File, Form, Request, UploadFile
+from fastapi.concurrency import run_in_threadpool
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import FileResponse, JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from .errors import SenseVoiceError, Unauthorized, UploadTooLarge
+from .errors import (AudioGone, InvalidOption, ResultNotReady, SenseVoiceError, Unauthorized,
+                     UploadTooLarge)
 from .metrics import CONTENT_TYPE
 from .service import TranscriptionService
-from .types import Job, Lane, TranscribeOptions
+from .types import Job, JobState, Lane, TranscribeOptions
 
 logger = logging.getLogger("sensevoice.api")
 
@@ -39,7 +41,9 @@ def job_json(job: Job) -> dict:
         "finished_at": job.finished_at,
         "duration_s": job.duration_s,
         "audio_seconds": job.audio_seconds,
-        "options": {"language": job.options.language, "use_itn": job.options.use_itn},
+        "options": {"language": job.options.language, "use_itn": job.options.use_itn,
+                    "split_channels": job.options.split_channels},
+        "progress": job.meta.get("progress"),
         "result": job.result.to_dict() if job.result else None,
         "error": {"code": job.error.code, "message": job.error.message} if job.error else None,
     }
@@ -95,6 +99,23 @@ class _BodyTooLarge(Exception):
     pass
 
 
+MAGIC_TYPES = ((b"RIFF", "audio/wav"), (b"fLaC", "audio/flac"), (b"OggS", "audio/ogg"),
+               (b"ID3", "audio/mpeg"), (b"\xff\xfb", "audio/mpeg"), (b"\xff\xf3", "audio/mpeg"),
+               (b"\x1aE\xdf\xa3", "video/webm"))
+
+
+def sniff_media_type(path) -> str:
+    """A media type from the file's first bytes (the client's name and type are never trusted)."""
+    with open(path, "rb") as f:
+        head = f.read(12)
+    for magic, media in MAGIC_TYPES:
+        if head.startswith(magic):
+            return media
+    if head[4:8] == b"ftyp":
+        return "audio/mp4"
+    return "application/octet-stream"
+
+
 def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(SenseVoiceError)
     async def _domain(_request: Request, e: SenseVoiceError):
@@ -115,7 +136,7 @@ def install_error_handlers(app: FastAPI) -> None:
 def require_token(token: str):
     """A dependency: 'Authorization: Bearer <token>' (or X-API-Key) when a token is configured."""
 
-    def check(request: Request) -> None:
+    async def check(request: Request) -> None:  # no I/O: safe on the event loop
         if not token:
             return
         auth = request.headers.get("authorization", "")
@@ -132,8 +153,10 @@ def build_router(service: TranscriptionService) -> APIRouter:
 
     @router.post("/api/jobs", status_code=202, dependencies=auth)
     def create_job(file: UploadFile = File(...), language: str = Form("auto"),
-                   use_itn: bool = Form(True), ban_emo_unk: bool = Form(False)):
-        options = TranscribeOptions(language=language, use_itn=use_itn, ban_emo_unk=ban_emo_unk)
+                   use_itn: bool = Form(True), ban_emo_unk: bool = Form(False),
+                   split_channels: bool = Form(False)):
+        options = TranscribeOptions(language=language, use_itn=use_itn, ban_emo_unk=ban_emo_unk,
+                                    split_channels=split_channels)
         data = file.file.read(service.settings.max_upload_bytes + 1)
         if len(data) > service.settings.max_upload_bytes:
             raise UploadTooLarge(f"upload larger than {service.settings.max_upload_bytes} bytes")
@@ -142,8 +165,38 @@ def build_router(service: TranscriptionService) -> APIRouter:
                             status_code=202, headers={"Location": f"/api/jobs/{job.id}"})
 
     @router.get("/api/jobs/{job_id}", dependencies=auth)
-    def get_job(job_id: str):
-        return job_json(service.get(job_id))
+    async def get_job(job_id: str):
+        # polls are answered from memory on the event loop; only a cold job touches SQLite (pool)
+        job = service.get_cached(job_id) or await run_in_threadpool(service.get, job_id)
+        return job_json(job)
+
+    @router.get("/api/jobs/{job_id}/result", dependencies=auth)
+    def get_result(job_id: str, format: str = "json", tags: bool = True, speaker: bool = True):
+        from .exports import FORMATS, ExportOptions, export
+
+        if format not in FORMATS:
+            raise InvalidOption(f"unknown format {format!r}; choose one of {', '.join(FORMATS)}")
+        job = service.get(job_id)
+        if job.result is None:
+            raise ResultNotReady(f"job {job_id} is {job.state.value}: no result yet"
+                                 if job.state is not JobState.FAILED else
+                                 f"job {job_id} failed: {job.error.message if job.error else ''}")
+        body, media = export(job.result, format, ExportOptions(tags=tags, speaker=speaker),
+                             job_meta={"id": job.id, "audio_seconds": job.audio_seconds,
+                                       "created_at": job.created_at, "finished_at": job.finished_at})
+        return Response(body, media_type=media, headers={
+            "Content-Disposition": f'attachment; filename="transcript-{job.id}.{format}"'})
+
+    @router.get("/api/jobs/{job_id}/audio", dependencies=auth)
+    def get_audio(job_id: str):
+        """The recording as uploaded, while it is retained (for the review player)."""
+        service.get(job_id)  # 404 / 410 first
+        path = service.store.spool_path(job_id)
+        if not path.exists():
+            raise AudioGone(f"the audio of job {job_id} is no longer kept")
+        return FileResponse(path, media_type=sniff_media_type(path),
+                            headers={"Cache-Control": "private, max-age=3600",
+                                     "X-Content-Type-Options": "nosniff"})
 
     @router.get("/metrics")
     def metrics():

@@ -55,6 +55,9 @@ class Settings(BaseSettings):
     cuda_graphs: bool = Field(True, description="Capture CUDA graphs per (batch, length) bucket.")
     graph_batch_sizes: str = Field("1,2,4,8,16,32,64", description="Batch buckets to capture.")
     graph_max_seconds: float = Field(30.0, description="Longest clip served by captured graphs, s.")
+    segment_threshold_s: float = Field(
+        30.0, description="Audio longer than this is split with silero-vad into speech segments.")
+    max_segment_s: float = Field(30.0, description="Longest VAD segment, seconds (split at the quietest point).")
     queue_timeout_s: float = Field(600.0, description="A job waiting longer than this fails ('timed out in queue').")
     min_free_memory_ratio: float = Field(
         0.15, description="GPU admission: refuse new jobs (503) while free device memory is under this share.")

@@ -102,6 +102,20 @@ class JobGone(SenseVoiceError):
     code = "job_purged"
 
 
+class ResultNotReady(SenseVoiceError):
+    """An export was asked for before the job finished (or of a failed job)."""
+
+    status = 409
+    code = "result_not_ready"
+
+
+class AudioGone(SenseVoiceError):
+    """The recording was deleted (done-and-delete setting, or retention)."""
+
+    status = 410
+    code = "audio_deleted"
+
+
 class Unauthorized(SenseVoiceError):
     """A REST call without the configured API token."""
 

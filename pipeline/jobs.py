@@ -15,6 +15,7 @@ import sqlite3
 import threading
 import time
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Iterator
 
@@ -43,7 +44,28 @@ CREATE TABLE IF NOT EXISTS jobs (
     error_message TEXT
 );
 CREATE INDEX IF NOT EXISTS jobs_state ON jobs(state, seq);
+CREATE TABLE IF NOT EXISTS segments (
+    job_id TEXT NOT NULL,
+    idx INTEGER NOT NULL,
+    start_s REAL NOT NULL,
+    end_s REAL NOT NULL,
+    speaker TEXT,
+    raw_text TEXT NOT NULL,
+    PRIMARY KEY (job_id, idx)
+);
 """
+
+
+@dataclass(frozen=True)
+class SegmentResult:
+    """The model's raw output for one piece (VAD segment and/or channel) of a long job."""
+
+    job_id: str
+    idx: int  # position in the job's piece list
+    start_s: float
+    end_s: float
+    speaker: str | None
+    raw_text: str
 
 
 class JobStore:
@@ -102,8 +124,9 @@ class JobStore:
             raise
         conn.execute("COMMIT")
 
-    def mark_running(self, job_ids: Iterable[str]) -> set[str]:
-        """queued -> running (attempts + 1), in one transaction. Returns the ids that really moved."""
+    def mark_running(self, job_ids: Iterable[str], already_running_ok: bool = False) -> set[str]:
+        """queued -> running (attempts + 1), in one transaction. Returns the ids that really moved
+        (plus, with ``already_running_ok``, those already running: later pieces of a long job)."""
         now = time.time()
         moved = set()
         with self._transaction() as conn:
@@ -112,9 +135,32 @@ class JobStore:
                     "UPDATE jobs SET state=?, started_at=?, attempts=attempts+1 WHERE id=? AND state=?",
                     (JobState.RUNNING.value, now, jid, JobState.QUEUED.value),
                 )
-                if cur.rowcount:
+                if cur.rowcount or (already_running_ok and conn.execute(
+                        "SELECT 1 FROM jobs WHERE id=? AND state=?",
+                        (jid, JobState.RUNNING.value)).fetchone()):
                     moved.add(jid)
         return moved
+
+    def save_segments(self, results: Iterable[SegmentResult]) -> None:
+        """Store piece results of long jobs (one transaction); re-running a piece overwrites it."""
+        with self._transaction() as conn:
+            conn.executemany(
+                "INSERT OR REPLACE INTO segments (job_id, idx, start_s, end_s, speaker, raw_text)"
+                " VALUES (?, ?, ?, ?, ?, ?)",
+                [(r.job_id, r.idx, r.start_s, r.end_s, r.speaker, r.raw_text) for r in results])
+
+    def segments(self, job_id: str) -> list[SegmentResult]:
+        rows = self._conn().execute(
+            "SELECT * FROM segments WHERE job_id=? ORDER BY start_s, idx", (job_id,)).fetchall()
+        return [SegmentResult(r["job_id"], r["idx"], r["start_s"], r["end_s"], r["speaker"],
+                              r["raw_text"]) for r in rows]
+
+    def segment_count(self, job_id: str) -> int:
+        return self._conn().execute("SELECT COUNT(*) FROM segments WHERE job_id=?",
+                                    (job_id,)).fetchone()[0]
+
+    def clear_segments(self, job_id: str) -> None:
+        self._conn().execute("DELETE FROM segments WHERE job_id=?", (job_id,))
 
     def finish(self, job_id: str, result: Transcript) -> bool:
         return job_id in self.finish_many([(job_id, result)])
@@ -132,6 +178,7 @@ class JobStore:
                 )
                 if cur.rowcount:
                     written.add(jid)
+                    conn.execute("DELETE FROM segments WHERE job_id=?", (jid,))
         return written
 
     def fail(self, job_id: str, code: str, message: str) -> bool:
@@ -181,6 +228,7 @@ class JobStore:
             for jid in ids:
                 c.execute("UPDATE jobs SET state=?, result=NULL, filename='' WHERE id=? AND state IN (?, ?)",
                           (JobState.PURGED.value, jid, JobState.DONE.value, JobState.FAILED.value))
+                c.execute("DELETE FROM segments WHERE job_id=?", (jid,))
         for jid in ids:
             self.delete_spool(jid)
         return ids
@@ -223,7 +271,8 @@ class JobStore:
 
 
 def _dump_options(o: TranscribeOptions) -> str:
-    return json.dumps({"language": o.language, "use_itn": o.use_itn, "ban_emo_unk": o.ban_emo_unk})
+    return json.dumps({"language": o.language, "use_itn": o.use_itn, "ban_emo_unk": o.ban_emo_unk,
+                       "split_channels": o.split_channels})
 
 
 def _row_to_job(r: sqlite3.Row) -> Job:

@@ -32,6 +32,10 @@ class WorkItem:
     audio: Optional[torch.Tensor] = None  # 16 kHz wave; None -> load from the spool
     enqueued_at: float = field(default_factory=time.monotonic)
     seq: int = 0
+    piece: int = 0  # index of this piece (VAD segment / channel) within a long job
+    pieces: int = 1  # how many pieces the job has; 1 = the whole clip in one item
+    start_s: float = 0.0  # where the piece starts in the recording, seconds
+    speaker: Optional[str] = None  # channel label when a stereo call is split
 
 
 class Scheduler:

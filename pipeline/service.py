@@ -12,6 +12,8 @@ import secrets
 import threading
 import time
 import uuid
+from collections import OrderedDict
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from pathlib import Path
 
@@ -24,10 +26,12 @@ from .jobs import JobStore
 from .metrics import Metrics
 from .model import ModelSource, load_automodel, resolve_model
 from .scheduler import SAMPLE_RATE, Scheduler, WorkItem
-from .types import Job, JobState, Lane, TranscribeOptions
+from .types import Job, JobState, Lane, TranscribeOptions, Transcript
 
 logger = logging.getLogger("sensevoice.service")
 
+RECENT_JOBS = 20_000  # job snapshots kept in memory so that polls never touch the disk
+CHANNEL_NAMES = ("left", "right")  # speaker labels of a split stereo call (e.g. agent, customer)
 JANITOR_PERIOD_S = 5.0  # how often retention and the watchdog run
 FATAL_EXIT_CODE = 3  # process exit status after a fatal device error or a hung worker
 
@@ -61,6 +65,12 @@ class TranscriptionService:
         self.error: str | None = None
         self.startup: dict[str, float] = {}
         self._done = threading.Condition()
+        self._segment_pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="sensevoice-vad")
+        self._segmenter = None  # silero-vad, loaded on the first long recording
+        self._segmenter_lock = threading.Lock()
+        self._progress: dict[str, str] = {}  # job id -> "segmenting 40%" / "segment 12 of 90"
+        self._recent: OrderedDict[str, Job] = OrderedDict()  # id -> latest snapshot (bounded)
+        self._recent_lock = threading.Lock()
         self._stopping = threading.Event()
         self._janitor: threading.Thread | None = None
 
@@ -110,6 +120,8 @@ class TranscriptionService:
                 self.workers.append(Worker(f"sensevoice-worker-{n}", engine, self.scheduler,
                                            self.store, load_audio=self._load_spooled(dev),
                                            on_done=self._notify, on_fatal=self._on_fatal,
+                                           on_running=self._mark_running_cached,
+                                           on_progress=self._piece_progress,
                                            queue_timeout_s=self.settings.queue_timeout_s,
                                            metrics=self.metrics,
                                            delete_audio_when_done=self.settings.delete_audio_when_done))
@@ -143,6 +155,7 @@ class TranscriptionService:
 
     def stop(self) -> None:
         self._stopping.set()
+        self._segment_pool.shutdown(wait=False, cancel_futures=True)
         self.scheduler.close()
         for w in self.workers:
             w.stop()
@@ -156,7 +169,11 @@ class TranscriptionService:
 
     def purge_expired(self) -> int:
         cutoff = time.time() - self.settings.retention_hours * 3600
-        return len(self.store.purge(cutoff))
+        purged = self.store.purge(cutoff)
+        with self._recent_lock:
+            for jid in purged:
+                self._recent.pop(jid, None)
+        return len(purged)
 
     def _janitor_loop(self) -> None:
         """Retention, and the watchdog: a fatal or hung worker ends the process (the supervisor
@@ -175,8 +192,39 @@ class TranscriptionService:
                 os._exit(FATAL_EXIT_CODE)
 
     def _notify(self, job_id: str) -> None:
+        """A job finished (worker thread): refresh its snapshot, wake waiters."""
+        self._progress.pop(job_id, None)
+        try:
+            self._remember(self.store.get(job_id))
+        except SenseVoiceError:
+            pass
         with self._done:
             self._done.notify_all()
+
+    def _remember(self, job: Job) -> None:
+        with self._recent_lock:
+            self._recent[job.id] = job
+            self._recent.move_to_end(job.id)
+            while len(self._recent) > RECENT_JOBS:
+                self._recent.popitem(last=False)
+
+    def _mark_running_cached(self, job_ids: set[str]) -> None:
+        now = time.time()
+        with self._recent_lock:
+            for jid in job_ids:
+                job = self._recent.get(jid)
+                if job is not None:
+                    self._recent[jid] = replace(job, state=JobState.RUNNING, started_at=now,
+                                                attempts=job.attempts + 1)
+
+    def get_cached(self, job_id: str) -> Job | None:
+        """The job from memory, without I/O (for polling on the event loop); None if not cached."""
+        with self._recent_lock:
+            job = self._recent.get(job_id)
+        if job is not None and job.state in (JobState.QUEUED, JobState.RUNNING):
+            job = replace(job, position=self.scheduler.position(job_id),
+                          meta={**job.meta, "progress": self._progress.get(job_id)})
+        return job
 
     def _load_spooled(self, device: str):
         resampler = Resampler(device)
@@ -189,9 +237,13 @@ class TranscriptionService:
         return load
 
     def _recover(self) -> None:
-        """Put jobs that a previous process accepted back on the queue."""
+        """Put jobs that a previous process accepted back on the queue (long ones are split again)."""
         jobs = self.store.recover()
         for job in jobs:
+            if self._is_long(job.audio_seconds, job.options):
+                self.store.clear_segments(job.id)
+                self._segment_pool.submit(self._split_and_enqueue, job, None)
+                continue
             n = int(job.audio_seconds * SAMPLE_RATE)
             self.scheduler.put(WorkItem(job.id, job.lane, job.options, n), force=True)
         if jobs:
@@ -213,21 +265,72 @@ class TranscriptionService:
         if len(self.scheduler) >= self.scheduler.maxsize:  # cheap early answer before decoding
             self.scheduler.put(WorkItem("", lane, options, 0))  # raises QueueFull
         self._check_memory()
-        audio = decode_audio(data, max_seconds=self.settings.max_audio_seconds,
-                             max_bytes=self.settings.max_upload_bytes)
-        wave = self.resampler(audio)
-        if wave.is_cuda:
-            torch.cuda.current_stream(wave.device).synchronize()  # ready before another thread reads it
+        wave = self._decode(data, options)
         job = Job(id=new_job_id(), state=JobState.QUEUED, options=options, lane=lane,
-                  created_at=time.time(), audio_seconds=wave.shape[0] / SAMPLE_RATE,
+                  created_at=time.time(), audio_seconds=wave.shape[-1] / SAMPLE_RATE,
                   filename=_display_name(filename))
         self.store.create(job, data)
+        if self._is_long(job.audio_seconds, options):
+            self._progress[job.id] = "segmenting"
+            self._remember(job)
+            self._segment_pool.submit(self._split_and_enqueue, job, wave)
+            return job
         try:
-            self.scheduler.put(WorkItem(job.id, lane, options, int(wave.shape[0]), audio=wave))
+            self.scheduler.put(WorkItem(job.id, lane, options, int(wave.shape[-1]), audio=wave))
         except SenseVoiceError:
             self.store.discard(job.id)
             raise
+        self._remember(job)
         return replace(job, position=self.scheduler.position(job.id))
+
+    # ------------------------------------------------------------------ long recordings
+    def _is_long(self, seconds: float, options: TranscribeOptions) -> bool:
+        return seconds > self.settings.segment_threshold_s or options.split_channels
+
+    def segmenter(self):
+        from .vad import Segmenter
+
+        with self._segmenter_lock:
+            if self._segmenter is None:
+                self._segmenter = Segmenter(max_segment_s=self.settings.max_segment_s).load()
+            return self._segmenter
+
+    def _split_and_enqueue(self, job: Job, wave: torch.Tensor | None) -> None:
+        """Background: VAD-split a long job (per channel when asked) and queue its pieces."""
+        try:
+            if wave is None:  # recovered after a restart: decode the spooled upload again
+                wave = self._decode(self.store.load_upload(job.id), job.options)
+            channels = [(None, wave)] if wave.dim() == 1 else \
+                [(name, wave[c]) for c, name in zip(range(wave.shape[0]), CHANNEL_NAMES)]
+            items = []
+            for k, (speaker, ch) in enumerate(channels):
+                def progress(f, k=k):
+                    self._progress[job.id] = f"segmenting {(k + f) / len(channels):.0%}"
+
+                for span in self.segmenter().split(ch.float().cpu(), on_progress=progress):
+                    items.append((span, speaker, ch))
+            items.sort(key=lambda t: (t[0].start, t[1] or ""))
+            if not items:  # no speech at all: an empty transcript, not an error
+                self.store.mark_running([job.id])
+                self.store.finish(job.id, Transcript(text="", raw_text="", segments=()))
+                self._notify(job.id)
+                return
+            self._progress[job.id] = f"segment 0 of {len(items)}"
+            for n, (span, speaker, ch) in enumerate(items):
+                self.scheduler.put(WorkItem(
+                    job.id, job.lane, job.options, span.end - span.start, audio=ch[span.start:span.end],
+                    piece=n, pieces=len(items), start_s=span.start / SAMPLE_RATE, speaker=speaker),
+                    force=True)  # an accepted job is never dropped for back-pressure
+        except Exception as e:
+            logger.exception("segmenting job %s failed", job.id)
+            self.store.fail(job.id, "segmentation_failed", f"splitting the recording failed: {e}")
+            self._notify(job.id)
+
+    def _piece_progress(self, job_id: str, done: int, total: int) -> None:
+        self._progress[job_id] = f"segment {done} of {total}"
+
+    def progress(self, job_id: str) -> str | None:
+        return self._progress.get(job_id)
 
     def _check_memory(self) -> None:
         """GPU admission control: refuse new work while every device is short of free memory."""
@@ -242,10 +345,21 @@ class TranscriptionService:
             raise MemoryPressure(
                 f"the GPU is short of memory ({max(ratios):.0%} free); try again in a few seconds")
 
+    def _decode(self, data: bytes, options: TranscribeOptions) -> torch.Tensor:
+        """Upload bytes -> 16 kHz wave on the device: [n] mono, or [channels, n] for split calls."""
+        audio = decode_audio(data, max_seconds=self.settings.max_audio_seconds,
+                             max_bytes=self.settings.max_upload_bytes,
+                             keep_channels=options.split_channels)
+        wave = self.resampler(audio)
+        if wave.is_cuda:
+            torch.cuda.current_stream(wave.device).synchronize()  # ready before another thread reads it
+        return wave
+
     def get(self, job_id: str) -> Job:
         job = self.store.get(job_id)
-        if job.state is JobState.QUEUED:
-            job = replace(job, position=self.scheduler.position(job_id))
+        if job.state in (JobState.QUEUED, JobState.RUNNING):
+            job = replace(job, position=self.scheduler.position(job_id),
+                          meta={**job.meta, "progress": self._progress.get(job_id)})
         return job
 
     def wait(self, job_id: str, timeout: float = 60.0) -> Job:

@@ -31,6 +31,7 @@ class TranscribeOptions:
     language: str = "auto"  # one of LANGUAGES
     use_itn: bool = True  # inverse text normalisation (punctuation, digits)
     ban_emo_unk: bool = False  # never emit <|EMO_UNKNOWN|>
+    split_channels: bool = False  # stereo call: transcribe each channel as its own speaker
 
     def __post_init__(self) -> None:
         from .errors import InvalidOption

@@ -32,10 +32,13 @@ def css() -> str:
 
 
 def status_line(job: Job) -> str:
+    progress = job.meta.get("progress")
     if job.state is JobState.QUEUED:
+        if progress:
+            return f"queued ({progress})"
         return f"queued, position {job.position}" if job.position else "queued"
     if job.state is JobState.RUNNING:
-        return "running"
+        return f"running ({progress})" if progress else "running"
     if job.state is JobState.DONE:
         return f"done in {job.duration_s:.2f} s ({job.audio_seconds:.1f} s of audio)"
     err = job.error.message if job.error else "unknown error"
@@ -63,7 +66,7 @@ def build_ui(service: TranscriptionService) -> gr.Blocks:
         if not job_id:
             return gr.skip(), gr.skip(), gr.Timer(active=False)
         try:
-            job = service.get(job_id)
+            job = service.get_cached(job_id) or service.get(job_id)
         except SenseVoiceError as e:
             return f"error: {e.message}", "", gr.Timer(active=False)
         finished = job.state in (JobState.DONE, JobState.FAILED)

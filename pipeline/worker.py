@@ -9,14 +9,16 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from dataclasses import replace
 from typing import Callable, Sequence
 
 import torch
 
 from .engine import SenseVoiceEngine
-from .jobs import JobStore
+from .jobs import JobStore, SegmentResult
 from .metrics import Metrics
-from .richtext import to_transcript
+from .richtext import parse_rich_text
+from .types import Transcript
 from .scheduler import SAMPLE_RATE, Scheduler, WorkItem
 
 logger = logging.getLogger("sensevoice.worker")
@@ -30,6 +32,8 @@ class Worker(threading.Thread):
     def __init__(self, name: str, engine: SenseVoiceEngine, scheduler: Scheduler, store: JobStore,
                  load_audio: Callable[[str], torch.Tensor],
                  on_done: Callable[[str], None] = lambda job_id: None,
+                 on_running: Callable[[set[str]], None] = lambda job_ids: None,
+                 on_progress: Callable[[str, int, int], None] = lambda job_id, done, total: None,
                  on_fatal: Callable[[BaseException], None] = lambda e: None,
                  queue_timeout_s: float = float("inf"), delete_audio_when_done: bool = False,
                  metrics: Metrics | None = None):
@@ -39,6 +43,8 @@ class Worker(threading.Thread):
         self.store = store
         self.load_audio = load_audio
         self.on_done = on_done
+        self.on_running = on_running
+        self.on_progress = on_progress
         self.on_fatal = on_fatal
         self.queue_timeout_s = queue_timeout_s
         self.delete_audio_when_done = delete_audio_when_done
@@ -90,7 +96,11 @@ class Worker(threading.Thread):
             self._fail(item, "queue_timeout",
                        f"timed out in queue after {t_start - item.enqueued_at:.0f} s")
             batch.remove(item)
-        moved = self.store.mark_running([i.job_id for i in batch])
+        moved = self.store.mark_running([i.job_id for i in batch if i.pieces == 1])
+        pieces = [i.job_id for i in batch if i.pieces > 1]
+        if pieces:  # a long job's later pieces find it already running
+            moved |= self.store.mark_running(pieces, already_running_ok=True)
+        self.on_running(moved)
         batch = [i for i in batch if i.job_id in moved]  # cancelled or already handled elsewhere
         if not batch:
             return
@@ -141,7 +151,11 @@ class Worker(threading.Thread):
                 self._infer([item], [wave], t_start)
             return
         self.batches += 1
-        results = [(item.job_id, to_transcript(out.raw_text)) for item, out in zip(batch, outs)]
+        whole = [(i, w, o) for i, w, o in zip(batch, waves, outs) if i.pieces == 1]
+        parts = [(i, w, o) for i, w, o in zip(batch, waves, outs) if i.pieces > 1]
+        results = [(i.job_id, transcript_from_pieces([_piece(i, w, o)])) for i, w, o in whole]
+        if parts:
+            results += self._save_pieces(parts)
         written = self.store.finish_many(results)
         self.items_done += len(written)
         if self.delete_audio_when_done:
@@ -156,11 +170,40 @@ class Worker(threading.Thread):
                     compute_ms, len(batch))
             self.on_done(item.job_id)
 
+    def _save_pieces(self, parts) -> list[tuple[str, Transcript]]:
+        """Store the pieces of long jobs; return the transcripts of jobs whose last piece is in."""
+        self.store.save_segments([_piece(i, w, o) for i, w, o in parts])
+        complete = []
+        for job_id, total in {i.job_id: i.pieces for i, _, _ in parts}.items():
+            stored = self.store.segments(job_id)
+            self.on_progress(job_id, len(stored), total)
+            if len(stored) >= total:
+                complete.append((job_id, transcript_from_pieces(stored)))
+        return complete
+
     def _fail(self, item: WorkItem, code: str, message: str) -> None:
         self.store.fail(item.job_id, code, message)
         self.metrics.request_failure(item.lane, code)
         logger.info("job failed id=%s code=%s", item.job_id, code)
         self.on_done(item.job_id)
+
+
+def _piece(item: WorkItem, wave: torch.Tensor, out) -> SegmentResult:
+    start = item.start_s
+    return SegmentResult(item.job_id, item.piece, start, start + wave.shape[0] / SAMPLE_RATE,
+                         item.speaker, out.raw_text)
+
+
+def transcript_from_pieces(pieces: Sequence[SegmentResult]) -> Transcript:
+    """One typed transcript from the raw outputs of a job's pieces, in time order."""
+    segments = []
+    for p in sorted(pieces, key=lambda p: (p.start_s, p.idx)):
+        for seg in parse_rich_text(p.raw_text):
+            segments.append(replace(seg, start=round(p.start_s, 3), end=round(p.end_s, 3),
+                                    speaker=p.speaker))
+    raw = "".join(p.raw_text for p in sorted(pieces, key=lambda p: (p.start_s, p.idx)))
+    text = " ".join(s.text for s in segments if s.text)
+    return Transcript(text=text, raw_text=raw, segments=tuple(segments))
 
 
 def _is_fatal(e: BaseException) -> bool:

@@ -1,0 +1,202 @@
+#!/usr/bin/env python3
+"""Bounded load test over loopback HTTP: N concurrent submitters with mixed clip lengths for T
+seconds, plus P pollers at 2 Hz; then every accepted job is awaited. Reports accepted, rejected,
+completed, failed, lost (accepted but never finished, or 404), submit-to-done latency percentiles and
+poll latency percentiles.
+
+    python bench/load_test.py --url http://127.0.0.1:7860 [--submitters 8] [--seconds 20] [--pollers 200]
+    python bench/load_test.py --demo ...      # starts its own server with the demo model (CPU)
+Prints a table last; writes $OUT/load.json (or a temp dir).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import io
+import json
+import math
+import os
+import random
+import sys
+import tempfile
+import time
+import wave
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import httpx
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+CLIP_SECONDS = (1.0, 3.0, 7.0, 15.0)  # mixed lengths
+
+
+def wav_bytes(seconds: float, seed: int) -> bytes:
+    """A voiced, syllable-modulated 16 kHz clip as WAV bytes."""
+    rng = np.random.default_rng(seed)
+    t = np.arange(int(seconds * 16000)) / 16000
+    sig = sum(np.sin(2 * np.pi * k * (120 + 20 * rng.random()) * t) / k for k in range(1, 8))
+    sig *= np.clip(np.sin(2 * np.pi * 3.5 * t), 0, None)
+    pcm = (0.25 * sig / np.abs(sig).max() * 32767).astype(np.int16)
+    buf = io.BytesIO()
+    with wave.open(buf, "wb") as w:
+        w.setnchannels(1)
+        w.setsampwidth(2)
+        w.setframerate(16000)
+        w.writeframes(pcm.tobytes())
+    return buf.getvalue()
+
+
+def pct(xs: list[float], p: float) -> float | None:
+    if not xs:
+        return None
+    xs = sorted(xs)
+    return round(xs[min(len(xs) - 1, math.ceil(p / 100 * len(xs)) - 1)] * 1e3, 2)
+
+
+@dataclass
+class Report:
+    submitters: int
+    pollers: int
+    seconds: float
+    accepted: int = 0
+    rejected: int = 0
+    rejected_codes: dict = field(default_factory=dict)
+    completed: int = 0
+    failed: int = 0
+    lost: int = 0
+    latency_ms: dict = field(default_factory=dict)
+    poll_latency_ms: dict = field(default_factory=dict)
+    polls: int = 0
+    throughput_jobs_per_s: float = 0.0
+
+
+async def run(url: str, submitters: int, seconds: float, pollers: int, finish_timeout: float) -> Report:
+    rep = Report(submitters, pollers, seconds)
+    clips = {s: wav_bytes(s, i) for i, s in enumerate(CLIP_SECONDS)}
+    submitted: dict[str, float] = {}
+    done_at: dict[str, float] = {}
+    poll_lat: list[float] = []
+    stop = time.monotonic() + seconds
+    limits = httpx.Limits(max_connections=submitters + pollers + 8)
+    async with httpx.AsyncClient(base_url=url, timeout=60, limits=limits) as client:
+
+        async def submitter(k: int):
+            rng = random.Random(k)
+            while time.monotonic() < stop:
+                secs = rng.choice(CLIP_SECONDS)
+                t = time.monotonic()
+                r = await client.post("/api/jobs", files={"file": (f"c{secs}.wav", clips[secs])})
+                if r.status_code == 202:
+                    submitted[r.json()["id"]] = t
+                    rep.accepted += 1
+                else:
+                    rep.rejected += 1
+                    code = r.json().get("error", {}).get("code", str(r.status_code))
+                    rep.rejected_codes[code] = rep.rejected_codes.get(code, 0) + 1
+                    await asyncio.sleep(float(r.headers.get("retry-after", "0.2")))
+
+        async def poller(k: int):
+            await asyncio.sleep(k * 0.5 / max(pollers, 1))  # spread the 2 Hz ticks
+            while time.monotonic() < stop:
+                ids = list(submitted)
+                if ids:
+                    jid = ids[k % len(ids)] if k % 2 else ids[-1]
+                    t = time.monotonic()
+                    r = await client.get(f"/api/jobs/{jid}")
+                    poll_lat.append(time.monotonic() - t)
+                    assert r.status_code == 200, r.text
+                await asyncio.sleep(0.5)
+
+        await asyncio.gather(*[submitter(k) for k in range(submitters)],
+                             *[poller(k) for k in range(pollers)])
+        deadline = time.monotonic() + finish_timeout
+        pending = set(submitted)
+        while pending and time.monotonic() < deadline:
+            for jid in list(pending):
+                r = await client.get(f"/api/jobs/{jid}")
+                if r.status_code != 200:
+                    continue  # counted as lost if it never comes back
+                body = r.json()
+                if body["status"] in ("done", "failed"):
+                    pending.discard(jid)
+                    done_at[jid] = body["finished_at"]
+                    if body["status"] == "done":
+                        rep.completed += 1
+                    else:
+                        rep.failed += 1
+            if pending:
+                await asyncio.sleep(0.2)
+        rep.lost = len(pending)
+    # latency: submit (client clock) to finished_at (server clock, same host)
+    wall_offset = time.time() - time.monotonic()
+    lat = [done_at[j] - (submitted[j] + wall_offset) for j in done_at]
+    rep.latency_ms = {"p50": pct(lat, 50), "p95": pct(lat, 95), "p99": pct(lat, 99)}
+    rep.poll_latency_ms = {"p50": pct(poll_lat, 50), "p95": pct(poll_lat, 95), "p99": pct(poll_lat, 99)}
+    rep.polls = len(poll_lat)
+    rep.throughput_jobs_per_s = round(rep.completed / seconds, 1)
+    return rep
+
+
+def start_demo_server(port: int, data_dir: str):
+    import subprocess
+
+    cmd = [sys.executable, str(ROOT / "app_sensevoice.py"), "--demo", "--device", "cpu",
+           "--port", str(port), "--data-dir", data_dir]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}"
+    for _ in range(600):
+        try:
+            if httpx.get(url + "/readyz", timeout=1).status_code == 200:
+                return proc, url
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.2)
+    proc.kill()
+    raise TimeoutError("demo server did not start")
+
+
+def table(rep: Report) -> str:
+    return "\n".join([
+        "| submitters | pollers (2 Hz) | seconds | accepted | rejected | completed | failed | lost | "
+        "latency p50 / p95 / p99 ms | poll p50 / p95 / p99 ms | polls |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+        f"| {rep.submitters} | {rep.pollers} | {rep.seconds:g} | {rep.accepted} | {rep.rejected} | "
+        f"{rep.completed} | {rep.failed} | **{rep.lost}** | {rep.latency_ms['p50']} / {rep.latency_ms['p95']} / "
+        f"{rep.latency_ms['p99']} | {rep.poll_latency_ms['p50']} / {rep.poll_latency_ms['p95']} / "
+        f"{rep.poll_latency_ms['p99']} | {rep.polls} |"])
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--url")
+    ap.add_argument("--demo", action="store_true", help="start a demo-model server on CPU")
+    ap.add_argument("--port", type=int, default=7871)
+    ap.add_argument("--submitters", type=int, default=8)
+    ap.add_argument("--seconds", type=float, default=20)
+    ap.add_argument("--pollers", type=int, default=200)
+    ap.add_argument("--finish-timeout", type=float, default=300)
+    args = ap.parse_args()
+    proc = None
+    url = args.url
+    if args.demo:
+        proc, url = start_demo_server(args.port, tempfile.mkdtemp(prefix="load-"))
+    try:
+        rep = asyncio.run(run(url, args.submitters, args.seconds, args.pollers, args.finish_timeout))
+    finally:
+        if proc:
+            proc.terminate()
+            proc.wait(10)
+    out = Path(os.environ.get("OUT") or tempfile.mkdtemp(prefix="load-"))
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "load.json").write_text(json.dumps(asdict(rep), indent=1))
+    print(json.dumps(asdict(rep)))
+    print(table(rep))
+    return 0 if rep.lost == 0 else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -347,9 +347,9 @@ class TranscriptionService:
 
     def _decode(self, data: bytes, options: TranscribeOptions) -> torch.Tensor:
         """Upload bytes -> 16 kHz wave on the device: [n] mono, or [channels, n] for split calls."""
-        audio = decode_audio(data, max_seconds=self.settings.max_audio_seconds,
-                             max_bytes=self.settings.max_upload_bytes,
-                             keep_channels=options.split_channels)
+        caps = {"max_seconds": self.settings.max_audio_seconds, "max_bytes": self.settings.max_upload_bytes}
+        audio = decode_audio(data, keep_channels=True, **caps) if options.split_channels else \
+            decode_audio(data, **caps)
         wave = self.resampler(audio)
         if wave.is_cuda:
             torch.cuda.current_stream(wave.device).synchronize()  # ready before another thread reads it

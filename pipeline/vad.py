@@ -13,6 +13,11 @@ into spans before recognition. Three steps:
    silero on a file in pieces); measured here, span boundaries move by at most 64 ms (2 windows).
    Memory stays bounded: the wave is read through strided views, never copied; per call only
    ``lanes x 576`` samples are gathered; one float32 score per window is kept (450 KB per hour).
+   Scoring runs on one thread owned by the :class:`Segmenter` with one torch intra-op thread:
+   the model's ops are too small to gain from more, and with more threads on a busy CPU
+   (another process, the service's other work) OpenMP's spinning made it up to 100x slower here.
+   Under OpenMP, ``torch.set_num_threads`` sets the calling thread's count and the default for
+   threads created later, so the caller's count and that default are restored right after.
 2. **Speech regions** from the scores with silero's own hysteresis
    (``get_speech_timestamps_from_probs``: ``threshold``, ``min_silence_ms``, ``speech_pad_ms``,
    regions shorter than :data:`MIN_SPEECH_MS` dropped).
@@ -32,6 +37,7 @@ import threading
 import time
 import warnings
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -53,7 +59,9 @@ LANE_WARMUP_MS = 1000  # ms, audio replayed before each lane's own part, scores 
 SPLIT_WINDOW = (0.6, 1.0)  # fraction of max_segment_s where a long region may be cut
 FRAME = 400  # samples, 25 ms energy frame for choosing a cut
 HOP = 160  # samples, 10 ms energy hop
+QUIET_RATIO = 4.0  # frame energy within this factor (6 dB) of the quietest frame counts as quiet
 PROGRESS_STEPS = 100  # progress reports per split, about
+SCORING_THREADS = 1  # torch intra-op threads of the scoring thread
 SCORING_SHARE = 0.95  # fraction of progress given to scoring (the rest is post-processing)
 
 
@@ -79,23 +87,23 @@ class Span:
 
 @contextmanager
 def _torch_threads_kept():
-    """Restore torch's intra-op thread count: ``import silero_vad`` sets it to 1 process-wide."""
+    """Restore the calling thread's torch thread count and the default for new threads."""
     before = torch.get_num_threads()
     try:
         yield
     finally:
-        if torch.get_num_threads() != before:
-            torch.set_num_threads(before)
+        torch.set_num_threads(before)  # unconditionally: another thread may have changed the default
 
 
 def _load_net() -> Any:
     """The stateless core of silero's JIT model: ``net(x[B, 576], state[2, B, 128]) -> (p, state)``.
 
-    silero's wrapper (``model(x, sr)``) keeps state and context inside itself, so one wrapper
-    cannot serve two threads; its ``_model`` takes the state as an argument and can.
+    silero's wrapper (``model(x, sr)``) keeps state and context inside itself and adds the
+    context itself; its ``_model`` takes both as arguments, so lanes can be batched.
     """
-    with _torch_threads_kept(), warnings.catch_warnings():
+    with warnings.catch_warnings():
         warnings.simplefilter("ignore", FutureWarning)  # torch.jit.load deprecation notice
+        warnings.simplefilter("ignore", DeprecationWarning)  # importlib.resources.path
         from silero_vad import load_silero_vad
 
         wrapper = load_silero_vad(onnx=False)
@@ -180,9 +188,9 @@ class _Windows:
 class Segmenter:
     """Speech spans of a 16 kHz mono wave. Thread-safe; silero is loaded once, lazily, on CPU.
 
-    Loading keeps torch's thread count as it was (``import silero_vad`` sets it to 1). Scoring runs
-    on the caller's thread with torch's current thread count; calls from several threads share the
-    model and run concurrently (the model's state lives in each call).
+    Scoring runs on one thread of its own (calls from several threads queue there, about 4 s per
+    hour of audio each); the rest of :meth:`split` runs on the caller's thread. Loading keeps
+    torch's thread count as it was (``import silero_vad`` sets it to 1 process-wide).
     """
 
     def __init__(
@@ -217,19 +225,40 @@ class Segmenter:
         self.threshold = float(threshold)
         self.merge_gap_ms = int(merge_gap_ms)
         self._net: Any = None
+        self._executor: ThreadPoolExecutor | None = None
         self._lock = threading.Lock()
 
-    def _model(self) -> Any:
-        if self._net is None:
-            with self._lock:
-                if self._net is None:
-                    self._net = _load_net()
-        return self._net
+    # -- lifecycle ------------------------------------------------------------------------------
 
     def load(self) -> "Segmenter":
         """Load silero now (e.g. at service start) instead of on the first :meth:`split`."""
-        self._model()
+        self._scorer()
         return self
+
+    def close(self) -> None:
+        """Stop the scoring thread (a later call starts a new one). Idempotent."""
+        with self._lock:
+            executor, self._executor = self._executor, None
+        if executor is not None:
+            executor.shutdown(wait=True)
+
+    def _scorer(self) -> ThreadPoolExecutor:
+        """The scoring thread, started (and silero loaded on it) on first use."""
+        with self._lock:
+            if self._executor is None:
+                with _torch_threads_kept():  # the thread's set_num_threads changes the default
+                    executor = ThreadPoolExecutor(
+                        1, thread_name_prefix="vad", initializer=torch.set_num_threads,
+                        initargs=(SCORING_THREADS,),
+                    )  # fmt: skip
+                    try:
+                        if self._net is None:
+                            self._net = executor.submit(_load_net).result()
+                    except BaseException:
+                        executor.shutdown(wait=False)
+                        raise
+                self._executor = executor
+            return self._executor
 
     # -- public ---------------------------------------------------------------------------------
 
@@ -242,8 +271,9 @@ class Segmenter:
 
         float32 input is used in place (a 1-hour file is never copied); other dtypes and CUDA
         tensors are converted first. ``on_progress(fraction)`` is called about 100 times with
-        increasing fractions, last with 1.0; an exception it raises aborts the split (a way to
-        cancel). Returns ``[]`` when nothing is speech.
+        increasing fractions, last with 1.0, from the scoring thread and then the caller's; an
+        exception it raises aborts the split and reaches the caller (a way to cancel). Returns
+        ``[]`` when nothing is speech.
         """
         t0 = time.perf_counter()
         x = _as_wave(wave)
@@ -252,14 +282,16 @@ class Segmenter:
             report(1.0)
             return []
         probs = self.speech_probs(x, lambda f: report(f * SCORING_SHARE))
-        regions = self._regions(probs, x.numel())
+        t1 = time.perf_counter()
+        samples = x.numpy()
+        regions = self._regions(probs, len(samples))
         max_len = int(round(self.max_segment_s * SAMPLE_RATE))
-        pieces = [p for r in regions for p in _split_long(x, r, max_len)]
+        pieces = [p for r in regions for p in _split_long(samples, r, max_len)]
         spans = _merge(pieces, max_len, self.merge_gap_ms * SAMPLE_RATE // 1000)
         report(1.0)
         logger.debug(
-            "vad: %.1f s of audio -> %d spans in %.2f s", x.numel() / SAMPLE_RATE, len(spans),
-            time.perf_counter() - t0,
+            "vad: %.1f s of audio -> %d spans; scoring %.2f s, spans %.2f s",
+            len(samples) / SAMPLE_RATE, len(spans), t1 - t0, time.perf_counter() - t1,
         )  # fmt: skip
         return spans
 
@@ -268,39 +300,13 @@ class Segmenter:
     ) -> np.ndarray:
         """silero's speech probability per 512-sample window (last window zero-padded), float32."""
         x = _as_wave(wave)
-        net = self._model()
-        nw = math.ceil(x.numel() / WINDOW)
-        probs = np.zeros(nw, dtype=np.float32)
-        if nw == 0:
-            return probs
-        min_lane = int(MIN_LANE_S * SAMPLE_RATE) // WINDOW
-        lanes = max(1, min(MAX_LANES, nw // max(min_lane, 1)))
-        own = math.ceil(nw / lanes)  # windows each lane reports
-        warm = LANE_WARMUP_MS * SAMPLE_RATE // 1000 // WINDOW  # windows replayed, not reported
-        first = torch.arange(lanes, dtype=torch.int64) * own  # first reported window per lane
-        start = (first - warm).clamp(min=0)
-        steps = int((first + own - start).max())
-        state = torch.zeros(2, lanes, STATE_SIZE)
-        windows = _Windows(x)
-        every = max(1, steps // PROGRESS_STEPS)
-        with torch.inference_mode():
-            for s in range(steps):
-                idx = start + s
-                out, state = net(windows.gather(idx.clamp(max=nw)), state)
-                keep = (idx >= first) & (idx < torch.clamp(first + own, max=nw))
-                if bool(keep.all()):
-                    probs[idx.numpy()] = out[:, 0].numpy()
-                elif bool(keep.any()):
-                    probs[idx[keep].numpy()] = out[keep, 0].numpy()
-                if on_progress is not None and ((s + 1) % every == 0 or s + 1 == steps):
-                    on_progress((s + 1) / steps)
-        return probs
+        return self._scorer().submit(_score, self._net, x, on_progress).result()
 
     # -- steps ----------------------------------------------------------------------------------
 
     def _regions(self, probs: np.ndarray, n: int) -> list[tuple[int, int]]:
         """Speech regions ``(start, end)`` in samples, padded, from silero's hysteresis."""
-        from silero_vad import get_speech_timestamps_from_probs
+        from silero_vad import get_speech_timestamps_from_probs  # imported by _load_net already
 
         found = get_speech_timestamps_from_probs(
             probs.tolist(),
@@ -319,6 +325,39 @@ class Segmenter:
         return out
 
 
+def _score(
+    net: Any, x: torch.Tensor, on_progress: Callable[[float], None] | None
+) -> np.ndarray:
+    """Speech probability per window, lanes batched (see the module docstring). Scoring thread."""
+    nw = math.ceil(x.numel() / WINDOW)
+    probs = np.zeros(nw, dtype=np.float32)
+    if nw == 0:
+        return probs
+    min_lane = int(MIN_LANE_S * SAMPLE_RATE) // WINDOW
+    lanes = max(1, min(MAX_LANES, nw // min_lane))
+    own = math.ceil(nw / lanes)  # windows each lane reports
+    warm = LANE_WARMUP_MS * SAMPLE_RATE // 1000 // WINDOW  # windows replayed, not reported
+    first = torch.arange(lanes, dtype=torch.int64) * own  # first reported window per lane
+    start = (first - warm).clamp(min=0)
+    stop = (first + own).clamp(max=nw)
+    steps = int((stop - start).max())
+    state = torch.zeros(2, lanes, STATE_SIZE)
+    windows = _Windows(x)
+    every = max(1, steps // PROGRESS_STEPS)
+    with torch.inference_mode():
+        for s in range(steps):
+            idx = start + s
+            out, state = net(windows.gather(idx.clamp(max=nw)), state)
+            keep = (idx >= first) & (idx < stop)
+            if bool(keep.all()):
+                probs[idx.numpy()] = out[:, 0].numpy()
+            elif bool(keep.any()):
+                probs[idx[keep].numpy()] = out[keep, 0].numpy()
+            if on_progress is not None and ((s + 1) % every == 0 or s + 1 == steps):
+                on_progress((s + 1) / steps)
+    return probs
+
+
 class _Progress:
     """Forward strictly increasing fractions in [0, 1] to a callback, if any."""
 
@@ -333,26 +372,28 @@ class _Progress:
             self.callback(fraction)
 
 
-def _quietest(x: torch.Tensor, lo: int, hi: int) -> int:
-    """A cut point in ``(lo, hi)``: the centre of the lowest-energy 25 ms frame in ``x[lo:hi]``.
+def _quietest(x: np.ndarray, lo: int, hi: int) -> int:
+    """A cut point in ``(lo, hi)``: the middle of the longest quiet stretch of ``x[lo:hi]``.
 
-    Ties (e.g. digital silence) go to the middle candidate, so a cut lands inside a silent gap
-    rather than at its edge.
+    Quiet means a 25 ms frame (10 ms hop) whose energy is within :data:`QUIET_RATIO` of the
+    lowest frame's, so the cut prefers a real pause (between sentences) to a short dip (a stop
+    consonant), and lands in the middle of it rather than at an edge.
     """
-    seg = x[lo:hi].double()
-    if seg.numel() < FRAME:
+    seg = x[lo:hi].astype(np.float64)
+    if len(seg) < FRAME:
         return (lo + hi) // 2
-    cs = torch.cat([torch.zeros(1, dtype=torch.float64), torch.cumsum(seg * seg, 0)])
-    starts = torch.arange(0, seg.numel() - FRAME + 1, HOP)
+    cs = np.concatenate([[0.0], np.cumsum(seg * seg)])
+    starts = np.arange(0, len(seg) - FRAME + 1, HOP)
     energy = cs[starts + FRAME] - cs[starts]
-    floor = float(energy.min())
-    tol = 1e-9 * float(energy.max()) + 1e-12
-    candidates = torch.nonzero(energy <= floor + tol).flatten()
-    best = int(starts[candidates[len(candidates) // 2]])
-    return lo + best + FRAME // 2
+    quiet = energy <= energy.min() * QUIET_RATIO + 1e-9 * energy.max() + 1e-12
+    edges = np.flatnonzero(np.diff(np.concatenate([[0], quiet.astype(np.int8), [0]])))
+    run_starts, run_ends = edges[::2], edges[1::2]  # runs of quiet frames, end exclusive
+    longest = int(np.argmax(run_ends - run_starts))
+    mid = (run_starts[longest] + run_ends[longest] - 1) // 2
+    return lo + int(starts[mid]) + FRAME // 2
 
 
-def _split_long(x: torch.Tensor, region: tuple[int, int], max_len: int) -> list[tuple[int, int]]:
+def _split_long(x: np.ndarray, region: tuple[int, int], max_len: int) -> list[tuple[int, int]]:
     """Cut a region longer than ``max_len`` at quiet points so every piece is ``<= max_len``."""
     start, end = region
     pieces: list[tuple[int, int]] = []

@@ -66,18 +66,27 @@ class EncoderCore(torch.nn.Module):
         self.register_buffer("pe", pe.to(torch.float32 if self.fp32_residual else dtype), persistent=False)
         self.layers = list(enc.encoders0) + list(enc.encoders)
         self.tp_layers = list(enc.tp_encoders)
+        # LayerNorm parameters in the residual stream's dtype, cast once (not on every call)
+        ln_dtype = torch.float32 if self.fp32_residual else dtype
+        norms = [n for layer in self.layers + self.tp_layers for n in (layer.norm1, layer.norm2)]
+        self._ln_params = {id(n): (n.weight.detach().to(ln_dtype), n.bias.detach().to(ln_dtype))
+                           for n in norms + [enc.after_norm, enc.tp_norm]}
 
     def _layer(self, layer, x: torch.Tensor, mask: torch.Tensor, key_mask: torch.Tensor) -> torch.Tensor:
         """One SAN-M block. With fp32_residual the residual stream stays fp32 and only the
         matmuls/attention run in the compute dtype (like autocast)."""
         att = layer.self_attn
         b, t, _ = x.shape
-        h = _ln(layer.norm1, x).to(self.dtype)
+        h = self._ln(layer.norm1, x).to(self.dtype)
         qkv = F.linear(h, att.linear_q_k_v.weight, att.linear_q_k_v.bias)
         q, k, v = qkv.split(att.h * att.d_k, dim=-1)
         # FSMN memory: depthwise conv over the masked values (zero padding like funasr's pad_fn)
         vm = v * mask
-        mem = F.conv1d(att.pad_fn(vm.transpose(1, 2)), att.fsmn_block.weight, groups=vm.shape[-1])
+        left, right = att.pad_fn.padding
+        if left == right:  # the conv's own zero padding: no padded copy of the values
+            mem = F.conv1d(vm.transpose(1, 2), att.fsmn_block.weight, padding=left, groups=vm.shape[-1])
+        else:
+            mem = F.conv1d(att.pad_fn(vm.transpose(1, 2)), att.fsmn_block.weight, groups=vm.shape[-1])
         mem = (mem.transpose(1, 2) + vm) * mask
         heads = (b, t, att.h, att.d_k)
         o = F.scaled_dot_product_attention(
@@ -88,9 +97,14 @@ class EncoderCore(torch.nn.Module):
         o = (o + mem).to(x.dtype)
         x = x + o if layer.in_size == layer.size else o
         ff = layer.feed_forward
-        h = _ln(layer.norm2, x).to(self.dtype)
+        h = self._ln(layer.norm2, x).to(self.dtype)
         y = F.linear(F.relu(F.linear(h, ff.w_1.weight, ff.w_1.bias)), ff.w_2.weight, ff.w_2.bias)
         return x + y.to(x.dtype)
+
+    def _ln(self, norm, x: torch.Tensor) -> torch.Tensor:
+        """LayerNorm with the module's parameters, pre-cast to the residual stream's dtype."""
+        w, b = self._ln_params[id(norm)]
+        return F.layer_norm(x, norm.normalized_shape, w, b, norm.eps)
 
     def forward(self, x: torch.Tensor, lengths: torch.Tensor, ban_emo_unk: torch.Tensor,
                 return_logits: bool = False):
@@ -105,22 +119,15 @@ class EncoderCore(torch.nn.Module):
         x = x * self.scale + self.pe[:t]
         for layer in self.layers:
             x = self._layer(layer, x, mask, key_mask)
-        x = _ln(self.enc.after_norm, x)
+        x = self._ln(self.enc.after_norm, x)
         for layer in self.tp_layers:
             x = self._layer(layer, x, mask, key_mask)
-        logits = self.lo(_ln(self.enc.tp_norm, x).to(self.dtype))
+        logits = self.lo(self._ln(self.enc.tp_norm, x).to(self.dtype))
         col = logits[:, :, EMO_UNKNOWN_ID]
         logits[:, :, EMO_UNKNOWN_ID] = torch.where(ban_emo_unk[:, None], float("-inf"), col)
         if return_logits:
             return logits
         return logits.argmax(-1)
-
-
-def _ln(norm, x: torch.Tensor) -> torch.Tensor:
-    """LayerNorm with the module's parameters, in x's dtype (fp32 params cast when x is fp32)."""
-    w = norm.weight.to(x.dtype) if norm.weight is not None else None
-    b = norm.bias.to(x.dtype) if norm.bias is not None else None
-    return F.layer_norm(x, norm.normalized_shape, w, b, norm.eps)
 
 
 class _Graph:

@@ -116,3 +116,20 @@ def _agreement(a: list[int], b: list[int]) -> float:
         for j in range(1, m + 1):
             d[i, j] = min(d[i - 1, j] + 1, d[i, j - 1] + 1, d[i - 1, j - 1] + (a[i - 1] != b[j - 1]))
     return 1.0 - d[n, m] / max(n, m, 1)
+
+
+@pytest.mark.requires_cuda
+def test_cuda_graphs_and_fp16_match_fp32(tiny_am, clips):
+    """On a GPU: captured graphs == eager, and fp16 (fp32 residual) tokens ~ fp32 tokens."""
+    e32 = SenseVoiceEngine.from_automodel(tiny_am, "cuda", "float32")
+    e16 = SenseVoiceEngine.from_automodel(tiny_am, "cuda", "float16", fp32_residual=True)
+    e16.capture_graphs([1, 8], max_seconds=10.0)
+    waves = [torch.from_numpy(c) for c in clips[:4]]
+    with torch.inference_mode():
+        f, _, frames = e16.features(waves)
+        x, lens, ban = e16.encoder_inputs(f, frames, OPTS[:4])
+        assert torch.equal(e16.forward_ids(x, lens, ban), e16.core(x, lens, ban))
+    a = e32.transcribe(waves, OPTS[:4])
+    b = e16.transcribe(waves, OPTS[:4])
+    agree = [_agreement(list(x.token_ids), list(y.token_ids)) for x, y in zip(a, b)]
+    assert min(agree) >= 0.95, agree

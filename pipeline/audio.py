@@ -303,6 +303,11 @@ class _RateConformer:
         out += self._resampler.resample(frame)
         return out
 
+    @property
+    def idle(self) -> bool:
+        """No resampler is open (frames at :attr:`rate` pass straight through)."""
+        return self._resampler is None
+
     def flush(self) -> list[av.AudioFrame]:
         """Drain and drop the current resampler."""
         if self._resampler is None:
@@ -318,7 +323,10 @@ def _at_first_rate(frames: Iterable[av.AudioFrame]) -> Iterator[av.AudioFrame]:
     try:
         for frame in frames:
             conformer = conformer or _RateConformer(frame.sample_rate)
-            yield from conformer(frame)
+            if frame.sample_rate == conformer.rate and conformer.idle:
+                yield frame  # the usual case, without the per-frame list of the slow path
+            else:
+                yield from conformer(frame)
         if conformer is not None:
             yield from conformer.flush()
     finally:
@@ -329,49 +337,87 @@ def _at_first_rate(frames: Iterable[av.AudioFrame]) -> Iterator[av.AudioFrame]:
             gc.collect()
 
 
-_SAMPLE_DTYPES = {"u8": np.uint8, "s16": np.int16, "s32": np.int32, "s64": np.int64,
-                  "flt": np.float32, "dbl": np.float64}
+# FFmpeg sample format name -> (numpy dtype, planar). Planar formats ("fltp") hold one buffer per
+# channel; packed ones ("s16") one interleaved buffer. These are all of FFmpeg's sample formats.
+_SAMPLE_FORMATS: dict[str, tuple[np.dtype, bool]] = {
+    name + suffix: (np.dtype(dtype), suffix == "p")
+    for name, dtype in {"u8": np.uint8, "s16": np.int16, "s32": np.int32, "s64": np.int64,
+                        "flt": np.float32, "dbl": np.float64}.items()
+    for suffix in ("", "p")
+}  # fmt: skip
+
+# Samples per channel converted to mono at a time. Converting as decoding goes, rather than at
+# the end, releases each frame soon, so the decoder reuses its buffers instead of allocating new
+# ones for every frame (a cost that grows with the decoder's buffer padding: AAC's is 2x).
+BATCH_SAMPLES = 16384
+
+# The mono output is one buffer sized up front, so no final concatenation touches fresh memory
+# twice. The announced duration is only a size hint (the cap still counts decoded samples): the
+# buffer holds it plus slack, at most the cap and PREALLOC_MAX_SECONDS, and grows if it was short.
+PREALLOC_SLACK_SECONDS = 1.0  # s, added to the announced duration
+PREALLOC_MAX_SECONDS = 600.0  # s, most reserved on a header's word
 
 
-def _frame_arrays(frame: av.AudioFrame) -> tuple[tuple, list[np.ndarray]]:
-    """Zero-copy views of a frame's samples: (run key, arrays). Planar: one array per channel;
-    packed: one interleaved array. Frames with the same key are converted together."""
-    channels = len(frame.layout.channels)
-    planar = frame.format.is_planar
-    dtype = _SAMPLE_DTYPES.get(frame.format.name.rstrip("p"))
-    if dtype is None:  # an unusual sample format: let PyAV convert it
-        data = frame.to_ndarray()
-        key = (data.dtype, channels, planar)
-        return key, (list(data) if planar else [data.reshape(-1)])
-    n = frame.samples
+class _MonoBuffer:
+    """Growable float32 output that batches of mono samples are written into."""
+
+    def __init__(self, rate: int, max_seconds: float, declared: float | None):
+        self.limit = max_seconds * rate  # samples, the cap
+        seconds = min((declared or 0.0) + PREALLOC_SLACK_SECONDS, PREALLOC_MAX_SECONDS)
+        self._data = np.empty(int(min(seconds * rate, self.limit)), dtype=np.float32)
+        self.size = 0  # samples written
+
+    def take(self, n: int) -> np.ndarray:
+        """A writable view of the next ``n`` samples; the buffer doubles (within the cap) if full."""
+        end = self.size + n
+        if end > self._data.size:
+            grown = np.empty(int(min(max(end, 2 * self._data.size), self.limit)), np.float32)
+            grown[: self.size] = self._data[: self.size]
+            self._data = grown
+        view = self._data[self.size : end]
+        self.size = end
+        return view
+
+    def samples(self) -> np.ndarray:
+        """The samples written: a view, or a copy when most of the buffer went unused."""
+        written = self._data[: self.size]
+        return written.copy() if 2 * self.size < self._data.size else written
+
+
+def _write_mono(frames: list[av.AudioFrame], key: tuple[str, int], out: np.ndarray) -> None:
+    """Write the channel average of ``frames`` (all of sample format ``key``) into ``out``,
+    float32 in [-1, 1] (exact for PCM <= 24 bit)."""
+    name, channels = key
+    if name not in _SAMPLE_FORMATS:
+        raise AudioDecodeError(f"unsupported sample format {name!r}")
+    dtype, planar = _SAMPLE_FORMATS[name]
     if planar:
-        return (np.dtype(dtype), channels, True), [
-            np.frombuffer(p, dtype=dtype, count=n) for p in frame.planes[:channels]]
-    return (np.dtype(dtype), channels, False), [np.frombuffer(frame.planes[0], dtype=dtype,
-                                                              count=n * channels)]
+        planes = [[np.frombuffer(p, dtype, f.samples) for p in f.planes[:channels]] for f in frames]
+        first, *others = zip(*planes)  # per channel: its arrays across frames
+        np.concatenate(first, out=out, casting="unsafe")
+        for channel in others:
+            out += np.concatenate(channel)
+    else:
+        packed = [np.frombuffer(f.planes[0], dtype, f.samples * channels) for f in frames]
+        columns = np.concatenate(packed).reshape(-1, channels)  # de-interleave: column views
+        np.copyto(out, columns[:, 0], casting="unsafe")
+        for c in range(1, channels):
+            out += columns[:, c]
+    _scale_to_unit(out, dtype, channels)
 
 
-def _run_to_mono(key: tuple, runs: list[list[np.ndarray]]) -> np.ndarray:
-    """Channel average of a run of same-format frames, float32 in [-1, 1] (exact for PCM <= 24 bit)."""
-    dtype, channels, planar = key
-    if not planar:  # de-interleave once: (samples, channels) column views
-        inter = np.concatenate([r[0] for r in runs]).reshape(-1, channels)
-        runs = [[inter[:, c] for c in range(channels)]]
-    mono = np.empty(sum(len(r[0]) for r in runs), dtype=np.float32)
-    pos = 0
-    for r in runs:  # sum channels straight into the output: no stacked intermediate
-        seg = mono[pos:pos + len(r[0])]
-        np.copyto(seg, r[0], casting="unsafe")
-        for c in r[1:]:
-            seg += c
-        pos += len(seg)
-    if channels > 1:
-        mono *= np.float32(1.0 / channels)
+def _scale_to_unit(total: np.ndarray, dtype: np.dtype, channels: int) -> None:
+    """Turn a channel sum of samples of ``dtype`` into their average in [-1, 1], in place."""
     if dtype == np.uint8:
-        return (mono - np.float32(128.0)) * np.float32(1.0 / 128.0)
-    if np.issubdtype(dtype, np.signedinteger):
-        return mono * np.float32(2.0 ** -(8 * dtype.itemsize - 1))
-    return np.clip(mono, -1.0, 1.0, out=mono)
+        total *= np.float32(1.0 / channels)
+        total -= np.float32(128.0)
+        total *= np.float32(1.0 / 128.0)
+    elif np.issubdtype(dtype, np.signedinteger):  # one multiply, as exact as two: 2**-k is exact
+        total *= np.float32(1.0 / channels) * np.float32(2.0 ** -(8 * dtype.itemsize - 1))
+    else:
+        if channels > 1:
+            total *= np.float32(1.0 / channels)
+        np.clip(total, -1.0, 1.0, out=total)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -379,43 +425,44 @@ def _run_to_mono(key: tuple, runs: list[list[np.ndarray]]) -> np.ndarray:
 # ---------------------------------------------------------------------------------------------
 
 
-def _collect(frames: Iterable[av.AudioFrame], max_seconds: float) -> DecodedAudio:
-    """Gather frames (zero-copy views) and convert them to mono in runs of one format, raising
-    :class:`AudioTooLong` as soon as the cap is passed (memory stays bounded by the cap)."""
-    blocks: list[np.ndarray] = []
-    run: list[list[np.ndarray]] = []
-    run_key: tuple | None = None
-    rate = 0
-    total = 0  # samples
-    limit = 0.0  # samples
+def _collect(
+    frames: Iterable[av.AudioFrame], max_seconds: float, declared: float | None
+) -> DecodedAudio:
+    """Convert frames to mono in batches of one sample format (at most :data:`BATCH_SAMPLES`),
+    raising :class:`AudioTooLong` as soon as the cap is passed (memory stays bounded by the cap).
+    ``declared`` (s, from the headers) only sizes the output buffer."""
+    out: _MonoBuffer | None = None
+    batch: list[av.AudioFrame] = []
+    key: tuple[str, int] | None = None
+    rate = batched = 0  # Hz, samples
     for frame in frames:
-        if not rate:
+        if out is None:
             rate = frame.sample_rate
-            limit = max_seconds * rate
-        total += frame.samples
-        if total > limit:
+            out = _MonoBuffer(rate, max_seconds, declared)
+        if out.size + batched + frame.samples > out.limit:
             raise AudioTooLong(f"the audio is longer than the {max_seconds:g} s limit")
-        key, arrays = _frame_arrays(frame)
-        if run and key != run_key:
-            blocks.append(_run_to_mono(run_key, run))
-            run = []
-        run_key = key
-        run.append(arrays)
-    if run:
-        blocks.append(_run_to_mono(run_key, run))
+        frame_key = (frame.format.name, frame.layout.nb_channels)
+        if batch and (frame_key != key or batched >= BATCH_SAMPLES):
+            _write_mono(batch, key, out.take(batched))
+            batch, batched = [], 0
+        key = frame_key
+        batch.append(frame)
+        batched += frame.samples
+    if batch:
+        _write_mono(batch, key, out.take(batched))
+    total = out.size if out else 0  # samples
     if not rate or total < MIN_AUDIO_SECONDS * rate:
         got = f"{total / rate * 1000:.1f} ms" if rate else "nothing"
         raise EmptyAudio(
             f"no audio samples: decoding gave {got}, less than {MIN_AUDIO_SECONDS * 1000:g} ms"
         )
-    samples = np.concatenate(blocks) if len(blocks) > 1 else blocks[0]
-    return DecodedAudio(samples=samples, sample_rate=rate)
+    return DecodedAudio(samples=out.samples(), sample_rate=rate)
 
 
 def _declared_seconds(
     container: av.container.InputContainer, stream: av.audio.stream.AudioStream
 ) -> float | None:
-    """The duration the headers announce (for diagnostics only; limits never trust it)."""
+    """The duration the headers announce (for diagnostics and buffer sizing; limits never trust it)."""
     if stream.duration and stream.time_base:
         return float(stream.duration * stream.time_base)
     if container.duration:
@@ -436,12 +483,13 @@ def _warn_if_truncated(decoded: DecodedAudio, declared: float | None) -> None:
 def _decode_container(container: av.container.InputContainer, max_seconds: float) -> DecodedAudio:
     """Decode the best audio stream of an opened container (see :func:`decode_audio`)."""
     stream = _audio_stream(container)
+    declared = _declared_seconds(container, stream)
     frames = _at_first_rate(_frames(container, stream))
     try:
-        decoded = _collect(frames, max_seconds)
+        decoded = _collect(frames, max_seconds, declared)
     finally:
         frames.close()  # before the container closes, also when a cap stopped decoding
-    _warn_if_truncated(decoded, _declared_seconds(container, stream))
+    _warn_if_truncated(decoded, declared)
     return decoded
 
 

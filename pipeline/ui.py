@@ -6,11 +6,13 @@ where static/richtext.js renders badges and chips (escaping every piece of text)
 
 from __future__ import annotations
 
+import json
 import logging
 from pathlib import Path
 
 import gradio as gr
 
+from .api import job_json
 from .errors import SenseVoiceError
 from .service import TranscriptionService
 from .types import LANGUAGES, Job, JobState, Lane, TranscribeOptions
@@ -19,16 +21,28 @@ logger = logging.getLogger("sensevoice.ui")
 
 STATIC = Path(__file__).resolve().parent.parent / "static"
 RENDER_JS = "(raw) => { window.SenseVoiceRich && window.SenseVoiceRich.renderInto('sv-result', raw || ''); return []; }"
+# the review view: player (server copy, else the page's own upload), timeline, segment table, exports
+REVIEW_JS = """(j) => {
+  if (!window.SenseVoiceReview) return [];
+  const page = document.querySelector('#sv-audio audio');
+  let id = '';
+  try { id = j ? JSON.parse(j).id : ''; } catch (e) { id = ''; }
+  window.SenseVoiceReview.renderInto('sv-review', j || '', {
+    audioUrl: id ? '/api/jobs/' + encodeURIComponent(id) + '/audio' : '',
+    fallbackAudioUrl: page ? page.src : ''});
+  return [];
+}"""
 
 
 def head_html() -> str:
-    """richtext.js inlined into the page head (no extra route, works under any mount path)."""
-    js = (STATIC / "richtext.js").read_text(encoding="utf-8")
-    return f"<script>{js}</script>"
+    """Our scripts inlined into the page head (no extra route, works under any mount path)."""
+    return "".join(f"<script>{(STATIC / name).read_text(encoding='utf-8')}</script>"
+                   for name in ("richtext.js", "review.js"))
 
 
 def css() -> str:
-    return (STATIC / "style.css").read_text(encoding="utf-8") + "\n.sv-hidden{display:none !important}\n"
+    sheets = [(STATIC / name).read_text(encoding="utf-8") for name in ("style.css", "review.css")]
+    return "\n".join(sheets) + "\n.sv-hidden{display:none !important}\n"
 
 
 def status_line(job: Job) -> str:
@@ -48,30 +62,33 @@ def status_line(job: Job) -> str:
 def build_ui(service: TranscriptionService) -> gr.Blocks:
     settings = service.settings
 
-    def submit(path: str | None, language: str, use_itn: bool):
+    def submit(path: str | None, language: str, use_itn: bool, split_channels: bool):
+        idle = gr.Timer(active=False)
         if not path:
-            return "", "error: choose or record an audio file first", "", gr.Timer(active=False)
+            return "", "error: choose or record an audio file first", "", "", idle
         try:
             data = _read_upload(path, settings.max_upload_bytes)
-            job = service.submit(data, filename=Path(path).name,
-                                 options=TranscribeOptions(language=language, use_itn=use_itn),
+            options = TranscribeOptions(language=language, use_itn=use_itn,
+                                        split_channels=split_channels)
+            job = service.submit(data, filename=Path(path).name, options=options,
                                  lane=Lane.INTERACTIVE)
         except SenseVoiceError as e:
-            if e.code == "queue_full":
-                return "", f"busy, try again in {e.retry_after} s", "", gr.Timer(active=False)
-            return "", f"error: {e.message}", "", gr.Timer(active=False)
-        return job.id, f"{status_line(job)} — job {job.id}", "", gr.Timer(active=True)
+            if e.code in ("queue_full", "gpu_memory_low"):
+                return "", f"busy, try again in {e.retry_after} s", "", "", idle
+            return "", f"error: {e.message}", "", "", idle
+        return job.id, f"{status_line(job)} — job {job.id}", "", "", gr.Timer(active=True)
 
     def poll(job_id: str):
         if not job_id:
-            return gr.skip(), gr.skip(), gr.Timer(active=False)
+            return gr.skip(), gr.skip(), gr.skip(), gr.Timer(active=False)
         try:
             job = service.get_cached(job_id) or service.get(job_id)
         except SenseVoiceError as e:
-            return f"error: {e.message}", "", gr.Timer(active=False)
+            return f"error: {e.message}", "", "", gr.Timer(active=False)
         finished = job.state in (JobState.DONE, JobState.FAILED)
         raw = job.result.raw_text if job.result else ""
-        return f"{status_line(job)} — job {job.id}", raw, gr.Timer(active=not finished)
+        review = json.dumps(job_json(job), ensure_ascii=False) if job.result else ""
+        return f"{status_line(job)} — job {job.id}", raw, review, gr.Timer(active=not finished)
 
     with gr.Blocks(title="SenseVoice") as demo:
         gr.Markdown("## SenseVoice speech recognition\nUpload or record audio (or a video); "
@@ -81,9 +98,12 @@ def build_ui(service: TranscriptionService) -> gr.Blocks:
                         "Transcripts are not real speech recognition.", elem_id="sv-demo-banner")
         with gr.Row():
             with gr.Column():
-                audio = gr.Audio(sources=["upload", "microphone"], type="filepath", label="Audio")
+                audio = gr.Audio(sources=["upload", "microphone"], type="filepath", label="Audio",
+                                 elem_id="sv-audio")
                 language = gr.Dropdown(list(LANGUAGES), value="auto", label="Language")
                 use_itn = gr.Checkbox(value=True, label="ITN (punctuation and numbers)")
+                split = gr.Checkbox(value=False, label="Stereo call: one speaker per channel",
+                                    elem_id="sv-split")
                 with gr.Row():
                     submit_btn = gr.Button("Submit", variant="primary", elem_id="sv-submit")
                     refresh_btn = gr.Button("Refresh", elem_id="sv-refresh")
@@ -92,13 +112,18 @@ def build_ui(service: TranscriptionService) -> gr.Blocks:
                 gr.HTML("", elem_id="sv-result")
                 raw = gr.Textbox(elem_id="sv-raw", elem_classes=["sv-hidden"], show_label=False,
                                  interactive=False)
+        gr.HTML("", elem_id="sv-review")
+        review = gr.Textbox(elem_id="sv-review-json", elem_classes=["sv-hidden"], show_label=False,
+                            interactive=False)
         job_id = gr.State("")
         timer = gr.Timer(settings.poll_interval_s, active=False)
-        submit_btn.click(submit, [audio, language, use_itn], [job_id, status, raw, timer],
+        submit_btn.click(submit, [audio, language, use_itn, split], [job_id, status, raw, review, timer],
                          concurrency_limit=None)
-        timer.tick(poll, [job_id], [status, raw, timer], concurrency_limit=None, show_progress="hidden")
-        refresh_btn.click(poll, [job_id], [status, raw, timer], concurrency_limit=None)
+        timer.tick(poll, [job_id], [status, raw, review, timer], concurrency_limit=None,
+                   show_progress="hidden")
+        refresh_btn.click(poll, [job_id], [status, raw, review, timer], concurrency_limit=None)
         raw.change(None, [raw], None, js=RENDER_JS)
+        review.change(None, [review], None, js=REVIEW_JS)
     return demo
 
 

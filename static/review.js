@@ -289,7 +289,11 @@
     segs.forEach(function (s) {
       var d = s.end - s.start;
       if (s.emotion) {
-        if (!(s.emotion in emoTime)) { emoTime[s.emotion] = 0; emoCount[s.emotion] = 0; emoNames.push(s.emotion); }
+        if (!(s.emotion in emoTime)) {
+          emoTime[s.emotion] = 0;
+          emoCount[s.emotion] = 0;
+          emoNames.push(s.emotion);
+        }
         emoTime[s.emotion] += d;
         emoCount[s.emotion] += 1;
       }
@@ -311,7 +315,8 @@
       var idx = emoNames.map(function (n, i) { return i; }).sort(function (a, b) {
         return weights[b] - weights[a] || a - b;
       });
-      var g = summaryGroup('sv-sum-emotions', byTime ? 'Emotion, share of time' : 'Emotion, share of segments');
+      var g = summaryGroup('sv-sum-emotions',
+        byTime ? 'Emotion, share of time' : 'Emotion, share of segments');
       idx.forEach(function (i) {
         var c = chip('emotion', emoNames[i], pct[i] + '%');
         c.className += ' sv-sum-emo';
@@ -402,7 +407,7 @@
     var rects = [];
     var evFrag = document.createDocumentFragment();
     var minW = D / 2000;
-    var flagW = D / 150;
+    var flagW = D / 300;
     L.segs.forEach(function (seg, k) {
       var top = seg.lane * LANE_H;
       var emo = tagEntry('emotion', seg.emotion);
@@ -462,40 +467,57 @@
 
   function buildTable(L) {
     var wrap = el('div', 'sv-table-wrap');
+    // review.css lays rows out as grids (fast with thousands of rows): the roles keep the
+    // table semantics for assistive technology
     var table = el('table', 'sv-segments');
+    table.setAttribute('role', 'table');
+    table.setAttribute('aria-label', 'Segments');
+    table.setAttribute('aria-rowcount', String(L.segs.length + 1));
     var thead = el('thead');
+    thead.setAttribute('role', 'rowgroup');
     var hr = el('tr');
+    hr.setAttribute('role', 'row');
     ['Time', 'Speaker', 'Language', 'Emotion', 'Events', 'Text'].forEach(function (h) {
       var th = el('th', 'sv-col-' + h.toLowerCase(), h);
       th.scope = 'col';
+      th.setAttribute('role', 'columnheader');
       hr.appendChild(th);
     });
     thead.appendChild(hr);
     table.appendChild(thead);
     var tbody = el('tbody');
+    tbody.setAttribute('role', 'rowgroup');
     var frag = document.createDocumentFragment();
     var rows = [];
+    function td(cls, text) {
+      var c = el('td', cls, text);
+      c.setAttribute('role', 'cell');
+      return c;
+    }
     L.segs.forEach(function (s, k) {
       var tr = el('tr', 'sv-row');
+      tr.setAttribute('role', 'row');
       tr.setAttribute('data-start', String(s.start));
       tr.setAttribute('data-end', String(s.end));
       tr.setAttribute('data-index', String(s.index));
       tr.setAttribute('data-k', String(k));
       tr.tabIndex = 0;
-      tr.appendChild(el('td', 'sv-col-time',
+      tr.appendChild(td('sv-col-time',
         (s.approx ? '\u2248 ' : '') + formatTime(s.start) + NDASH + formatTime(s.end)));
-      tr.appendChild(el('td', 'sv-col-speaker' + (s.speaker === null ? ' sv-none' : ''),
-        s.speaker === null ? DASH : s.speaker));
-      var tdL = el('td', 'sv-col-language');
+      var tdS = td('sv-col-speaker' + (s.speaker === null ? ' sv-none' : ''),
+        s.speaker === null ? DASH : s.speaker);
+      if (s.speaker !== null) tdS.title = s.speaker;
+      tr.appendChild(tdS);
+      var tdL = td('sv-col-language');
       if (s.language) tdL.appendChild(langBadge(s.language, false));
       tr.appendChild(tdL);
-      var tdE = el('td', 'sv-col-emotion');
+      var tdE = td('sv-col-emotion');
       if (s.emotion) tdE.appendChild(chip('emotion', s.emotion));
       tr.appendChild(tdE);
-      var tdV = el('td', 'sv-col-events');
+      var tdV = td('sv-col-events');
       s.events.forEach(function (e) { if (e) tdV.appendChild(chip('event', e)); });
       tr.appendChild(tdV);
-      var tdT = el('td', 'sv-col-text', s.text);
+      var tdT = td('sv-col-text', s.text);
       tdT.dir = 'auto';
       tr.appendChild(tdT);
       frag.appendChild(tr);
@@ -534,12 +556,14 @@
     if (job.id != null) rootEl.setAttribute('data-job', String(job.id));
 
     var L = layout(job);
+    if (L.duration >= 3600) rootEl.className += ' sv-hours'; // wider time column
     var segs = L.segs;
     var n = segs.length;
 
     // header
     var head = el('div', 'sv-review-head');
-    head.appendChild(el('span', 'sv-review-title', str(job.filename) || str(job.id) || 'Recording'));
+    var title = str(job.filename) || str(job.id) || 'Recording';
+    head.appendChild(el('span', 'sv-review-title', title));
     var meta = [formatTime(L.unknownDuration ? null : L.duration).replace(/\.\d$/, ''),
       n + (n === 1 ? ' segment' : ' segments')];
     var named = L.lanes.filter(function (sp) { return sp !== null; }).length;
@@ -598,7 +622,8 @@
     if (!job.result && !n) {
       var st = str(job.status) || 'unknown';
       rootEl.appendChild(note('sv-review-empty', st === 'failed' || st === 'cancelled'
-        ? 'No result: the job ' + st + (job.error && job.error.message ? ' (' + str(job.error.message) + ')' : '') + '.'
+        ? 'No result: the job ' + st +
+          (job.error && job.error.message ? ' (' + str(job.error.message) + ')' : '') + '.'
         : 'No result yet: the job is ' + st + '.'));
     } else if (!n) {
       rootEl.appendChild(note('sv-review-empty', 'No speech detected'));
@@ -655,9 +680,8 @@
       for (var k = lo - 1, steps = 0; k >= 0 && maxEnd[k] > t && steps < 256; k--, steps++) {
         if (segs[k].end > t) out.unshift(k);
       }
-      if (!out.length && lo > 0 && segs[lo - 1].end === segs[lo - 1].start && segs[lo - 1].start === t) {
-        out.push(lo - 1);
-      }
+      var last = lo > 0 ? segs[lo - 1] : null;
+      if (!out.length && last && last.end === last.start && last.start === t) out.push(lo - 1);
       return out;
     }
 
@@ -685,7 +709,9 @@
       tl.svg.setAttribute('aria-valuenow', String(Math.round(x * 10) / 10));
       tl.svg.setAttribute('aria-valuetext', formatTime(x));
       var now = activeAt(t);
-      if (now.length === active.length && now.every(function (k, i) { return k === active[i]; })) return;
+      var same = now.length === active.length &&
+        now.every(function (k, i) { return k === active[i]; });
+      if (same) return;
       active.forEach(function (k) {
         if (now.indexOf(k) < 0) {
           tb.rows[k].classList.remove('sv-active');

@@ -42,3 +42,31 @@ def clip_factory(media_dir: Path) -> ClipFactory:
         return make_clip(media_dir, source_speech(media_dir, rate, channels), fmt, rate, channels)
 
     return make
+
+
+@pytest.fixture(scope="session")
+def long_call(media_dir: Path, speech_clip: Path) -> Path:
+    """A ~48 s stereo 'call': speech on the left, then on the right, with silences between turns
+    (left channel speaks at 2-7 s, 20-25 s; right channel at 11-16 s, 32-37 s)."""
+    import wave
+
+    import numpy as np
+
+    dst = media_dir / "long_call.wav"
+    if dst.exists():
+        return dst
+    with wave.open(str(speech_clip)) as w:
+        rate = w.getframerate()
+        speech = np.frombuffer(w.readframes(w.getnframes()), dtype=np.int16)
+    total = int(48 * rate)
+    stereo = np.zeros((total, 2), dtype=np.int16)
+    for start_s, channel in ((2, 0), (11, 1), (20, 0), (32, 1)):
+        s = int(start_s * rate)
+        n = min(len(speech), total - s)
+        stereo[s:s + n, channel] = speech[:n]
+    with wave.open(str(dst), "wb") as w:
+        w.setnchannels(2)
+        w.setsampwidth(2)
+        w.setframerate(rate)
+        w.writeframes(stereo.tobytes())
+    return dst

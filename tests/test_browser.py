@@ -84,3 +84,29 @@ def test_html_in_transcript_renders_as_text(page, server, clip_factory):
     assert "<img src=x onerror=window.__xss=1>" in text and "<script>" in text
     assert page.evaluate("window.__xss") is None
     assert page.locator("#sv-result img, #sv-result script").count() == 0
+
+
+def test_long_recording_review_table_timeline_and_seek(page, server, long_call):
+    """A long clip (> 30 s): VAD segments, the segment table and timeline appear; clicking a
+    segment moves the player."""
+    page.goto(server.url + "/", wait_until="load")
+    page.wait_for_selector("#sv-submit", timeout=30_000)
+    page.locator("input[type=file]").first.set_input_files(str(long_call))
+    page.wait_for_selector("audio, [data-testid='waveform-Audio']", timeout=30_000)
+    page.locator("#sv-submit").click()
+    page.wait_for_selector("#sv-review tr.sv-row", timeout=90_000)
+    rows = page.locator("#sv-review tr.sv-row")
+    assert rows.count() >= 2
+    assert page.locator("#sv-review svg.sv-timeline rect.sv-tl-seg").count() == rows.count()
+    assert page.locator("#sv-review .sv-summary .sv-sum-emo").count() >= 1
+    last = rows.nth(rows.count() - 1)
+    start = float(last.get_attribute("data-start"))
+    assert start > 10
+    page.wait_for_function("() => { const a = document.querySelector('#sv-review audio.sv-player');"
+                           " return a && a.readyState >= 1; }", timeout=30_000)
+    last.click()
+    page.wait_for_function(
+        f"() => Math.abs(document.querySelector('#sv-review audio.sv-player').currentTime - {start}) < 0.5",
+        timeout=15_000)
+    hrefs = [a.get_attribute("href") for a in page.locator("#sv-review a.sv-export").all()]
+    assert any(h.endswith("format=srt") for h in hrefs)

@@ -392,8 +392,10 @@ def _write_mono(frames: list[av.AudioFrame], key: tuple[str, int], out: np.ndarr
         raise AudioDecodeError(f"unsupported sample format {name!r}")
     dtype, planar = _SAMPLE_FORMATS[name]
     if planar:
-        planes = [[np.frombuffer(p, dtype, f.samples) for p in f.planes[:channels]] for f in frames]
-        first, *others = zip(*planes)  # per channel: its arrays across frames
+        planes, counts = [f.planes for f in frames], [f.samples for f in frames]
+        first, *others = (
+            [np.frombuffer(p[c], dtype, n) for p, n in zip(planes, counts)] for c in range(channels)
+        )  # per channel: its arrays across frames
         np.concatenate(first, out=out, casting="unsafe")
         for channel in others:
             out += np.concatenate(channel)
@@ -434,12 +436,16 @@ def _collect(
     out: _MonoBuffer | None = None
     batch: list[av.AudioFrame] = []
     key: tuple[str, int] | None = None
-    rate = batched = 0  # Hz, samples
+    rate = total = batched = 0  # Hz, samples, samples
+    limit = 0.0  # samples
     for frame in frames:
+        n = frame.samples
         if out is None:
             rate = frame.sample_rate
             out = _MonoBuffer(rate, max_seconds, declared)
-        if out.size + batched + frame.samples > out.limit:
+            limit = out.limit
+        total += n
+        if total > limit:
             raise AudioTooLong(f"the audio is longer than the {max_seconds:g} s limit")
         frame_key = (frame.format.name, frame.layout.nb_channels)
         if batch and (frame_key != key or batched >= BATCH_SAMPLES):
@@ -447,10 +453,9 @@ def _collect(
             batch, batched = [], 0
         key = frame_key
         batch.append(frame)
-        batched += frame.samples
+        batched += n
     if batch:
         _write_mono(batch, key, out.take(batched))
-    total = out.size if out else 0  # samples
     if not rate or total < MIN_AUDIO_SECONDS * rate:
         got = f"{total / rate * 1000:.1f} ms" if rate else "nothing"
         raise EmptyAudio(

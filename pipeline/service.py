@@ -57,6 +57,7 @@ class TranscriptionService:
             settings.queue_size, settings.max_batch, settings.max_wait_ms / 1e3,
             settings.max_batch_seconds, settings.retry_after_s)
         self.resampler = Resampler(self.devices[0])
+        self._decode_slots = threading.BoundedSemaphore(settings.decode_concurrency or os.cpu_count() or 2)
         self.metrics = Metrics(self.devices)
         self.metrics.set_queue_depth_fn(lambda: len(self.scheduler))
         self.metrics.set_jobs_by_state_fn(self.store.counts)
@@ -348,11 +349,12 @@ class TranscriptionService:
     def _decode(self, data: bytes, options: TranscribeOptions) -> torch.Tensor:
         """Upload bytes -> 16 kHz wave on the device: [n] mono, or [channels, n] for split calls."""
         caps = {"max_seconds": self.settings.max_audio_seconds, "max_bytes": self.settings.max_upload_bytes}
-        audio = decode_audio(data, keep_channels=True, **caps) if options.split_channels else \
-            decode_audio(data, **caps)
-        wave = self.resampler(audio)
-        if wave.is_cuda:
-            torch.cuda.current_stream(wave.device).synchronize()  # ready before another thread reads it
+        with self._decode_slots:
+            audio = decode_audio(data, keep_channels=True, **caps) if options.split_channels else \
+                decode_audio(data, **caps)
+            wave = self.resampler(audio)
+            if wave.is_cuda:
+                torch.cuda.current_stream(wave.device).synchronize()  # ready before other threads read it
         return wave
 
     def get(self, job_id: str) -> Job:

@@ -150,3 +150,49 @@ def test_metrics_endpoint_counts_jobs_and_batches(live_server, clip_factory):
     assert float(lines['sensevoice_inference_count_total{device="cpu"}']) >= 1
     assert 'sensevoice_jobs{state="done"}' in lines and "sensevoice_queue_depth" in lines
     assert any(k.startswith("sensevoice_queue_duration_seconds_bucket") for k in lines)
+
+
+def _srt_cues(text: str) -> list[tuple[float, float, str]]:
+    import re
+
+    out = []
+    for block in text.strip().split("\n\n"):
+        lines = block.splitlines()
+        m = re.match(r"(\d+):(\d+):(\d+),(\d+) --> (\d+):(\d+):(\d+),(\d+)$", lines[1])
+        h1, m1, s1, ms1, h2, m2, s2, ms2 = map(int, m.groups())
+        out.append((h1 * 3600 + m1 * 60 + s1 + ms1 / 1000, h2 * 3600 + m2 * 60 + s2 + ms2 / 1000,
+                    " ".join(lines[2:])))
+    return out
+
+
+def test_long_recording_segments_and_exports(live_server, long_call):
+    """> 30 s: split by VAD into timed segments, assembled in order; exports parse back."""
+    r = submit(live_server, long_call, language="en")
+    assert r.status_code == 202
+    done = wait_done(live_server, r.json()["id"], timeout=120)
+    assert done["status"] == "done", done
+    segs = done["result"]["segments"]
+    assert len(segs) >= 2
+    starts = [s["start"] for s in segs]
+    assert starts == sorted(starts) and all(s["end"] > s["start"] for s in segs)
+    assert segs[0]["start"] < 4 and segs[-1]["start"] > 25  # speech at 2-7 s ... 32-37 s
+    base = f"{live_server.url}/api/jobs/{done['id']}/result"
+    srt = httpx.get(base, params={"format": "srt"})
+    assert srt.status_code == 200 and srt.headers["content-type"].startswith("application/x-subrip")
+    cues = _srt_cues(srt.text)
+    assert len(cues) == len(segs)
+    assert all(a[1] <= b[0] for a, b in zip(cues, cues[1:]))  # ordered, no overlaps
+    assert "[en] [NEUTRAL] [Speech]" in cues[0][2]
+    vtt = httpx.get(base, params={"format": "vtt", "tags": "false"}).text
+    assert vtt.startswith("WEBVTT") and "[en]" not in vtt
+    js = httpx.get(base, params={"format": "json"}).json()
+    assert js["result"]["segments"] == segs
+    assert httpx.get(base, params={"format": "txt"}).text.count("\n") == len(segs)
+    assert httpx.get(base, params={"format": "doc"}).status_code == 400
+    audio = httpx.get(f"{live_server.url}/api/jobs/{done['id']}/audio")
+    assert audio.status_code == 200 and audio.headers["content-type"] == "audio/wav"
+    assert audio.content == long_call.read_bytes()
+
+
+def test_result_of_unfinished_or_unknown_job(live_server):
+    assert httpx.get(f"{live_server.url}/api/jobs/{uuid.uuid4()}/result").status_code == 404

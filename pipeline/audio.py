@@ -74,6 +74,7 @@ class DecodedAudio:
 
     samples: np.ndarray  # float32, mono, 1-D, in [-1, 1]
     sample_rate: int  # Hz
+    channels: int = 1  # channels in the source (samples are their average, or one of them)
 
     @property
     def seconds(self) -> float:
@@ -384,13 +385,17 @@ class _MonoBuffer:
         return written.copy() if 2 * self.size < self._data.size else written
 
 
-def _write_mono(frames: list[av.AudioFrame], key: tuple[str, int], out: np.ndarray) -> None:
+def _write_mono(frames: list[av.AudioFrame], key: tuple[str, int], out: np.ndarray,
+                channel: int | None = None) -> None:
     """Write the channel average of ``frames`` (all of sample format ``key``) into ``out``,
-    float32 in [-1, 1] (exact for PCM <= 24 bit)."""
+    float32 in [-1, 1] (exact for PCM <= 24 bit); or only ``channel`` when one is chosen."""
     name, channels = key
     if name not in _SAMPLE_FORMATS:
         raise AudioDecodeError(f"unsupported sample format {name!r}")
     dtype, planar = _SAMPLE_FORMATS[name]
+    if channel is not None:
+        _write_channel(frames, dtype, planar, channels, min(channel, channels - 1), out)
+        return
     if planar:
         planes, counts = [f.planes for f in frames], [f.samples for f in frames]
         first, *others = (
@@ -406,6 +411,18 @@ def _write_mono(frames: list[av.AudioFrame], key: tuple[str, int], out: np.ndarr
         for c in range(1, channels):
             out += columns[:, c]
     _scale_to_unit(out, dtype, channels)
+
+
+def _write_channel(frames: list[av.AudioFrame], dtype: np.dtype, planar: bool, channels: int,
+                   channel: int, out: np.ndarray) -> None:
+    """Write one channel of ``frames`` into ``out`` (a split stereo call: one speaker each)."""
+    if planar:
+        np.concatenate([np.frombuffer(f.planes[channel], dtype, f.samples) for f in frames],
+                       out=out, casting="unsafe")
+    else:
+        packed = [np.frombuffer(f.planes[0], dtype, f.samples * channels) for f in frames]
+        np.copyto(out, np.concatenate(packed).reshape(-1, channels)[:, channel], casting="unsafe")
+    _scale_to_unit(out, dtype, 1)
 
 
 def _scale_to_unit(total: np.ndarray, dtype: np.dtype, channels: int) -> None:
@@ -428,7 +445,8 @@ def _scale_to_unit(total: np.ndarray, dtype: np.dtype, channels: int) -> None:
 
 
 def _collect(
-    frames: Iterable[av.AudioFrame], max_seconds: float, declared: float | None
+    frames: Iterable[av.AudioFrame], max_seconds: float, declared: float | None,
+    channel: int | None = None,
 ) -> DecodedAudio:
     """Convert frames to mono in batches of one sample format (at most :data:`BATCH_SAMPLES`),
     raising :class:`AudioTooLong` as soon as the cap is passed (memory stays bounded by the cap).
@@ -440,6 +458,8 @@ def _collect(
     limit = 0.0  # samples
     for frame in frames:
         n = frame.samples
+        if not n:
+            continue  # an empty frame may have no sample buffers at all
         if out is None:
             rate = frame.sample_rate
             out = _MonoBuffer(rate, max_seconds, declared)
@@ -449,19 +469,19 @@ def _collect(
             raise AudioTooLong(f"the audio is longer than the {max_seconds:g} s limit")
         frame_key = (frame.format.name, frame.layout.nb_channels)
         if batch and (frame_key != key or batched >= BATCH_SAMPLES):
-            _write_mono(batch, key, out.take(batched))
+            _write_mono(batch, key, out.take(batched), channel)
             batch, batched = [], 0
         key = frame_key
         batch.append(frame)
         batched += n
     if batch:
-        _write_mono(batch, key, out.take(batched))
+        _write_mono(batch, key, out.take(batched), channel)
     if not rate or total < MIN_AUDIO_SECONDS * rate:
         got = f"{total / rate * 1000:.1f} ms" if rate else "nothing"
         raise EmptyAudio(
             f"no audio samples: decoding gave {got}, less than {MIN_AUDIO_SECONDS * 1000:g} ms"
         )
-    return DecodedAudio(samples=out.samples(), sample_rate=rate)
+    return DecodedAudio(samples=out.samples(), sample_rate=rate, channels=key[1])
 
 
 def _declared_seconds(
@@ -485,16 +505,16 @@ def _warn_if_truncated(decoded: DecodedAudio, declared: float | None) -> None:
         )
 
 
-def _decode_container(container: av.container.InputContainer, max_seconds: float) -> DecodedAudio:
+def _decode_container(container: av.container.InputContainer, max_seconds: float,
+                      channel: int | None = None) -> DecodedAudio:
     """Decode the best audio stream of an opened container (see :func:`decode_audio`)."""
     stream = _audio_stream(container)
-    declared = _declared_seconds(container, stream)
     frames = _at_first_rate(_frames(container, stream))
     try:
-        decoded = _collect(frames, max_seconds, declared)
+        decoded = _collect(frames, max_seconds, _declared_seconds(container, stream), channel)
     finally:
         frames.close()  # before the container closes, also when a cap stopped decoding
-    _warn_if_truncated(decoded, declared)
+    _warn_if_truncated(decoded, _declared_seconds(container, stream))
     return decoded
 
 
@@ -503,8 +523,10 @@ def decode_audio(
     *,
     max_seconds: float = DEFAULT_MAX_SECONDS,
     max_bytes: int | None = None,
+    channel: int | None = None,
 ) -> DecodedAudio:
-    """Decode the best audio track of ``source`` to mono float32 at its own sample rate.
+    """Decode the best audio track of ``source`` to mono float32 at its own sample rate
+    (the average of its channels, or only ``channel``, clamped to the last one, when given).
 
     ``source`` is a path, the file's bytes, or a binary file object (a seekable one is read from
     its start). Raises :class:`UploadTooLarge` (over ``max_bytes``, before decoding),
@@ -516,7 +538,7 @@ def decode_audio(
     with _open_source(source, max_bytes) as fileobj:
         container = _open_container(fileobj)
         try:
-            return _decode_container(container, max_seconds)
+            return _decode_container(container, max_seconds, channel)
         except av.error.FFmpegError as e:
             raise AudioDecodeError(f"the audio track cannot be decoded ({e.strerror})") from e
         finally:

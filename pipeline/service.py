@@ -350,9 +350,15 @@ class TranscriptionService:
         """Upload bytes -> 16 kHz wave on the device: [n] mono, or [channels, n] for split calls."""
         caps = {"max_seconds": self.settings.max_audio_seconds, "max_bytes": self.settings.max_upload_bytes}
         with self._decode_slots:
-            audio = decode_audio(data, keep_channels=True, **caps) if options.split_channels else \
-                decode_audio(data, **caps)
-            wave = self.resampler(audio)
+            if options.split_channels:  # [2, n]: one speaker per channel; a mono file stays [n]
+                left = decode_audio(data, channel=0, **caps)
+                wave = self.resampler(left)
+                if left.channels > 1:
+                    right = self.resampler(decode_audio(data, channel=1, **caps))
+                    n = min(wave.shape[-1], right.shape[-1])
+                    wave = torch.stack([wave[:n], right[:n]])
+            else:
+                wave = self.resampler(decode_audio(data, **caps))
             if wave.is_cuda:
                 torch.cuda.current_stream(wave.device).synchronize()  # ready before other threads read it
         return wave

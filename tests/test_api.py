@@ -196,3 +196,21 @@ def test_long_recording_segments_and_exports(live_server, long_call):
 
 def test_result_of_unfinished_or_unknown_job(live_server):
     assert httpx.get(f"{live_server.url}/api/jobs/{uuid.uuid4()}/result").status_code == 404
+
+
+def test_stereo_call_split_into_speakers(live_server, long_call, clip_factory):
+    """split_channels: each channel is a speaker, merged into one timeline in time order."""
+    r = submit(live_server, long_call, language="en", split_channels="true")
+    done = wait_done(live_server, r.json()["id"], timeout=120)
+    assert done["status"] == "done", done
+    segs = done["result"]["segments"]
+    speakers = [s["speaker"] for s in segs]
+    assert set(speakers) == {"left", "right"}
+    assert [s["start"] for s in segs] == sorted(s["start"] for s in segs)
+    first_right = next(s for s in segs if s["speaker"] == "right")
+    assert 9 < first_right["start"] < 13  # the right channel first speaks at 11 s
+    vtt = httpx.get(f"{live_server.url}/api/jobs/{done['id']}/result", params={"format": "vtt"}).text
+    assert "<v left>" in vtt and "<v right>" in vtt
+    mono = wait_done(live_server, submit(live_server, clip_factory("wav", 16000, 1),
+                                         split_channels="true").json()["id"])
+    assert {s["speaker"] for s in mono["result"]["segments"]} == {None}  # mono keeps one speaker

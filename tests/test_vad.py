@@ -133,11 +133,13 @@ def test_long_continuous_speech_is_cut_at_quiet_points(segmenter, phrases):
     # the speech is covered: nothing is lost between spans except silence
     covered = sum(s.end - s.start for s in spans)
     assert covered >= 0.95 * (len(x) - sum(b - a for a, b in gaps))
-    # every cut between touching spans lands inside one of the 0.1 s gaps (the quietest frames)
+    # every cut between touching spans lies in the middle of a pause: the 80 ms around it are
+    # at the noise floor (here the 0.1 s gaps between phrases win over pauses between words)
     cuts = [a.end for a, b in zip(spans, spans[1:]) if a.end == b.start]
     assert cuts, "expected the 70 s stretch to be cut, not separated by detected silence"
     for cut in cuts:
-        assert any(a <= cut <= b for a, b in gaps), cut / SR
+        around = x[cut - int(0.04 * SR) : cut + int(0.04 * SR)]
+        assert np.sqrt(np.mean(around**2)) < 2 * NOISE, cut / SR
 
 
 @pytest.mark.parametrize(
@@ -224,20 +226,24 @@ def test_concurrent_calls_match_serial(segmenter, phrases):
 
 
 def test_loading_keeps_torch_thread_count():
-    """``import silero_vad`` sets 1 thread process-wide; a fresh interpreter shows it is undone."""
+    """``import silero_vad`` sets 1 thread process-wide, and the scoring thread sets 1 for itself;
+    in a fresh interpreter neither the caller's count nor a new thread's default changes."""
     code = (
-        "import torch; torch.set_num_threads(3)\n"
+        "import threading, torch; torch.set_num_threads(3)\n"
         "from pipeline.vad import Segmenter\n"
         "import numpy as np\n"
         "Segmenter().split(np.zeros(16000, dtype=np.float32))\n"
-        "print(torch.get_num_threads())\n"
+        "seen = []\n"
+        "t = threading.Thread(target=lambda: seen.append(torch.get_num_threads()))\n"
+        "t.start(); t.join()\n"
+        "print(torch.get_num_threads(), seen[0])\n"
     )
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     out = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, env=env, timeout=120
     )
     assert out.returncode == 0, out.stderr
-    assert out.stdout.strip() == "3"
+    assert out.stdout.split() == ["3", "3"]
 
 
 # -- one hour ---------------------------------------------------------------------------------

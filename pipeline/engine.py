@@ -12,7 +12,6 @@ The weights are funasr's own modules (loaded by ``pipeline.model``), used read-o
 from __future__ import annotations
 
 import logging
-import math
 import threading
 import time
 from dataclasses import dataclass
@@ -21,7 +20,7 @@ from typing import Sequence
 import torch
 import torch.nn.functional as F
 
-from .features import LFR_N, BatchedFrontend, num_lfr_frames
+from .features import BatchedFrontend, num_lfr_frames
 from .types import TranscribeOptions
 
 logger = logging.getLogger("sensevoice.engine")
@@ -290,11 +289,3 @@ class SenseVoiceEngine:
             tokens = row[row >= 0].tolist()
             outs.append(EngineOutput(tuple(tokens), self.tokenizer.decode(tokens)))
         return outs
-
-
-def frames_for_seconds(seconds: float) -> int:
-    """Encoder frames (queries included) for a clip of ``seconds``."""
-    return num_lfr_frames(int(math.ceil(seconds * 16000))) + N_QUERIES
-
-
-__all__ = ["SenseVoiceEngine", "EncoderCore", "EngineOutput", "frames_for_seconds", "LFR_N"]

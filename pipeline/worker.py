@@ -50,7 +50,6 @@ class Worker(threading.Thread):
         self.delete_audio_when_done = delete_audio_when_done
         self.metrics = metrics or Metrics([])
         self.heartbeat = time.monotonic()
-        self.busy_items = 0
         self.batches = 0
         self.items_done = 0
         self.fatal: BaseException | None = None
@@ -86,8 +85,6 @@ class Worker(threading.Thread):
                 logger.exception("unexpected worker error")
                 for item in batch:  # never leave a job running forever
                     self._fail(item, "internal_error", f"the worker failed on this batch: {e}")
-            finally:
-                self.busy_items = 0
 
     # ------------------------------------------------------------------ one batch
     def _run_batch(self, batch: list[WorkItem]) -> None:
@@ -106,7 +103,6 @@ class Worker(threading.Thread):
             return
         for item in batch:
             self.metrics.observe_queue(t_start - item.enqueued_at)
-        self.busy_items = len(batch)
         waves = []
         for item in list(batch):
             try:

@@ -51,12 +51,16 @@ def page(server):
         browser.close()
 
 
-def _transcribe(page, server, clip, language="en"):
+def _upload_and_submit(page, server, clip):
     page.goto(server.url + "/", wait_until="load")
     page.wait_for_selector("#sv-submit", timeout=30_000)
     page.locator("input[type=file]").first.set_input_files(str(clip))
     page.wait_for_selector("audio, .waveform-container, [data-testid='waveform-Audio']", timeout=30_000)
     page.locator("#sv-submit").click()
+
+
+def _transcribe(page, server, clip):
+    _upload_and_submit(page, server, clip)
     page.wait_for_selector("#sv-result .sv-seg", timeout=60_000)
 
 
@@ -89,11 +93,7 @@ def test_html_in_transcript_renders_as_text(page, server, clip_factory):
 def test_long_recording_review_table_timeline_and_seek(page, server, long_call):
     """A long clip (> 30 s): VAD segments, the segment table and timeline appear; clicking a
     segment moves the player."""
-    page.goto(server.url + "/", wait_until="load")
-    page.wait_for_selector("#sv-submit", timeout=30_000)
-    page.locator("input[type=file]").first.set_input_files(str(long_call))
-    page.wait_for_selector("audio, [data-testid='waveform-Audio']", timeout=30_000)
-    page.locator("#sv-submit").click()
+    _upload_and_submit(page, server, long_call)
     page.wait_for_selector("#sv-review tr.sv-row", timeout=90_000)
     rows = page.locator("#sv-review tr.sv-row")
     assert rows.count() >= 2

@@ -260,7 +260,10 @@ def _rss_bytes() -> int:
 # at most 12 s of audio at a time for a cut. Allowing 64 MB (a quarter of one copy of the wave)
 # leaves room for torch's allocator and JIT warm-up, and fails if the wave is ever copied.
 RSS_GROWTH_LIMIT = 64 * 2**20  # bytes
-HOUR_TIME_LIMIT_S = 60.0  # s, about 5 s measured on 2 CPU cores
+# 4-15 s measured on this machine's 2 shared cores (one window per call instead of 64 lanes:
+# about 40 s). The limit is loose because the cores are shared: it catches gross regressions
+# (a Python loop per sample, a quadratic step), not a slow neighbour.
+HOUR_TIME_LIMIT_S = 120.0  # s
 
 
 @pytest.mark.skipif(not os.path.exists("/proc/self/statm"), reason="needs Linux /proc")

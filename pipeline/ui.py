@@ -34,6 +34,10 @@ REVIEW_JS = """(j) => {
 }"""
 
 
+DEMO_BANNER = ("**Demo model**: hand-set weights for trying the app offline. "
+               "Transcripts are not real speech recognition.")
+
+
 def head_html() -> str:
     """Our scripts inlined into the page head (no extra route, works under any mount path)."""
     return "".join(f"<script>{(STATIC / name).read_text(encoding='utf-8')}</script>"
@@ -93,9 +97,9 @@ def build_ui(service: TranscriptionService) -> gr.Blocks:
     with gr.Blocks(title="SenseVoice") as demo:
         gr.Markdown("## SenseVoice speech recognition\nUpload or record audio (or a video); "
                     "the transcript shows language, emotion and audio events.")
-        if service.is_demo:
-            gr.Markdown("**Demo model**: hand-set weights for trying the app offline. "
-                        "Transcripts are not real speech recognition.", elem_id="sv-demo-banner")
+        # the model may still be resolving when the UI is built: decide on each page load
+        banner = gr.Markdown(DEMO_BANNER, visible=False, elem_id="sv-demo-banner")
+        demo.load(lambda: gr.Markdown(visible=service.is_demo), None, banner)
         with gr.Row():
             with gr.Column():
                 audio = gr.Audio(sources=["upload", "microphone"], type="filepath", label="Audio",

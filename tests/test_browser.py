@@ -71,6 +71,7 @@ def test_upload_renders_chips_without_refresh(page, server, clip_factory):
     assert "NEUTRAL" in emo or "😐" in emo
     assert page.locator("#sv-result .sv-chip.sv-event").count() >= 1
     assert "speech" in page.locator("#sv-result .sv-text").first.inner_text()
+    assert "Demo model" in page.locator("#sv-demo-banner").inner_text()  # said plainly
     status = page.locator("#sv-status textarea, #sv-status input").first.input_value()
     assert status.startswith("done in")
     page.screenshot(path=str(server.settings.data_dir / "ui.png"), full_page=True)

@@ -154,9 +154,9 @@ def build_router(service: TranscriptionService) -> APIRouter:
     @router.post("/api/jobs", status_code=202, dependencies=auth)
     def create_job(file: UploadFile = File(...), language: str = Form("auto"),
                    use_itn: bool = Form(True), ban_emo_unk: bool = Form(False),
-                   split_channels: bool = Form(False)):
+                   split_channels: bool = Form(False), word_timestamps: bool = Form(False)):
         options = TranscribeOptions(language=language, use_itn=use_itn, ban_emo_unk=ban_emo_unk,
-                                    split_channels=split_channels)
+                                    split_channels=split_channels, word_timestamps=word_timestamps)
         data = file.file.read(service.settings.max_upload_bytes + 1)
         if len(data) > service.settings.max_upload_bytes:
             raise UploadTooLarge(f"upload larger than {service.settings.max_upload_bytes} bytes")

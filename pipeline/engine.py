@@ -17,11 +17,12 @@ import time
 from dataclasses import dataclass
 from typing import Sequence
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
 from .features import BatchedFrontend, num_lfr_frames
-from .types import TranscribeOptions
+from .types import TranscribeOptions, Word
 
 logger = logging.getLogger("sensevoice.engine")
 
@@ -41,6 +42,7 @@ DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.
 class EngineOutput:
     token_ids: tuple[int, ...]
     raw_text: str
+    words: tuple[Word, ...] = ()  # seconds from the clip's start; only when asked
 
 
 def _round_up(n: int, m: int) -> int:
@@ -274,18 +276,53 @@ class SenseVoiceEngine:
         feats, _, frames = self.features(waves)
         x, lengths, ban = self.encoder_inputs(feats, frames, options)
         ids = self.forward_ids(x, lengths, ban)
-        return self.decode(ids, lengths)
+        return self.decode(ids, lengths, [o.word_timestamps for o in options])
 
-    def decode(self, ids: torch.Tensor, lengths: torch.Tensor) -> list[EngineOutput]:
-        """Greedy CTC on the device (collapse repeats, drop blanks and padding), ids to host."""
+    def decode(self, ids: torch.Tensor, lengths: torch.Tensor,
+               word_times: Sequence[bool] = ()) -> list[EngineOutput]:
+        """Greedy CTC on the device (collapse repeats, drop blanks and padding), ids to host.
+        Items with ``word_times`` also get words timed by their CTC runs (funasr's 60 ms rule)."""
         t = ids.shape[1]
-        keep = torch.ones_like(ids, dtype=torch.bool)
-        keep[:, 1:] = ids[:, 1:] != ids[:, :-1]
-        keep &= ids != BLANK_ID
-        keep &= torch.arange(t, device=ids.device)[None, :] < lengths[:, None]
+        valid = torch.arange(t, device=ids.device)[None, :] < lengths[:, None]
+        starts = torch.ones_like(ids, dtype=torch.bool)  # a new run of one symbol starts here
+        starts[:, 1:] = ids[:, 1:] != ids[:, :-1]
+        keep = starts & (ids != BLANK_ID) & valid
         host = torch.where(keep, ids, -1).to(torch.int32).cpu().numpy()
+        runs = (starts & valid).cpu().numpy() if any(word_times) else None
+        lens = lengths.tolist()
         outs = []
-        for row in host:
-            tokens = row[row >= 0].tolist()
-            outs.append(EngineOutput(tuple(tokens), self.tokenizer.decode(tokens)))
+        for i, row in enumerate(host):
+            pos = np.flatnonzero(row >= 0)
+            tokens = row[pos].tolist()
+            words = ()
+            if runs is not None and i < len(word_times) and word_times[i]:
+                words = self._words(tokens, pos, np.flatnonzero(runs[i]), lens[i])
+            outs.append(EngineOutput(tuple(tokens), self.tokenizer.decode(tokens), words))
         return outs
+
+    def _piece(self, token_id: int) -> str:
+        """The SentencePiece piece of an id ('\u2581' marks a word start)."""
+        if getattr(self.tokenizer, "sp", None) is None:
+            self.tokenizer.decode([token_id])  # funasr builds its processor lazily
+        return self.tokenizer.sp.id_to_piece(int(token_id))
+
+    def _words(self, tokens: list[int], pos: np.ndarray, run_starts: np.ndarray, n: int):
+        """Pieces -> words with times: a token spans its CTC run; times as funasr's
+        output_timestamp (frame k of the speech -> k * 60 ms - 30 ms, clipped)."""
+        run_ends = np.append(run_starts[1:], n)
+        end_of = dict(zip(run_starts.tolist(), run_ends.tolist()))
+        limit = (n - N_QUERIES) * FRAME_SECONDS - 0.03
+        words: list[list] = []
+        for tok, p in zip(tokens, pos.tolist()):
+            piece = self._piece(tok)
+            if p < N_QUERIES or piece.startswith("<|") or piece == "\u2581":
+                continue  # the prompt's tags, and bare word separators
+            start = max((p - N_QUERIES) * FRAME_SECONDS - 0.03, 0.0)
+            end = min((end_of[p] - N_QUERIES) * FRAME_SECONDS - 0.03, limit)
+            ascii_alpha = piece.isascii() and piece.isalpha()
+            if words and not piece.startswith("\u2581") and ascii_alpha and words[-1][3]:
+                words[-1][0] += piece  # a word continued by a sub-word piece
+                words[-1][2] = end
+            else:
+                words.append([piece.lstrip("\u2581"), start, end, ascii_alpha])
+        return tuple(Word(w[0], round(w[1], 3), round(w[2], 3)) for w in words if w[0])

@@ -2,11 +2,12 @@
 
 ``export(transcript, fmt, options, job_meta) -> (body, media_type)``; the body is UTF-8 bytes.
 
-* **txt**: one line per segment with text, in transcript order:
+* **txt**: one line per segment, in transcript order:
   ``[00:01:02.500 - 00:01:05.000] agent: [en] [HAPPY] text`` when the segment has times, else
-  ``agent: [en] [HAPPY] text``.
-* **json**: the whole typed result, ``dataclasses.asdict(transcript)`` plus ``"job": job_meta``
-  (``null`` when not given); ``Transcript.from_dict`` reads it back. ``options`` do not apply.
+  ``agent: [en] [HAPPY] text`` (an untimed segment with nothing to show gives no line).
+* **json**: ``job_meta``'s keys (id, audio_seconds, ...) and ``"result"``: the whole typed result,
+  ``dataclasses.asdict(transcript)``, the same shape as a job in the REST API;
+  ``Transcript.from_dict(doc["result"])`` reads it back. ``options`` do not apply.
 * **srt**: numbered cues, ``HH:MM:SS,mmm --> HH:MM:SS,mmm``, then the cue text.
 * **vtt**: ``WEBVTT`` header, ``HH:MM:SS.mmm --> HH:MM:SS.mmm`` cues; the speaker as a voice span
   ``<v agent>text</v>``.
@@ -46,12 +47,13 @@ FORMATS = ("txt", "json", "srt", "vtt")
 MEDIA_TYPES = {
     "txt": "text/plain; charset=utf-8",
     "json": "application/json",
-    "srt": "application/x-subrip",
-    "vtt": "text/vtt",
+    "srt": "application/x-subrip; charset=utf-8",
+    "vtt": "text/vtt; charset=utf-8",
 }
 CHARS_PER_SECOND = 15.0  # reading speed used to size cues of untimed segments
 MIN_UNTIMED_CUE_S = 1.0  # s, shortest estimated cue
-_LINE_BREAKS = re.compile(r"[\x00-\x1f\x7f\x85\u2028\u2029]+")  # C0 controls (\t \n \r ...), NEL, LS, PS
+# C0 controls (\t \n \r ...), DEL, NEL, line and paragraph separators: each run becomes a space
+_LINE_BREAKS = re.compile(r"[\x00-\x1f\x7f\x85\u2028\u2029]+")
 _SPACES = re.compile(r" {2,}")
 
 
@@ -62,7 +64,7 @@ class ExportOptions:
     tags: bool = True  # prefix each cue/line with its tags, e.g. "[en] [HAPPY] [Laughter] "
     speaker: bool = True  # show the segment's speaker ("agent: ", or <v agent> in vtt)
     tag_format: str = "[{}]"  # how one tag is written; "{}" is the tag name
-    hidden_tags: tuple[str, ...] = ("Speech", "NEUTRAL", "EMO_UNKNOWN")  # never shown
+    hidden_tags: tuple[str, ...] = ()  # tag names never shown, e.g. ("Speech", "EMO_UNKNOWN")
 
 
 @dataclass(frozen=True)
@@ -157,15 +159,14 @@ def _txt(segments: Sequence[Segment], options: ExportOptions) -> str:
     lines = []
     for seg in segments:
         text = clean_line(tag_prefix(seg, options) + seg.text)
-        if not text:
-            continue
         speaker = _speaker(seg, options)
-        line = f"{speaker}: {text}" if speaker else text
+        line = f"{speaker}: {text}".strip() if speaker else text
         times = _times(seg)
         if times is not None:
             a, b = _ms(times[0]), _ms(times[1])
-            line = f"[{_clock(a, '.')} - {_clock(max(a, b), '.')}] {line}"
-        lines.append(line)
+            line = f"[{_clock(a, '.')} - {_clock(max(a, b), '.')}] {line}".strip()
+        if line:
+            lines.append(line)
     return "".join(line + "\n" for line in lines)
 
 
@@ -180,16 +181,14 @@ def _json_default(value: object) -> object:
 
 
 def _json(transcript: Transcript, job_meta: dict | None) -> str:
-    doc = {**dataclasses.asdict(transcript), "job": job_meta}
+    doc = {**(job_meta or {}), "result": dataclasses.asdict(transcript)}
     return json.dumps(doc, ensure_ascii=False, indent=2, default=_json_default) + "\n"
 
 
 def _audio_seconds(job_meta: dict | None) -> float | None:
     value = (job_meta or {}).get("audio_seconds")
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
-        if math.isfinite(value) and value > 0:
-            return float(value)
-    return None
+    usable = isinstance(value, (int, float)) and not isinstance(value, bool)
+    return float(value) if usable and math.isfinite(value) and value > 0 else None
 
 
 # -- cues -------------------------------------------------------------------------------------

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Iterable, Iterator
 
 from .errors import JobGone, JobNotFound
-from .types import Job, JobError, JobState, Lane, TranscribeOptions, Transcript
+from .types import Job, JobError, JobState, Lane, TranscribeOptions, Transcript, Word
 
 logger = logging.getLogger("sensevoice.jobs")
 
@@ -51,6 +51,7 @@ CREATE TABLE IF NOT EXISTS segments (
     end_s REAL NOT NULL,
     speaker TEXT,
     raw_text TEXT NOT NULL,
+    words TEXT NOT NULL DEFAULT '[]',
     PRIMARY KEY (job_id, idx)
 );
 """
@@ -66,6 +67,7 @@ class SegmentResult:
     end_s: float
     speaker: str | None
     raw_text: str
+    words: tuple[Word, ...] = ()  # absolute times in the recording
 
 
 class JobStore:
@@ -145,15 +147,18 @@ class JobStore:
         """Store piece results of long jobs (one transaction); re-running a piece overwrites it."""
         with self._transaction() as conn:
             conn.executemany(
-                "INSERT OR REPLACE INTO segments (job_id, idx, start_s, end_s, speaker, raw_text)"
-                " VALUES (?, ?, ?, ?, ?, ?)",
-                [(r.job_id, r.idx, r.start_s, r.end_s, r.speaker, r.raw_text) for r in results])
+                "INSERT OR REPLACE INTO segments (job_id, idx, start_s, end_s, speaker, raw_text, words)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?)",
+                [(r.job_id, r.idx, r.start_s, r.end_s, r.speaker, r.raw_text,
+                  json.dumps([[w.text, w.start, w.end] for w in r.words], ensure_ascii=False))
+                 for r in results])
 
     def segments(self, job_id: str) -> list[SegmentResult]:
         rows = self._conn().execute(
             "SELECT * FROM segments WHERE job_id=? ORDER BY start_s, idx", (job_id,)).fetchall()
         return [SegmentResult(r["job_id"], r["idx"], r["start_s"], r["end_s"], r["speaker"],
-                              r["raw_text"]) for r in rows]
+                              r["raw_text"], tuple(Word(*w) for w in json.loads(r["words"])))
+                for r in rows]
 
     def segment_count(self, job_id: str) -> int:
         return self._conn().execute("SELECT COUNT(*) FROM segments WHERE job_id=?",
@@ -272,7 +277,7 @@ class JobStore:
 
 def _dump_options(o: TranscribeOptions) -> str:
     return json.dumps({"language": o.language, "use_itn": o.use_itn, "ban_emo_unk": o.ban_emo_unk,
-                       "split_channels": o.split_channels})
+                       "split_channels": o.split_channels, "word_timestamps": o.word_timestamps})
 
 
 def _row_to_job(r: sqlite3.Row) -> Job:

@@ -32,6 +32,7 @@ class TranscribeOptions:
     use_itn: bool = True  # inverse text normalisation (punctuation, digits)
     ban_emo_unk: bool = False  # never emit <|EMO_UNKNOWN|>
     split_channels: bool = False  # stereo call: transcribe each channel as its own speaker
+    word_timestamps: bool = False  # per-word times from the CTC alignment (60 ms frames)
 
     def __post_init__(self) -> None:
         from .errors import InvalidOption
@@ -40,6 +41,15 @@ class TranscribeOptions:
             raise InvalidOption(
                 f"unknown language {self.language!r}; choose one of {', '.join(LANGUAGES)}"
             )
+
+
+@dataclass(frozen=True)
+class Word:
+    """A word (merged SentencePiece pieces) with its CTC-aligned time span."""
+
+    text: str
+    start: float  # seconds
+    end: float  # seconds
 
 
 @dataclass(frozen=True)
@@ -54,6 +64,7 @@ class Segment:
     start: float | None = None  # seconds
     end: float | None = None  # seconds
     speaker: str | None = None  # e.g. "left"/"right" channel of a stereo call; None when mono
+    words: tuple[Word, ...] = ()  # when word timestamps were asked for
 
 
 @dataclass(frozen=True)
@@ -68,7 +79,9 @@ class Transcript:
     @classmethod
     def from_dict(cls, d: dict) -> "Transcript":
         segs = tuple(
-            Segment(**{**s, "events": tuple(s.get("events", ()))}) for s in d.get("segments", ())
+            Segment(**{**s, "events": tuple(s.get("events", ())),
+                       "words": tuple(Word(**w) for w in s.get("words", ()))})
+            for s in d.get("segments", ())
         )
         return cls(text=d["text"], raw_text=d["raw_text"], segments=segs)
 

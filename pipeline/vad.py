@@ -6,20 +6,24 @@ into spans before recognition. Three steps:
 1. **Speech probabilities**, one per 512-sample window (32 ms), from the silero-vad model that
    ships inside the ``silero-vad`` pip package (no download). The audio is cut into up to
    :data:`MAX_LANES` contiguous *lanes* run side by side as one batch, each with its own LSTM
-   state, so one model call scores up to 64 windows (about 8x faster than one window per call:
-   2 ms per call of 64 windows against 0.25 ms per call of one, on 2 cores). Each lane first replays :data:`LANE_WARMUP_MS` of the audio before its own part and
-   discards those scores. Silero's LSTM remembers for tens of seconds, so scores near a lane start
-   differ a little from a single pass over the whole file (the same happens to anyone who runs
-   silero on a file in pieces); measured here on 6 minutes of speech, span boundaries moved by
-   at most 0.1 s (3 windows) and the span count did not change.
+   state, so one model call scores up to 64 windows: about 8x faster than one window per call
+   (2 ms per call of 64 windows against 0.25 ms per call of one, on 2 cores). Each lane first
+   replays :data:`LANE_WARMUP_MS` of the audio before its own part and discards those scores.
+   Silero's LSTM remembers for tens of seconds, so scores near a lane start differ a little from
+   a single pass over the whole file (as for anyone who runs silero on a file in pieces);
+   measured on 6 minutes of speech, span edges moved by at most 0.1 s (3 windows) and the span
+   count did not change. With one lane (audio under a minute) the scores equal silero's own
+   ``get_speech_timestamps`` loop exactly.
+
    Memory stays bounded: the wave is read through strided views, never copied; per call only
    ``lanes x 576`` samples are gathered; one float32 score per window is kept (450 KB per hour).
+
    Scoring runs on one thread owned by the :class:`Segmenter` with one torch intra-op thread:
    the model's ops are too small to gain from more (2 ms per 64-lane step either way on 2 cores),
    and with 2 threads on a busy CPU (another process, the service's other work) OpenMP's barriers
-   made steps up to 75x slower here (150 ms) while one thread stayed at 2 ms.
-   Under OpenMP, ``torch.set_num_threads`` sets the calling thread's count and the default for
-   threads created later, so the caller's count and that default are restored right after.
+   made steps up to 75x slower here (150 ms) while one thread stayed at 2 ms. Under OpenMP,
+   ``torch.set_num_threads`` sets the calling thread's count and the default for threads created
+   later, so the caller's count and that default are restored right after the thread starts.
 2. **Speech regions** from the scores with silero's own hysteresis
    (``get_speech_timestamps_from_probs``: ``threshold``, ``min_silence_ms``, ``speech_pad_ms``,
    regions shorter than :data:`MIN_SPEECH_MS` dropped).
@@ -97,7 +101,8 @@ def _torch_threads_kept():
     try:
         yield
     finally:
-        torch.set_num_threads(before)  # unconditionally: another thread may have changed the default
+        # unconditionally: another thread may have changed the default for new threads
+        torch.set_num_threads(before)
 
 
 def _load_net() -> Any:
@@ -153,19 +158,19 @@ def _as_wave(wave: torch.Tensor | np.ndarray) -> torch.Tensor:
 class _Windows:
     """Windows of a wave with silero's 64-sample context, gathered by index without copying it.
 
-    Row ``i`` is ``wave[512 i - 64 : 512 i + 512]``, zero-filled outside the wave. Interior rows come
-    from one strided view; window 0 and the last one or two are built one by one.
+    Row ``i`` is ``wave[512 i - 64 : 512 i + 512]``, zero-filled outside the wave. Interior rows
+    come from one strided view; window 0 and the last one or two are built one by one.
     """
 
     def __init__(self, wave: torch.Tensor):
         self.wave = wave
         self.n = wave.numel()
         size = CONTEXT + WINDOW
-        # view row r = window r + 1: starts at 512 (r + 1) - 64
+        first = WINDOW - CONTEXT  # view row r is window r + 1, from sample 512 (r + 1) - 64
         # last row r needs 512 r + 1024 <= n
         self.count = (self.n - 2 * WINDOW) // WINDOW + 1 if self.n >= 2 * WINDOW else 0
         self.view = (
-            wave.as_strided((self.count, size), (WINDOW, 1), wave.storage_offset() + WINDOW - CONTEXT)
+            wave.as_strided((self.count, size), (WINDOW, 1), wave.storage_offset() + first)
             if self.count
             else None
         )
@@ -235,7 +240,7 @@ class Segmenter:
 
     # -- lifecycle ------------------------------------------------------------------------------
 
-    def load(self) -> "Segmenter":
+    def load(self) -> Segmenter:
         """Load silero now (e.g. at service start) instead of on the first :meth:`split`."""
         self._scorer()
         return self
@@ -289,7 +294,7 @@ class Segmenter:
         t1 = time.perf_counter()
         samples = x.numpy()
         regions = self._regions(probs, len(samples))
-        max_len = int(round(self.max_segment_s * SAMPLE_RATE))
+        max_len = round(self.max_segment_s * SAMPLE_RATE)
         pieces = [p for r in regions for p in _split_long(samples, r, max_len)]
         spans = _merge(pieces, max_len, self.merge_gap_ms * SAMPLE_RATE // 1000)
         report(1.0)
@@ -334,9 +339,7 @@ def _init_scoring_thread() -> None:
     torch.set_num_threads(SCORING_THREADS)
 
 
-def _score(
-    net: Any, x: torch.Tensor, on_progress: Callable[[float], None] | None
-) -> np.ndarray:
+def _score(net: Any, x: torch.Tensor, on_progress: Callable[[float], None] | None) -> np.ndarray:
     """Speech probability per window, lanes batched (see the module docstring). Scoring thread."""
     nw = math.ceil(x.numel() / WINDOW)
     probs = np.zeros(nw, dtype=np.float32)

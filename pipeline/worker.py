@@ -186,17 +186,19 @@ class Worker(threading.Thread):
 
 def _piece(item: WorkItem, wave: torch.Tensor, out) -> SegmentResult:
     start = item.start_s
+    words = tuple(replace(w, start=round(w.start + start, 3), end=round(w.end + start, 3))
+                  for w in out.words)
     return SegmentResult(item.job_id, item.piece, start, start + wave.shape[0] / SAMPLE_RATE,
-                         item.speaker, out.raw_text)
+                         item.speaker, out.raw_text, words)
 
 
 def transcript_from_pieces(pieces: Sequence[SegmentResult]) -> Transcript:
     """One typed transcript from the raw outputs of a job's pieces, in time order."""
     segments = []
     for p in sorted(pieces, key=lambda p: (p.start_s, p.idx)):
-        for seg in parse_rich_text(p.raw_text):
+        for k, seg in enumerate(parse_rich_text(p.raw_text)):
             segments.append(replace(seg, start=round(p.start_s, 3), end=round(p.end_s, 3),
-                                    speaker=p.speaker))
+                                    speaker=p.speaker, words=p.words if k == 0 else ()))
     raw = "".join(p.raw_text for p in sorted(pieces, key=lambda p: (p.start_s, p.idx)))
     text = " ".join(s.text for s in segments if s.text)
     return Transcript(text=text, raw_text=raw, segments=tuple(segments))

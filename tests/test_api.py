@@ -214,3 +214,12 @@ def test_stereo_call_split_into_speakers(live_server, long_call, clip_factory):
     mono = wait_done(live_server, submit(live_server, clip_factory("wav", 16000, 1),
                                          split_channels="true").json()["id"])
     assert {s["speaker"] for s in mono["result"]["segments"]} == {None}  # mono keeps one speaker
+
+
+def test_word_timestamps_in_long_recording(live_server, long_call):
+    r = submit(live_server, long_call, language="en", word_timestamps="true")
+    done = wait_done(live_server, r.json()["id"], timeout=120)
+    segs = [s for s in done["result"]["segments"] if s["text"]]
+    assert segs and all(s["words"] for s in segs)
+    for s in segs:  # absolute times inside their segment
+        assert all(s["start"] - 0.05 <= w["start"] < w["end"] <= s["end"] + 0.05 for w in s["words"])

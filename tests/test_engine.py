@@ -133,3 +133,17 @@ def test_cuda_graphs_and_fp16_match_fp32(tiny_am, clips):
     b = e16.transcribe(waves, OPTS[:4])
     agree = [_agreement(list(x.token_ids), list(y.token_ids)) for x, y in zip(a, b)]
     assert min(agree) >= 0.95, agree
+
+
+def test_word_timestamps_follow_the_ctc_runs(demo_engine, clips):
+    """Asked-for word times: one per emitted word, ordered, non-overlapping, inside the clip;
+    not computed when not asked."""
+    wave = clips[0]
+    asked = demo_engine.transcribe([torch.from_numpy(wave)],
+                                   [TranscribeOptions("en", True, word_timestamps=True)])[0]
+    plain = demo_engine.transcribe([torch.from_numpy(wave)], [TranscribeOptions("en", True)])[0]
+    assert plain.words == () and asked.token_ids == plain.token_ids
+    words = asked.words
+    assert [w.text for w in words] == asked.raw_text.split(">")[-1].split()
+    assert all(0 <= w.start < w.end <= len(wave) / 16000 for w in words)
+    assert all(a.end <= b.start for a, b in zip(words, words[1:]))

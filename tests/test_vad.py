@@ -1,7 +1,9 @@
-"""pipeline.vad on synthetic long audio: espeak-ng phrases, silences and sine chords at known places."""
+"""pipeline.vad on synthetic long audio: espeak-ng phrases, silences and sine chords, placed at
+known times."""
 
 from __future__ import annotations
 
+import itertools
 import os
 import subprocess
 import sys
@@ -135,7 +137,7 @@ def test_long_continuous_speech_is_cut_at_quiet_points(segmenter, phrases):
     assert covered >= 0.95 * (len(x) - sum(b - a for a, b in gaps))
     # every cut between touching spans lies in the middle of a pause: the 80 ms around it are
     # at the noise floor (here the 0.1 s gaps between phrases win over pauses between words)
-    cuts = [a.end for a, b in zip(spans, spans[1:]) if a.end == b.start]
+    cuts = [a.end for a, b in itertools.pairwise(spans) if a.end == b.start]
     assert cuts, "expected the 70 s stretch to be cut, not separated by detected silence"
     for cut in cuts:
         around = x[cut - int(0.04 * SR) : cut + int(0.04 * SR)]
@@ -174,13 +176,52 @@ def test_short_audio_and_input_types(segmenter, phrases):
     assert spans[0].start_s == spans[0].start / SR and spans[0].end_s == spans[0].end / SR
 
 
+def test_scores_match_silero_reference(segmenter, phrases):
+    """One lane (under a minute) gives exactly silero's own window-by-window scores."""
+    from silero_vad import load_silero_vad
+
+    x, _ = assemble([("gap", silence(0.7)), ("speech", phrases[1]), ("gap", silence(1.3))])
+    x = x[: len(x) - 100]  # a partial last window
+    kept = torch.get_num_threads()
+    reference = load_silero_vad()
+    torch.set_num_threads(kept)
+    t = torch.from_numpy(x)
+    with torch.inference_mode():
+        expected = [
+            reference(torch.nn.functional.pad(t[i : i + 512], (0, max(0, i + 512 - len(t)))), SR)
+            .item()
+            for i in range(0, len(t), 512)
+        ]  # fmt: skip
+    assert np.array_equal(segmenter.speech_probs(x), np.array(expected, dtype=np.float32))
+
+
+def test_lanes_agree_with_one_pass(segmenter, phrases, monkeypatch):
+    """Batched lanes (here 8 of 30 s) find the same spans as one pass, edges within 0.1 s."""
+    import pipeline.vad as vad
+
+    rng = np.random.default_rng(5)
+    parts = [
+        part
+        for i in range(40)
+        for part in (("speech", phrases[i % 4]), ("gap", silence(rng.uniform(0.2, 2.5))))
+    ]
+    x, _ = assemble(parts)
+    assert len(x) > 8 * vad.MIN_LANE_S * SR
+    batched = segmenter.split(x)
+    monkeypatch.setattr(vad, "MAX_LANES", 1)
+    one_pass = segmenter.split(x)
+    assert len(batched) == len(one_pass)
+    for a, b in zip(batched, one_pass, strict=True):
+        assert abs(a.start - b.start) <= 0.1 * SR and abs(a.end - b.end) <= 0.1 * SR
+
+
 def test_progress_increases_and_ends_at_one(segmenter, phrases):
     x, _ = assemble([("speech", p) for p in phrases * 10] + [("gap", silence(5.0))])
     calls: list[float] = []
     segmenter.split(x, on_progress=calls.append)
     assert len(calls) >= 10
     assert all(0.0 <= f <= 1.0 for f in calls)
-    assert all(a < b for a, b in zip(calls, calls[1:]))
+    assert all(a < b for a, b in itertools.pairwise(calls))
     assert calls[-1] == 1.0
 
 
@@ -240,8 +281,9 @@ def test_loading_keeps_torch_thread_count():
     )
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     out = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, env=env, timeout=120
-    )
+        [sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, env=env,
+        timeout=120, check=False,
+    )  # fmt: skip
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == ["3", "3"]
 
@@ -295,7 +337,8 @@ def test_one_hour_bounded_memory_and_time(segmenter, phrases):
         sampler.join()
     peak = max(peak, _rss_bytes())
     growth = peak - baseline
-    print(f"\n1 h VAD: {elapsed:.1f} s, {len(spans)} spans, peak RSS growth {growth / 2**20:.1f} MB")
+    mb = growth / 2**20
+    print(f"\n1 h VAD: {elapsed:.1f} s, {len(spans)} spans, peak RSS growth {mb:.1f} MB")
 
     check_spans(spans, len(hour))
     # every phrase of every whole tile is found (phrases 2 s apart merge only across tiles: never)

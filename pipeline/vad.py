@@ -335,7 +335,13 @@ class Segmenter:
 
 
 def _init_scoring_thread() -> None:
-    """One intra-op thread for this thread (see the module docstring)."""
+    """One intra-op thread for this thread (see the module docstring).
+
+    torch sets a thread's count lazily, from the process-wide default, the first time the thread
+    asks for it or runs a parallel op; a count set before that is overwritten then. So the lazy
+    step is forced first (``get_num_threads``), and the count set after it sticks.
+    """
+    torch.get_num_threads()
     torch.set_num_threads(SCORING_THREADS)
 
 

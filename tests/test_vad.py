@@ -176,6 +176,7 @@ def test_short_audio_and_input_types(segmenter, phrases):
     assert spans[0].start_s == spans[0].start / SR and spans[0].end_s == spans[0].end / SR
 
 
+@pytest.mark.filterwarnings("ignore::DeprecationWarning", "ignore::FutureWarning")
 def test_scores_match_silero_reference(segmenter, phrases):
     """One lane (under a minute) gives exactly silero's own window-by-window scores."""
     from silero_vad import load_silero_vad
@@ -183,30 +184,33 @@ def test_scores_match_silero_reference(segmenter, phrases):
     x, _ = assemble([("gap", silence(0.7)), ("speech", phrases[1]), ("gap", silence(1.3))])
     x = x[: len(x) - 100]  # a partial last window
     kept = torch.get_num_threads()
-    reference = load_silero_vad()
-    torch.set_num_threads(kept)
-    t = torch.from_numpy(x)
-    with torch.inference_mode():
-        expected = [
-            reference(torch.nn.functional.pad(t[i : i + 512], (0, max(0, i + 512 - len(t)))), SR)
-            .item()
-            for i in range(0, len(t), 512)
-        ]  # fmt: skip
+    try:
+        torch.set_num_threads(1)  # tiny ops: 2 threads on 2 busy cores are far slower
+        reference = load_silero_vad()
+        t = torch.from_numpy(x)
+        with torch.inference_mode():
+            expected = [
+                reference(torch.nn.functional.pad(t[i : i + 512], (0, max(0, i + 512 - len(t)))),
+                          SR).item()
+                for i in range(0, len(t), 512)
+            ]  # fmt: skip
+    finally:
+        torch.set_num_threads(kept)
     assert np.array_equal(segmenter.speech_probs(x), np.array(expected, dtype=np.float32))
 
 
 def test_lanes_agree_with_one_pass(segmenter, phrases, monkeypatch):
-    """Batched lanes (here 8 of 30 s) find the same spans as one pass, edges within 0.1 s."""
-    import pipeline.vad as vad
+    """Batched lanes (here 6 or more) find the same spans as one pass, edges within 0.1 s."""
+    from pipeline import vad
 
     rng = np.random.default_rng(5)
     parts = [
         part
-        for i in range(40)
+        for i in range(70)
         for part in (("speech", phrases[i % 4]), ("gap", silence(rng.uniform(0.2, 2.5))))
     ]
     x, _ = assemble(parts)
-    assert len(x) > 8 * vad.MIN_LANE_S * SR
+    assert len(x) > 6 * vad.MIN_LANE_S * SR
     batched = segmenter.split(x)
     monkeypatch.setattr(vad, "MAX_LANES", 1)
     one_pass = segmenter.split(x)
@@ -268,16 +272,19 @@ def test_concurrent_calls_match_serial(segmenter, phrases):
 
 def test_loading_keeps_torch_thread_count():
     """``import silero_vad`` sets 1 thread process-wide, and the scoring thread sets 1 for itself;
-    in a fresh interpreter neither the caller's count nor a new thread's default changes."""
+    in a fresh interpreter neither the caller's count nor a new thread's default changes, and the
+    scoring thread keeps its 1 (torch would otherwise reset it lazily to the default)."""
     code = (
         "import threading, torch; torch.set_num_threads(3)\n"
         "from pipeline.vad import Segmenter\n"
         "import numpy as np\n"
-        "Segmenter().split(np.zeros(16000, dtype=np.float32))\n"
+        "seg = Segmenter()\n"
+        "seg.split(np.zeros(16000, dtype=np.float32))\n"
         "seen = []\n"
         "t = threading.Thread(target=lambda: seen.append(torch.get_num_threads()))\n"
         "t.start(); t.join()\n"
-        "print(torch.get_num_threads(), seen[0])\n"
+        "scorer = seg._scorer().submit(torch.get_num_threads).result()\n"
+        "print(torch.get_num_threads(), seen[0], scorer)\n"
     )
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     out = subprocess.run(
@@ -285,7 +292,7 @@ def test_loading_keeps_torch_thread_count():
         timeout=120, check=False,
     )  # fmt: skip
     assert out.returncode == 0, out.stderr
-    assert out.stdout.split() == ["3", "3"]
+    assert out.stdout.split() == ["3", "3", "1"]  # caller, a new thread, the scoring thread
 
 
 # -- one hour ---------------------------------------------------------------------------------

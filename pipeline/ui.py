@@ -94,7 +94,10 @@ def build_ui(service: TranscriptionService) -> gr.Blocks:
         review = json.dumps(job_json(job), ensure_ascii=False) if job.result else ""
         return f"{status_line(job)} — job {job.id}", raw, review, gr.Timer(active=not finished)
 
-    with gr.Blocks(title="SenseVoice") as demo:
+    # Gradio's upload cache holds the page's copy of each recording (the player's fallback): it is
+    # swept like the job's own audio, so it never outlives the job's retention
+    retention_s = max(int(settings.retention_hours * 3600), 60)
+    with gr.Blocks(title="SenseVoice", delete_cache=(min(retention_s, 3600), retention_s)) as demo:
         gr.Markdown("## SenseVoice speech recognition\nUpload or record audio (or a video); "
                     "the transcript shows language, emotion and audio events.")
         # the model may still be resolving when the UI is built: decide on each page load

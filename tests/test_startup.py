@@ -1,0 +1,27 @@
+"""Start-up without a model hub fails fast, with a message that says what to do."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+
+from tests.conftest import ROOT, free_port
+
+
+def test_unreachable_hub_fails_fast_with_a_clear_message(tmp_path):
+    t = time.monotonic()
+    r = subprocess.run([sys.executable, str(ROOT / "app_sensevoice.py"), "--model", "iic/SenseVoiceSmall",
+                        "--port", str(free_port()), "--data-dir", str(tmp_path)],
+                       capture_output=True, text=True, timeout=60,
+                       env={"MODELSCOPE_CACHE": str(tmp_path / "empty-cache"), "PATH": "/usr/bin:/bin",
+                            "HOME": str(tmp_path), "GRADIO_ANALYTICS_ENABLED": "False"})
+    assert r.returncode == 2
+    assert time.monotonic() - t < 20  # modelscope alone retries for ~22 s
+    assert "cannot reach the model hub" in r.stderr and "--demo" in r.stderr and "--model DIR" in r.stderr
+
+
+def test_not_a_model_directory(tmp_path):
+    r = subprocess.run([sys.executable, str(ROOT / "app_sensevoice.py"), "--model", str(tmp_path)],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and "not a SenseVoiceSmall model directory" in r.stderr

@@ -44,6 +44,9 @@ class Settings(BaseSettings):
         Path.home() / ".cache" / "sensevoice-app",
         description="Where the demo model is built and cached.",
     )
+    cpu_threads: int = Field(
+        1, description="torch threads for inference on a CPU device (more spin and starve the web "
+        "server on small machines).")
     decode_concurrency: int = Field(
         0, description="Uploads decoded at once (0 = one per CPU core); more wait, so that polls and "
         "the event loop are not starved by CPU-bound decoding threads.")

@@ -125,6 +125,7 @@ class TranscriptionService:
                                            on_progress=self._piece_progress,
                                            queue_timeout_s=self.settings.queue_timeout_s,
                                            metrics=self.metrics,
+                                           cpu_threads=self.settings.cpu_threads,
                                            delete_audio_when_done=self.settings.delete_audio_when_done))
             self._recover()
             self.metrics.start()

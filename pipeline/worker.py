@@ -36,7 +36,7 @@ class Worker(threading.Thread):
                  on_progress: Callable[[str, int, int], None] = lambda job_id, done, total: None,
                  on_fatal: Callable[[BaseException], None] = lambda e: None,
                  queue_timeout_s: float = float("inf"), delete_audio_when_done: bool = False,
-                 metrics: Metrics | None = None):
+                 metrics: Metrics | None = None, cpu_threads: int = 0):
         super().__init__(name=name, daemon=True)
         self.engine = engine
         self.scheduler = scheduler
@@ -49,6 +49,7 @@ class Worker(threading.Thread):
         self.queue_timeout_s = queue_timeout_s
         self.delete_audio_when_done = delete_audio_when_done
         self.metrics = metrics or Metrics([])
+        self.cpu_threads = cpu_threads
         self.heartbeat = time.monotonic()
         self.batches = 0
         self.items_done = 0
@@ -62,6 +63,9 @@ class Worker(threading.Thread):
         try:
             if self.engine.device.type == "cuda":
                 torch.cuda.set_device(self.engine.device)
+            elif self.cpu_threads:
+                torch.get_num_threads()  # a thread's count is set lazily on first use: touch it first
+                torch.set_num_threads(self.cpu_threads)
             self._loop()
         except BaseException as e:  # the thread must never die silently: readiness reports it
             logger.critical("worker %s died: %s", self.name, e, exc_info=True)

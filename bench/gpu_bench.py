@@ -154,7 +154,6 @@ class Bench:
 
     # ------------------------------------------------------------------ fidelity
     def fidelity(self):
-        from funasr.frontends.wav_frontend import WavFrontend  # noqa: F401
 
         from pipeline.engine import N_QUERIES
         from pipeline.types import TranscribeOptions as O

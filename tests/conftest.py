@@ -63,6 +63,24 @@ def demo_am(demo_dir):
     return load_automodel(demo_dir, "cpu")
 
 
+CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking",
+                 "--disable-component-update", "--disable-sync", "--no-first-run", "--disable-quic"]
+
+
+@pytest.fixture(scope="module")
+def browser():
+    """Headless Debian chromium driven by Playwright (never a downloaded browser)."""
+    import shutil
+
+    from playwright.sync_api import sync_playwright
+
+    path = shutil.which("chromium") or "/usr/bin/chromium"
+    with sync_playwright() as p:
+        b = p.chromium.launch(executable_path=path, args=CHROMIUM_ARGS)
+        yield b
+        b.close()
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -9,9 +9,6 @@ import pytest
 
 from tests.conftest import LiveServer, make_settings
 
-CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
-ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking",
-        "--disable-component-update", "--disable-sync", "--no-first-run", "--disable-quic"]
 XSS = " <img src=x onerror=window.__xss=1><script>window.__xss=2</script>"
 
 pytestmark = [pytest.mark.browser,
@@ -41,14 +38,10 @@ def server(demo_dir, tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def page(server):
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
-        pg = browser.new_page()
-        yield pg
-        browser.close()
+def page(server, browser):
+    pg = browser.new_page()
+    yield pg
+    pg.close()
 
 
 def _upload_and_submit(page, server, clip):

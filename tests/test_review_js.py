@@ -97,26 +97,6 @@ XSS_MORE = [
 
 
 @pytest.fixture(scope="module")
-def browser():
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as p:
-        b = p.chromium.launch(
-            executable_path=str(CHROMIUM),
-            args=[
-                "--no-sandbox",
-                "--disable-gpu",
-                "--disable-background-networking",
-                "--disable-component-update",
-                "--disable-sync",
-                "--no-first-run",
-            ],
-        )
-        yield b
-        b.close()
-
-
-@pytest.fixture(scope="module")
 def _tab(browser):
     pg = browser.new_page()
     pg.errors = []

@@ -154,7 +154,6 @@ class Bench:
 
     # ------------------------------------------------------------------ fidelity
     def fidelity(self):
-
         from pipeline.engine import N_QUERIES
         from pipeline.types import TranscribeOptions as O
 

@@ -805,47 +805,18 @@
 
   // ---- renderInto (for the Gradio page) ----
 
-  function findElement(elemId) {
-    if (elemId && typeof elemId === 'object' && elemId.nodeType === 1) return elemId;
-    var id = String(elemId == null ? '' : elemId).replace(/^#/, '');
-    if (!id) return null;
-    var found = document.getElementById(id);
-    if (found) return found;
-    var apps = document.querySelectorAll('gradio-app');
-    for (var i = 0; i < apps.length; i++) {
-      var sr = apps[i].shadowRoot;
-      if (sr && typeof sr.getElementById === 'function') {
-        found = sr.getElementById(id);
-        if (found) return found;
-      }
-    }
-    return null;
-  }
-
   var lastRendered = typeof WeakMap === 'function' ? new WeakMap() : null;
 
-  // Renders into the element itself when it is empty (or already ours); otherwise into a child
-  // div.sv-review-host, so nodes owned by Gradio are never removed. Called again with the same
-  // JSON and options it keeps the existing view (the player is not reset mid-playback);
-  // opts.force re-renders anyway. A blank string empties the view.
+  // Renders into the element found by SenseVoiceRich.mountPoint (static/richtext.js, needed on
+  // the page for this): the element itself, or a child div.sv-review-host next to Gradio's own
+  // nodes. Called again with the same JSON and options it keeps the existing view (the player is
+  // not reset mid-playback); opts.force re-renders anyway. A blank string empties the view.
   function renderInto(elemId, jobJson, opts) {
-    var target = findElement(elemId);
-    if (!target) {
+    var R = root.SenseVoiceRich;
+    var host = R && R.mountPoint ? R.mountPoint(elemId, 'sv-review-host', 'sv-review') : null;
+    if (!host) {
       if (root.console) root.console.warn('SenseVoiceReview.renderInto: no element #' + elemId);
       return null;
-    }
-    var host = null;
-    for (var c = target.firstElementChild; c; c = c.nextElementSibling) {
-      if (c.classList.contains('sv-review-host')) { host = c; break; }
-    }
-    if (!host) {
-      var first = target.firstElementChild;
-      if (!first || first.classList.contains('sv-review')) {
-        host = target;
-      } else {
-        host = el('div', 'sv-review-host');
-        target.appendChild(host);
-      }
     }
     opts = opts || {};
     var key;

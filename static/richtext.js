@@ -11,6 +11,7 @@
  *     render(container, raw, opts),  // returns the .sv-rich root; opts: { showRaw: false,
  *                                    //   emptyText: 'No speech detected' ('' = show nothing) }
  *     renderInto(elemId, raw, opts), // finds the element by id; returns the host or null
+ *     mountPoint(elemId, hostClass, ownClass), // the element to render into (shared with review.js)
  *     copyText(text),                // Promise: navigator.clipboard, textarea fallback
  *     escapeHtml(s)
  *   };
@@ -379,26 +380,28 @@
     return null;
   }
 
-  // Renders into the element itself when it is empty (or already ours); otherwise into a
-  // child div.sv-host, so nodes owned by Gradio's own rendering are never removed.
-  function renderInto(elemId, raw, opts) {
+  // The element to render into: the target itself when it is empty or already holds our view
+  // (a child of class ownClass); otherwise a child div of class hostClass, so nodes owned by
+  // Gradio's own rendering are never removed. Null when no element has that id. Shared with
+  // static/review.js.
+  function mountPoint(elemId, hostClass, ownClass) {
     var target = findElement(elemId);
-    if (!target) {
+    if (!target) return null;
+    for (var c = target.firstElementChild; c; c = c.nextElementSibling) {
+      if (c.classList.contains(hostClass)) return c;
+    }
+    var first = target.firstElementChild;
+    if (!first || first.classList.contains(ownClass)) return target;
+    var host = el('div', hostClass);
+    target.appendChild(host);
+    return host;
+  }
+
+  function renderInto(elemId, raw, opts) {
+    var host = mountPoint(elemId, 'sv-host', 'sv-rich');
+    if (!host) {
       if (root.console) root.console.warn('SenseVoiceRich.renderInto: no element #' + elemId);
       return null;
-    }
-    var host = null;
-    for (var c = target.firstElementChild; c; c = c.nextElementSibling) {
-      if (c.classList.contains('sv-host')) { host = c; break; }
-    }
-    if (!host) {
-      var first = target.firstElementChild;
-      if (!first || first.classList.contains('sv-rich')) {
-        host = target;
-      } else {
-        host = el('div', 'sv-host');
-        target.appendChild(host);
-      }
     }
     render(host, raw, opts);
     return host;
@@ -410,6 +413,7 @@
     plainText: plainText,
     render: render,
     renderInto: renderInto,
+    mountPoint: mountPoint,
     copyText: copyText,
     escapeHtml: escapeHtml
   });

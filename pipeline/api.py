@@ -16,6 +16,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import FileResponse, JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from .audio import read_upload
 from .errors import (AudioGone, InvalidOption, ResultNotReady, SenseVoiceError, Unauthorized,
                      UploadTooLarge)
 from .metrics import CONTENT_TYPE
@@ -157,9 +158,7 @@ def build_router(service: TranscriptionService) -> APIRouter:
                    split_channels: bool = Form(False), word_timestamps: bool = Form(False)):
         options = TranscribeOptions(language=language, use_itn=use_itn, ban_emo_unk=ban_emo_unk,
                                     split_channels=split_channels, word_timestamps=word_timestamps)
-        data = file.file.read(service.settings.max_upload_bytes + 1)
-        if len(data) > service.settings.max_upload_bytes:
-            raise UploadTooLarge(f"upload larger than {service.settings.max_upload_bytes} bytes")
+        data = read_upload(file.file, service.settings.max_upload_bytes)
         job = service.submit(data, filename=file.filename or "", options=options, lane=Lane.BULK)
         return JSONResponse({"id": job.id, "status": job.state.value, "position": job.position},
                             status_code=202, headers={"Location": f"/api/jobs/{job.id}"})

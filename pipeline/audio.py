@@ -123,6 +123,13 @@ def _prepare_fileobj(fileobj: BinaryIO, max_bytes: int | None) -> BinaryIO:
     return io.BytesIO(data)
 
 
+def read_upload(fileobj: BinaryIO, max_bytes: int) -> bytes:
+    """All of an upload, reading at most one byte past the cap: UploadTooLarge beyond it."""
+    data = _read_at_most(fileobj, max_bytes + 1)
+    _check_size(len(data), max_bytes)
+    return data
+
+
 def _read_at_most(fileobj: BinaryIO, limit: int) -> bytes:
     """Read until EOF or ``limit`` bytes (a raw stream may return short reads)."""
     buffer = bytearray()

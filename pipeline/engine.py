@@ -12,7 +12,6 @@ The weights are funasr's own modules (loaded by ``pipeline.model``), used read-o
 from __future__ import annotations
 
 import logging
-import threading
 import time
 from dataclasses import dataclass
 from typing import Sequence
@@ -190,7 +189,6 @@ class SenseVoiceEngine:
         self._graph_batches: list[int] = []
         self._graph_max_frames = 0
         self.startup_seconds: dict[str, float] = {}
-        self._lock = threading.Lock()
 
     # ------------------------------------------------------------------ set-up
     @classmethod

@@ -118,10 +118,14 @@ def load_automodel(model_dir: str | Path, device: str):
 
 
 def _check_weights_loaded(model, weights: Path) -> None:
-    """funasr silently keeps random weights on a mismatch; compare one tensor to be sure."""
+    """funasr silently keeps random weights on a mismatch; compare one tensor to be sure
+    (memory-mapped: only that tensor is read, not the whole file a second time)."""
     import torch
 
-    sd = torch.load(weights, map_location="cpu", weights_only=True)
+    try:
+        sd = torch.load(weights, map_location="cpu", weights_only=True, mmap=True)
+    except RuntimeError:  # a legacy (non-zip) checkpoint cannot be memory-mapped
+        sd = torch.load(weights, map_location="cpu", weights_only=True)
     sd = sd.get("state_dict", sd) if isinstance(sd, dict) else sd
     name = "ctc.ctc_lo.weight"
     if name in sd:

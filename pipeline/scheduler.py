@@ -57,13 +57,22 @@ class Scheduler:
         with self._cond:
             return len(self._items)
 
+    def check_capacity(self) -> None:
+        """Raise QueueFull now if a put would be refused (a cheap answer before any work)."""
+        with self._cond:
+            self._check_capacity()
+
+    def _check_capacity(self) -> None:
+        if len(self._items) >= self.maxsize:
+            raise QueueFull(
+                f"the server is busy ({len(self._items)} jobs waiting); "
+                f"try again in {self.retry_after_s} s", retry_after=self.retry_after_s)
+
     def put(self, item: WorkItem, force: bool = False) -> None:
         """Enqueue or raise QueueFull. ``force`` admits recovered jobs beyond the bound."""
         with self._cond:
-            if not force and len(self._items) >= self.maxsize:
-                raise QueueFull(
-                    f"the server is busy ({len(self._items)} jobs waiting); "
-                    f"try again in {self.retry_after_s} s", retry_after=self.retry_after_s)
+            if not force:
+                self._check_capacity()
             self._seq += 1
             item.seq = self._seq
             now = time.monotonic()

@@ -223,10 +223,14 @@ class TranscriptionService:
         """The job from memory, without I/O (for polling on the event loop); None if not cached."""
         with self._recent_lock:
             job = self._recent.get(job_id)
-        if job is not None and job.state in (JobState.QUEUED, JobState.RUNNING):
-            job = replace(job, position=self.scheduler.position(job_id),
-                          meta={**job.meta, "progress": self._progress.get(job_id)})
-        return job
+        return None if job is None else self._with_live_fields(job)
+
+    def _with_live_fields(self, job: Job) -> Job:
+        """Add what only memory knows about an unfinished job: its place in the queue, progress."""
+        if job.state not in (JobState.QUEUED, JobState.RUNNING):
+            return job
+        return replace(job, position=self.scheduler.position(job.id),
+                       meta={**job.meta, "progress": self._progress.get(job.id)})
 
     def _load_spooled(self, device: str):
         resampler = Resampler(device)
@@ -264,8 +268,7 @@ class TranscriptionService:
     def _submit(self, data: bytes, filename: str, options: TranscribeOptions, lane: Lane) -> Job:
         if self.state == "failed":
             raise NotReady(f"the service is not available: {self.error}")
-        if len(self.scheduler) >= self.scheduler.maxsize:  # cheap early answer before decoding
-            self.scheduler.put(WorkItem("", lane, options, 0))  # raises QueueFull
+        self.scheduler.check_capacity()  # a cheap early answer before decoding
         self._check_memory()
         wave = self._decode(data, options)
         job = Job(id=new_job_id(), state=JobState.QUEUED, options=options, lane=lane,
@@ -365,11 +368,7 @@ class TranscriptionService:
         return wave
 
     def get(self, job_id: str) -> Job:
-        job = self.store.get(job_id)
-        if job.state in (JobState.QUEUED, JobState.RUNNING):
-            job = replace(job, position=self.scheduler.position(job_id),
-                          meta={**job.meta, "progress": self._progress.get(job_id)})
-        return job
+        return self._with_live_fields(self.store.get(job_id))
 
     def wait(self, job_id: str, timeout: float = 60.0) -> Job:
         deadline = time.monotonic() + timeout

@@ -13,6 +13,7 @@ from pathlib import Path
 import gradio as gr
 
 from .api import job_json
+from .audio import read_upload
 from .errors import SenseVoiceError
 from .service import TranscriptionService
 from .types import LANGUAGES, Job, JobState, Lane, TranscribeOptions
@@ -71,7 +72,8 @@ def build_ui(service: TranscriptionService) -> gr.Blocks:
         if not path:
             return "", "error: choose or record an audio file first", "", "", idle
         try:
-            data = _read_upload(path, settings.max_upload_bytes)
+            with open(path, "rb") as f:
+                data = read_upload(f, settings.max_upload_bytes)
             options = TranscribeOptions(language=language, use_itn=use_itn,
                                         split_channels=split_channels)
             job = service.submit(data, filename=Path(path).name, options=options,
@@ -132,14 +134,4 @@ def build_ui(service: TranscriptionService) -> gr.Blocks:
         raw.change(None, [raw], None, js=RENDER_JS)
         review.change(None, [review], None, js=REVIEW_JS)
     return demo
-
-
-def _read_upload(path: str, max_bytes: int) -> bytes:
-    from .errors import UploadTooLarge
-
-    with open(path, "rb") as f:
-        data = f.read(max_bytes + 1)
-    if len(data) > max_bytes:
-        raise UploadTooLarge(f"upload larger than {max_bytes} bytes")
-    return data
 

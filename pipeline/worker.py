@@ -175,10 +175,10 @@ class Worker(threading.Thread):
         self.store.save_segments([_piece(i, w, o) for i, w, o in parts])
         complete = []
         for job_id, total in {i.job_id: i.pieces for i, _, _ in parts}.items():
-            stored = self.store.segments(job_id)
-            self.on_progress(job_id, len(stored), total)
-            if len(stored) >= total:
-                complete.append((job_id, transcript_from_pieces(stored)))
+            done = self.store.segment_count(job_id)  # the pieces themselves only once complete
+            self.on_progress(job_id, done, total)
+            if done >= total:
+                complete.append((job_id, transcript_from_pieces(self.store.segments(job_id))))
         return complete
 
     def _fail(self, item: WorkItem, code: str, message: str) -> None:

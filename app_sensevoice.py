@@ -77,35 +77,52 @@ def parse_args(argv=None):
 RESTART_BACKOFF_S = (1, 2, 5, 10, 30)  # seconds between restarts; the last repeats
 
 
-def supervise(argv: list[str]) -> int:
-    """Bare-metal supervisor: restart the server after a crash, a fatal device error or a hang
-    (it exits non-zero); queued and running jobs resume from the store. Ctrl-C stops both."""
+def supervise(command: list[str]) -> int:
+    """Bare-metal supervisor: run ``command`` (the server) and restart it after a crash, a fatal
+    device error or a hang (it exits non-zero); queued and running jobs resume from the store.
+    SIGTERM or Ctrl-C stops the server, then the supervisor, with the server's exit code."""
+    import signal
     import subprocess
     import time
 
-    child_argv = [sys.executable, __file__, *[a for a in argv if a != "--supervise"]]
+    proc: subprocess.Popen | None = None
+    stopping = False
+
+    def stop(_signum, _frame):
+        nonlocal stopping
+        stopping = True
+        if proc is not None and proc.poll() is None:
+            proc.terminate()
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, stop)
     restarts = 0
     while True:
         started = time.monotonic()
-        proc = subprocess.Popen(child_argv)
-        try:
-            code = proc.wait()
-        except KeyboardInterrupt:
-            proc.terminate()
-            return proc.wait()
-        if code in (0, 2):  # clean stop, or a configuration error a restart cannot fix
+        proc = subprocess.Popen(command)
+        code = proc.wait()
+        if stopping:  # uvicorn re-raises the signal it stopped on: that is a clean stop too
+            return 0 if code in (0, -signal.SIGTERM, -signal.SIGINT) else abs(code)
+        if code in (0, 2):  # stopped, or a configuration error a restart cannot fix
             return code
-        restarts = 0 if time.monotonic() - started > 300 else restarts + 1
+        if time.monotonic() - started > 300:  # it ran a while: start the back-off again
+            restarts = 0
         delay = RESTART_BACKOFF_S[min(restarts, len(RESTART_BACKOFF_S) - 1)]
+        restarts += 1
         logger.warning("server exited with %s; restarting in %d s", code, delay)
-        time.sleep(delay)
+        deadline = time.monotonic() + delay
+        while not stopping and time.monotonic() < deadline:
+            time.sleep(0.1)
+        if stopping:
+            return 0
 
 
 def main(argv=None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     args = parse_args(argv)
     if args.supervise:
-        return supervise(list(sys.argv[1:] if argv is None else argv))
+        rest = [a for a in (sys.argv[1:] if argv is None else argv) if a != "--supervise"]
+        return supervise([sys.executable, __file__, *rest])
     from pipeline.config import Settings
     from pipeline.errors import ModelUnavailable
     from pipeline.model import resolve_model
@@ -126,7 +143,9 @@ def main(argv=None) -> int:
 
     app = create_app(settings, TranscriptionService(settings, source))
     print(f"SenseVoice on http://{settings.host}:{settings.port}/  (model: {source.name})", flush=True)
-    uvicorn.run(app, host=settings.host, port=settings.port, log_level="info")
+    # uvloop + httptools (requirements) rather than asyncio + h11: polls stay cheap under load
+    uvicorn.run(app, host=settings.host, port=settings.port, log_level="info", loop="uvloop",
+                http="httptools", access_log=settings.access_log)
     return 0
 
 

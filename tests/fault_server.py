@@ -1,0 +1,40 @@
+"""The real server (``app_sensevoice.main``) with a device fault injected into its engine, once.
+
+    python tests/fault_server.py {fatal|hang} MARKER_FILE [app_sensevoice args...]
+
+If MARKER_FILE does not exist it is created and the engine's batches in the worker raise a fatal CUDA error
+("illegal memory access", which poisons a real CUDA context) or hangs forever. When the supervisor
+restarts this script the marker exists and the server runs clean, as a restarted process would.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import app_sensevoice  # noqa: E402
+from pipeline.engine import SenseVoiceEngine  # noqa: E402
+
+
+def inject(fault: str) -> None:
+    clean = SenseVoiceEngine.transcribe
+
+    def transcribe(self, waves, options):
+        if not threading.current_thread().name.startswith("sensevoice-worker"):
+            return clean(self, waves, options)  # start-up warm-up runs clean
+        time.sleep(3600 if fault == "hang" else 1.0)  # long enough for more jobs to queue behind
+        raise RuntimeError("CUDA error: an illegal memory access was encountered (injected)")
+
+    SenseVoiceEngine.transcribe = transcribe
+
+
+if __name__ == "__main__":
+    fault, marker, *args = sys.argv[1:]
+    if not Path(marker).exists():
+        Path(marker).touch()
+        inject(fault)
+    sys.exit(app_sensevoice.main(args))

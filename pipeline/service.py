@@ -72,6 +72,7 @@ class TranscriptionService:
         self._progress: dict[str, str] = {}  # job id -> "segmenting 40%" / "segment 12 of 90"
         self._recent: OrderedDict[str, Job] = OrderedDict()  # id -> latest snapshot (bounded)
         self._recent_lock = threading.Lock()
+        self._owned_files: dict[str, list[Path]] = {}  # job id -> intermediate copies to delete with it
         self._stopping = threading.Event()
         self._janitor: threading.Thread | None = None
 
@@ -175,6 +176,8 @@ class TranscriptionService:
         with self._recent_lock:
             for jid in purged:
                 self._recent.pop(jid, None)
+                for path in self._owned_files.pop(jid, ()):
+                    path.unlink(missing_ok=True)
         return len(purged)
 
     def _janitor_loop(self) -> None:
@@ -288,6 +291,17 @@ class TranscriptionService:
         self._remember(job)
         return replace(job, position=self.scheduler.position(job.id))
 
+    def own_file(self, job_id: str, path: str | Path) -> None:
+        """Tie an intermediate copy of a job's upload (Gradio's upload cache) to the job: deleted
+        now if audio is deleted when jobs are done (the spool holds the job's own copy), else when
+        the job is purged. (Gradio's ``delete_cache`` sweep is the backstop across restarts.)"""
+        path = Path(path)
+        if self.settings.delete_audio_when_done:
+            path.unlink(missing_ok=True)
+            return
+        with self._recent_lock:
+            self._owned_files.setdefault(job_id, []).append(path)
+
     # ------------------------------------------------------------------ long recordings
     def _is_long(self, seconds: float, options: TranscribeOptions) -> bool:
         return seconds > self.settings.segment_threshold_s or options.split_channels
@@ -339,16 +353,20 @@ class TranscriptionService:
 
     def _check_memory(self) -> None:
         """GPU admission control: refuse new work while every device is short of free memory."""
-        cuda = [d for d in self.devices if d.startswith("cuda")]
-        if not cuda or self.settings.min_free_memory_ratio <= 0:
+        if self.settings.min_free_memory_ratio <= 0:
             return
-        ratios = []
-        for d in cuda:
-            free, total = torch.cuda.mem_get_info(torch.device(d))
-            ratios.append(free / total)
-        if max(ratios) < self.settings.min_free_memory_ratio:
+        ratios = [r for d in self.devices if (r := self.free_memory_ratio(d)) is not None]
+        if ratios and max(ratios) < self.settings.min_free_memory_ratio:
             raise MemoryPressure(
                 f"the GPU is short of memory ({max(ratios):.0%} free); try again in a few seconds")
+
+    @staticmethod
+    def free_memory_ratio(device: str) -> float | None:
+        """Free share of a CUDA device's memory (as the driver sees it, all processes); None for CPU."""
+        if not device.startswith("cuda"):
+            return None
+        free, total = torch.cuda.mem_get_info(torch.device(device))
+        return free / total
 
     def _decode(self, data: bytes, options: TranscribeOptions) -> torch.Tensor:
         """Upload bytes -> 16 kHz wave on the device: [n] mono, or [channels, n] for split calls."""

@@ -78,6 +78,7 @@ def build_ui(service: TranscriptionService) -> gr.Blocks:
                                         split_channels=split_channels)
             job = service.submit(data, filename=Path(path).name, options=options,
                                  lane=Lane.INTERACTIVE)
+            service.own_file(job.id, path)  # Gradio's cached copy goes with the job
         except SenseVoiceError as e:
             if e.code in ("queue_full", "gpu_memory_low"):
                 return "", f"busy, try again in {e.retry_after} s", "", "", idle
@@ -96,8 +97,9 @@ def build_ui(service: TranscriptionService) -> gr.Blocks:
         review = json.dumps(job_json(job), ensure_ascii=False) if job.result else ""
         return f"{status_line(job)} — job {job.id}", raw, review, gr.Timer(active=not finished)
 
-    # Gradio's upload cache holds the page's copy of each recording (the player's fallback): it is
-    # swept like the job's own audio, so it never outlives the job's retention
+    # Gradio's upload cache holds the page's copy of each recording (the player's fallback): a
+    # submitted one is deleted with its job (service.own_file); this sweep catches the rest
+    # (uploads never submitted, copies from before a restart)
     retention_s = max(int(settings.retention_hours * 3600), 60)
     with gr.Blocks(title="SenseVoice", delete_cache=(min(retention_s, 3600), retention_s)) as demo:
         gr.Markdown("## SenseVoice speech recognition\nUpload or record audio (or a video); "

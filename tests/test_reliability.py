@@ -10,6 +10,7 @@ import threading
 import time
 import uuid
 from pathlib import Path
+from types import SimpleNamespace
 
 import httpx
 import pytest
@@ -177,6 +178,21 @@ def test_restart_recovers_queued_running_and_poison_jobs(demo_dir, tmp_path, cli
     assert JobStore(data).get(ids["running"]).attempts == 2
 
 
+def wait_ready(url: str, proc: subprocess.Popen, timeout: float = 120) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(url + "/readyz", timeout=1).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        if proc.poll() is not None:
+            raise RuntimeError(f"server exited with {proc.returncode} before it was ready")
+        time.sleep(0.2)
+    proc.kill()
+    raise TimeoutError("server did not start")
+
+
 def test_kill_9_loses_no_accepted_job(demo_dir, tmp_path, clip_factory):
     """A real process killed with SIGKILL right after accepting a burst; the restart finishes all."""
     data, port = tmp_path / "data", free_port()
@@ -188,16 +204,8 @@ def test_kill_9_loses_no_accepted_job(demo_dir, tmp_path, clip_factory):
     def start():
         proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                                 env={**os.environ, "GRADIO_ANALYTICS_ENABLED": "False"})
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
-            try:
-                if httpx.get(url + "/readyz", timeout=1).status_code == 200:
-                    return proc
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.2)
-        proc.kill()
-        raise TimeoutError("server did not start")
+        wait_ready(url, proc)
+        return proc
 
     proc = start()
     ids = []
@@ -257,6 +265,40 @@ def test_audio_deleted_when_done_if_configured(demo_dir, tmp_path, clip_factory)
         assert not server.service.store.spool_path(jid).exists()
     finally:
         server.stop()
+
+
+@pytest.mark.parametrize("delete_when_done", [False, True])
+def test_gradio_upload_cache_copy_goes_with_its_job(demo_dir, tmp_path, clip_factory, delete_when_done):
+    """A UI upload leaves a copy in Gradio's cache: it is deleted with the job (retention), or at
+    once when audio is deleted as soon as jobs are done (the spool keeps the job's copy till then)."""
+    server = LiveServer(make_settings(demo_dir, tmp_path / "d", retention_hours=1.0,
+                                      delete_audio_when_done=delete_when_done)).start()
+    clip = tmp_path / f"call-{uuid.uuid4().hex}.wav"  # a unique name, to find Gradio's copy
+    clip.write_bytes(Path(clip_factory("wav", 16000, 1)).read_bytes())
+    try:
+        from gradio_client import Client, handle_file
+
+        client = Client(server.url + "/ui/", verbose=False)
+        status, *_ = client.predict(handle_file(str(clip)), "auto", True, False, api_name="/submit")
+        job_id = status.rsplit("job ", 1)[1]
+        assert wait_done(server, job_id)["status"] == "done"
+        copies = [p for p in Path(gradio_cache_dir()).rglob(clip.name)]
+        if delete_when_done:
+            assert copies == [] and not server.service.store.spool_path(job_id).exists()
+            return
+        assert len(copies) == 1  # kept while the job is (the review player's fallback)
+        server.service.settings.retention_hours = 0.0
+        server.service.purge_expired()
+        assert httpx.get(f"{server.url}/api/jobs/{job_id}").status_code == 410
+        assert not copies[0].exists() and not server.service.store.spool_path(job_id).exists()
+    finally:
+        server.stop()
+
+
+def gradio_cache_dir() -> str:
+    import tempfile
+
+    return os.environ.get("GRADIO_TEMP_DIR") or str(Path(tempfile.gettempdir()) / "gradio")
 
 
 # ---------------------------------------------------------------------------- hostile input
@@ -364,6 +406,41 @@ def test_memory_admission_threshold_setting_is_respected(demo_dir, tmp_path, cli
         server.stop()
 
 
+def test_memory_admission_refuses_until_memory_recovers(demo_dir, tmp_path, clip_factory):
+    """Free device memory is injected (the NVML/driver reading replaced): under the threshold new
+    jobs get 503 gpu_memory_low with Retry-After; once memory recovers they are accepted again."""
+    server = LiveServer(make_settings(demo_dir, tmp_path / "d", min_free_memory_ratio=0.15)).start()
+    service = server.service
+    clip = clip_factory("wav", 16000, 1)
+    try:
+        service.free_memory_ratio = lambda device: 0.05  # a GPU with 5 % free
+        r = submit(server, clip)
+        assert r.status_code == 503 and r.json()["error"]["code"] == "gpu_memory_low"
+        assert int(r.headers["retry-after"]) >= 1 and "5% free" in r.json()["error"]["message"]
+        assert len(service.scheduler) == 0  # nothing was queued
+        service.free_memory_ratio = lambda device: 0.40  # recovered
+        r = submit(server, clip)
+        assert r.status_code == 202
+        assert wait_done(server, r.json()["id"])["status"] == "done"
+    finally:
+        server.stop()
+
+
+def test_polls_take_no_queue_slots_and_work_while_the_queue_is_full(live_server, clip_factory):
+    job_id = submit(live_server, clip_factory("wav", 16000, 1)).json()["id"]
+    sched = live_server.service.scheduler
+    old, sched.maxsize = sched.maxsize, 0  # full: submits are refused from here on
+    try:
+        depth = len(sched)
+        with httpx.Client(base_url=live_server.url) as client:
+            assert all(client.get(f"/api/jobs/{job_id}").status_code == 200 for _ in range(200))
+        assert len(sched) == depth
+        assert submit(live_server, clip_factory("wav", 16000, 1)).status_code == 503
+    finally:
+        sched.maxsize = old
+    assert wait_done(live_server, job_id)["status"] == "done"
+
+
 @pytest.mark.requires_cuda
 def test_memory_admission_refuses_when_gpu_memory_is_low(demo_dir, tmp_path, clip_factory):
     server = LiveServer(make_settings(demo_dir, tmp_path / "d", device="cuda",
@@ -374,3 +451,48 @@ def test_memory_admission_refuses_when_gpu_memory_is_low(demo_dir, tmp_path, cli
     finally:
         server.stop()
 
+
+
+@pytest.mark.parametrize("fault", ["fatal", "hang"])
+def test_device_fault_exits_3_and_the_supervisor_resumes_the_jobs(demo_dir, tmp_path, clip_factory,
+                                                                  fault):
+    """The real server under the shipped ``supervise`` loop, with a fatal CUDA error (or a hang)
+    injected into its engine: /readyz turns 503, the process exits 3, the supervisor restarts it,
+    and every accepted job finishes. SIGTERM to the supervisor then stops both."""
+    port, log = free_port(), tmp_path / "supervisor.log"
+    url = f"http://127.0.0.1:{port}"
+    server_cmd = [sys.executable, str(ROOT / "tests" / "fault_server.py"), fault,
+                  str(tmp_path / "injected"), "--model", str(demo_dir), "--device", "cpu",
+                  "--port", str(port), "--data-dir", str(tmp_path / "data")]
+    code = f"import sys; from app_sensevoice import supervise; sys.exit(supervise({server_cmd!r}))"
+    env = {**os.environ, "GRADIO_ANALYTICS_ENABLED": "False", "SENSEVOICE_HUNG_TIMEOUT_S": "1"}
+    with open(log, "wb") as out:
+        sup = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, env=env, stdout=out, stderr=out)
+    try:
+        wait_ready(url, sup)
+        clip = clip_factory("wav", 16000, 1)
+        ids = [submit(SimpleNamespace(url=url), clip).json()["id"] for _ in range(3)]
+        saw_unready = False
+        deadline = time.monotonic() + 120
+        states: dict[str, str] = {}
+        while time.monotonic() < deadline:
+            try:
+                saw_unready |= httpx.get(url + "/readyz", timeout=2).status_code == 503
+                states = {j: httpx.get(f"{url}/api/jobs/{j}", timeout=2).json()["status"] for j in ids}
+            except httpx.HTTPError:
+                pass  # between the exit and the restart nothing listens
+            if b"restarting" in log.read_bytes() and set(states.values()) == {"done"}:
+                break
+            time.sleep(0.2)
+        text = log.read_text(errors="replace")
+        assert saw_unready, text
+        assert "server exited with 3; restarting" in text, text
+        assert states == {j: "done" for j in ids}, (states, text)
+        assert sup.poll() is None  # the supervisor keeps running the restarted server
+        sup.send_signal(signal.SIGTERM)
+        assert sup.wait(30) == 0
+        with pytest.raises(httpx.HTTPError):
+            httpx.get(url + "/healthz", timeout=2)  # the server went with it
+    finally:
+        if sup.poll() is None:
+            sup.kill()

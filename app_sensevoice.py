@@ -1,6 +1,7 @@
 """SenseVoice web app: FastAPI + Gradio UI (at /ui, / redirects) + REST API (/api) + health probes.
 
     python app_sensevoice.py [--model DIR|NAME] [--demo] [--device cuda|cpu] [--host H] [--port P]
+                             [--data-dir DIR] [--api-only] [--supervise]
 
 Every option also reads its SENSEVOICE_* environment variable (see pipeline/config.py).
 Nothing heavy happens at import time: ``create_app`` builds the app, the model loads in the background
@@ -22,14 +23,11 @@ logger = logging.getLogger("sensevoice.app")
 
 def create_app(settings=None, service=None, start: bool = True):
     """Build the FastAPI app. ``start`` loads the model in a background thread at server start-up."""
-    import gradio as gr
     from fastapi import FastAPI
-    from fastapi.responses import RedirectResponse
 
     from pipeline.api import UploadLimit, build_router, install_error_handlers
     from pipeline.config import Settings
     from pipeline.service import TranscriptionService
-    from pipeline.ui import build_ui, css, head_html
 
     settings = settings or Settings()
     service = service or TranscriptionService(settings)
@@ -46,19 +44,31 @@ def create_app(settings=None, service=None, start: bool = True):
     install_error_handlers(app)
     app.include_router(build_router(service))
 
+    if settings.ui:
+        app = mount_ui(app, settings, service)
+    app.add_middleware(UploadLimit, max_bytes=settings.max_upload_bytes + 64 * 1024)
+    return app
+
+
+def mount_ui(app, settings, service):
+    """The Gradio UI at /ui (/ redirects there), hardened: no file access to the data directory,
+    no internal errors shown, no monitoring route, capped uploads."""
+    import gradio as gr
+    from fastapi.responses import RedirectResponse
+
+    from pipeline.ui import build_ui, css, head_html
+
     @app.get("/", include_in_schema=False)
     async def root():
         return RedirectResponse("/ui/")
 
     ui_auth = tuple(settings.ui_auth.split(":", 1)) if settings.ui_auth else None
-    app = gr.mount_gradio_app(
+    return gr.mount_gradio_app(
         app, build_ui(service), path="/ui", css=css(), head=head_html(), auth=ui_auth,
         show_error=False, max_file_size=settings.max_upload_bytes,
         blocked_paths=[str(settings.data_dir.resolve())], enable_monitoring=False,
         footer_links=[], mcp_server=False, ssr_mode=False,
     )
-    app.add_middleware(UploadLimit, max_bytes=settings.max_upload_bytes + 64 * 1024)
-    return app
 
 
 def parse_args(argv=None):
@@ -69,6 +79,7 @@ def parse_args(argv=None):
     ap.add_argument("--host")
     ap.add_argument("--port", type=int)
     ap.add_argument("--data-dir", help="job store and spool directory")
+    ap.add_argument("--api-only", action="store_true", help="serve the REST API without the UI")
     ap.add_argument("--supervise", action="store_true",
                     help="run the server as a child process and restart it when it exits non-zero")
     return ap.parse_args(argv)
@@ -132,6 +143,8 @@ def main(argv=None) -> int:
                                    "port": args.port, "data_dir": args.data_dir}.items() if v is not None}
     if args.demo:
         overrides["demo"] = True
+    if args.api_only:
+        overrides["ui"] = False
     overrides.setdefault("exit_on_fatal", True)
     settings = Settings(**overrides)
     try:

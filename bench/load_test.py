@@ -6,6 +6,7 @@ poll latency percentiles.
 
     python bench/load_test.py --url http://127.0.0.1:7860 [--submitters 8] [--seconds 20] [--pollers 200]
     python bench/load_test.py --demo ...      # starts its own server with the demo model (CPU)
+    python bench/load_test.py --serve "--model DIR --device cuda --api-only" ...   # any server args
 Prints a table last; writes $OUT/load.json (or a temp dir).
 """
 
@@ -148,6 +149,7 @@ class Report:
     latency_ms: dict = field(default_factory=dict)
     poll_latency_ms: dict = field(default_factory=dict)
     polls: int = 0
+    transport_errors: int = 0  # submits whose connection broke before an answer (outcome unknown)
     throughput_jobs_per_s: float = 0.0
 
 
@@ -165,7 +167,11 @@ async def run(url: str, submitters: int, seconds: float, pollers: int, finish_ti
             while time.monotonic() < stop:
                 secs = rng.choice(CLIP_SECONDS)
                 t = time.monotonic()
-                r = await client.post("/api/jobs", files={"file": (f"c{secs}.wav", clips[secs])})
+                try:
+                    r = await client.post("/api/jobs", files={"file": (f"c{secs}.wav", clips[secs])})
+                except httpx.TransportError:
+                    rep.transport_errors += 1
+                    continue
                 if r.status_code == 202:
                     submitted[r.json()["id"]] = t
                     polling.add(r.json()["id"])
@@ -185,7 +191,10 @@ async def run(url: str, submitters: int, seconds: float, pollers: int, finish_ti
         pending = set(submitted)
         while pending and time.monotonic() < deadline:
             for jid in list(pending):
-                r = await client.get(f"/api/jobs/{jid}")
+                try:
+                    r = await client.get(f"/api/jobs/{jid}")
+                except httpx.TransportError:  # a keep-alive connection closed under us: ask again
+                    continue
                 if r.status_code != 200:
                     continue  # counted as lost if it never comes back
                 body = r.json()
@@ -209,14 +218,17 @@ async def run(url: str, submitters: int, seconds: float, pollers: int, finish_ti
     return rep
 
 
-def start_demo_server(port: int, data_dir: str):
+def start_server(args: list[str], port: int, data_dir: str, log_path: Path):
     import subprocess
 
-    cmd = [sys.executable, str(ROOT / "app_sensevoice.py"), "--demo", "--device", "cpu",
-           "--port", str(port), "--data-dir", data_dir]
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    cmd = [sys.executable, str(ROOT / "app_sensevoice.py"), *args, "--port", str(port),
+           "--data-dir", data_dir]
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen(cmd, stdout=log, stderr=log)
     url = f"http://127.0.0.1:{port}"
-    for _ in range(600):
+    for _ in range(3000):  # a GPU server captures its CUDA graphs first
+        if proc.poll() is not None:
+            raise RuntimeError(f"server exited with {proc.returncode}; see {log_path}")
         try:
             if httpx.get(url + "/readyz", timeout=1).status_code == 200:
                 return proc, url
@@ -224,24 +236,25 @@ def start_demo_server(port: int, data_dir: str):
             pass
         time.sleep(0.2)
     proc.kill()
-    raise TimeoutError("demo server did not start")
+    raise TimeoutError("server did not start")
 
 
 def table(rep: Report) -> str:
     return "\n".join([
         "| submitters | pollers (2 Hz) | seconds | accepted | rejected | completed | failed | lost | "
-        "latency p50 / p95 / p99 ms | poll p50 / p95 / p99 ms | polls |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "latency p50 / p95 / p99 ms | poll p50 / p95 / p99 ms | polls | broken connections |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
         f"| {rep.submitters} | {rep.pollers} | {rep.seconds:g} | {rep.accepted} | {rep.rejected} | "
         f"{rep.completed} | {rep.failed} | **{rep.lost}** | {rep.latency_ms['p50']} / {rep.latency_ms['p95']} / "
         f"{rep.latency_ms['p99']} | {rep.poll_latency_ms['p50']} / {rep.poll_latency_ms['p95']} / "
-        f"{rep.poll_latency_ms['p99']} | {rep.polls} |"])
+        f"{rep.poll_latency_ms['p99']} | {rep.polls} | {rep.transport_errors} |"])
 
 
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--url")
     ap.add_argument("--demo", action="store_true", help="start a demo-model server on CPU")
+    ap.add_argument("--serve", help="start app_sensevoice.py with these arguments")
     ap.add_argument("--port", type=int, default=7871)
     ap.add_argument("--submitters", type=int, default=8)
     ap.add_argument("--seconds", type=float, default=20)
@@ -250,16 +263,18 @@ def main() -> int:
     args = ap.parse_args()
     proc = None
     url = args.url
-    if args.demo:
-        proc, url = start_demo_server(args.port, tempfile.mkdtemp(prefix="load-"))
+    out = Path(os.environ.get("OUT") or tempfile.mkdtemp(prefix="load-"))
+    out.mkdir(parents=True, exist_ok=True)
+    serve = "--demo --device cpu" if args.demo else args.serve
+    if serve:
+        proc, url = start_server(serve.split(), args.port, tempfile.mkdtemp(prefix="load-"),
+                                 out / "server.log")
     try:
         rep = asyncio.run(run(url, args.submitters, args.seconds, args.pollers, args.finish_timeout))
     finally:
         if proc:
             proc.terminate()
             proc.wait(10)
-    out = Path(os.environ.get("OUT") or tempfile.mkdtemp(prefix="load-"))
-    out.mkdir(parents=True, exist_ok=True)
     (out / "load.json").write_text(json.dumps(asdict(rep), indent=1))
     print(json.dumps(asdict(rep)))
     print(table(rep))

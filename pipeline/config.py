@@ -77,6 +77,8 @@ class Settings(BaseSettings):
     ui_auth: str = Field("", description="If set ('user:password'), the UI asks for this login.")
     hub_timeout_s: float = Field(3.0, description="Seconds to wait for the model hub to answer.")
     retry_after_s: int = Field(2, description="Retry-After seconds sent with 503 queue_full.")
+    ui: bool = Field(True, description="Serve the Gradio UI at /ui; false = REST API only (gradio "
+                     "is then not imported).")
     access_log: bool = Field(
         False, description="Log every HTTP request (polls included: 200 pollers are 400 lines/s); "
         "each job is logged once either way.")

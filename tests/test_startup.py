@@ -25,3 +25,19 @@ def test_not_a_model_directory(tmp_path):
     r = subprocess.run([sys.executable, str(ROOT / "app_sensevoice.py"), "--model", str(tmp_path)],
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 2 and "not a SenseVoiceSmall model directory" in r.stderr
+
+
+def test_api_only_serves_the_api_without_importing_gradio(tmp_path):
+    """--api-only / SENSEVOICE_UI=false: the REST API and probes, no /ui, and gradio never imported."""
+    code = (
+        "import sys; from fastapi.testclient import TestClient; from app_sensevoice import create_app;"
+        "from pipeline.config import Settings;"
+        f"app = create_app(Settings(ui=False, data_dir={str(tmp_path)!r}), start=False);"
+        "c = TestClient(app);"
+        "assert c.get('/healthz').status_code == 200;"
+        "assert c.get('/ui/').status_code == 404;"
+        "assert c.get('/api/jobs/nope').status_code == 404;"
+        "assert 'gradio' not in sys.modules, 'gradio imported';"
+        "print('ok')")
+    r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and r.stdout.strip().endswith("ok"), r.stderr[-2000:]

@@ -25,7 +25,7 @@ def create_app(settings=None, service=None, start: bool = True):
     """Build the FastAPI app. ``start`` loads the model in a background thread at server start-up."""
     from fastapi import FastAPI
 
-    from pipeline.api import UploadLimit, build_router, install_error_handlers
+    from pipeline.api import FastPolls, PollBodies, UploadLimit, build_router, install_error_handlers
     from pipeline.config import Settings
     from pipeline.service import TranscriptionService
 
@@ -42,11 +42,13 @@ def create_app(settings=None, service=None, start: bool = True):
     app = FastAPI(title="SenseVoice", lifespan=lifespan)
     app.state.service = service
     install_error_handlers(app)
-    app.include_router(build_router(service))
+    bodies = PollBodies()
+    app.include_router(build_router(service, bodies))
 
     if settings.ui:
         app = mount_ui(app, settings, service)
     app.add_middleware(UploadLimit, max_bytes=settings.max_upload_bytes + 64 * 1024)
+    app.add_middleware(FastPolls, service=service, bodies=bodies)  # outermost: polls skip the rest
     return app
 
 

@@ -275,3 +275,22 @@ def test_one_hour_recording_on_cpu_with_bounded_memory(demo_dir, tmp_path, long_
     # the hour is 115 MB as int16 and 230 MB as float32 at 16 kHz: a few copies at most
     assert growth_mib < 1500, f"peak RSS grew by {growth_mib:.0f} MiB"
     print(f"1-hour file on CPU: {len(segs)} segments, peak RSS growth {growth_mib:.0f} MiB")
+
+
+def test_fast_poll_path_answers_what_the_route_answers(live_server, clip_factory):
+    """Polls of jobs in memory are answered by the FastPolls middleware without the framework;
+    the body must be the route's own (the same job read cold from SQLite), byte for byte."""
+    job_id = submit(live_server, clip_factory("wav", 16000, 1)).json()["id"]
+    wait_done(live_server, job_id)
+    service = live_server.service
+    fast = httpx.get(f"{live_server.url}/api/jobs/{job_id}")
+    cached = service.get_cached(job_id)
+    with service._recent_lock:
+        service._recent.pop(job_id)  # forget it: the next poll goes through the route and SQLite
+    cold = httpx.get(f"{live_server.url}/api/jobs/{job_id}")
+    service._remember(cached)
+    assert fast.status_code == cold.status_code == 200
+    assert fast.headers["content-type"] == cold.headers["content-type"] == "application/json"
+    assert fast.content == cold.content and fast.json()["status"] == "done"
+    # only the exact path is answered fast; the rest is the app's (here its trailing-slash redirect)
+    assert httpx.get(f"{live_server.url}/api/jobs/{job_id}/").status_code == 307

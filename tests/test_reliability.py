@@ -391,7 +391,10 @@ def test_api_token(demo_dir, tmp_path, clip_factory):
             r = httpx.post(server.url + "/api/jobs", files={"file": ("a.wav", f)},
                            headers={"Authorization": "Bearer s3cret"}, timeout=30)
         assert r.status_code == 202
-        assert httpx.get(f"{server.url}/api/jobs/{r.json()['id']}").status_code == 401
+        poll = f"{server.url}/api/jobs/{r.json()['id']}"
+        assert httpx.get(poll).status_code == 401
+        assert httpx.get(poll, headers={"Authorization": "Bearer wrong"}).status_code == 401
+        assert httpx.get(poll, headers={"Authorization": "Bearer s3cret"}).status_code == 200
         assert httpx.get(server.url + "/healthz").status_code == 200  # probes stay open
     finally:
         server.stop()

@@ -18,8 +18,8 @@ url="http://127.0.0.1:$port"
 OUT=$OUT/one python3 bench/load_test.py --url $url --submitters 32 --seconds 25 --pollers 200 >"$OUT/one.txt" 2>&1 &
 one=$!
 sleep 6
-/tmp/site/bin/py-spy record --pid $server --duration 12 --rate 200 --format raw --threads -o "$OUT/all.txt" >"$OUT/pyspy1.log" 2>&1
-/tmp/site/bin/py-spy record --pid $server --duration 6 --rate 200 --format raw --threads --gil -o "$OUT/gil.txt" >"$OUT/pyspy2.log" 2>&1
+/tmp/site/bin/py-spy record --pid $server --duration 12 --rate 200 --format raw --threads --nonblocking -o "$OUT/all.txt" >"$OUT/pyspy1.log" 2>&1
+/tmp/site/bin/py-spy record --pid $server --duration 6 --rate 200 --format raw --threads --gil --nonblocking -o "$OUT/gil.txt" >"$OUT/pyspy2.log" 2>&1
 wait $one
 get "$url/metrics" >"$OUT/metrics-one.txt"
 OUT=$OUT/twoA python3 bench/load_test.py --url $url --submitters 16 --seconds 25 --pollers 100 >"$OUT/twoA.txt" 2>&1 &
@@ -29,4 +29,4 @@ b=$!
 wait $a $b
 get "$url/metrics" >"$OUT/metrics-two.txt"
 kill $server; wait $server
-nproc; tail -1 "$OUT/one.txt" "$OUT/twoA.txt" "$OUT/twoB.txt"; tail -3 "$OUT/pyspy1.log" "$OUT/pyspy2.log"
+for f in one twoA twoB; do tail -n 1 "$OUT/$f.txt"; done; rm -rf "$OUT"/one "$OUT"/twoA "$OUT"/twoB

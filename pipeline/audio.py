@@ -26,11 +26,15 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import BinaryIO
 
+from typing import TYPE_CHECKING
+
 import av
 import av.error
 import numpy as np
-import torch
-import torchaudio
+
+if TYPE_CHECKING:  # torch is imported where resampling happens: decoder processes never load it
+    import torch
+    import torchaudio
 
 from .errors import AudioDecodeError, AudioTooLong, EmptyAudio, NoAudioStream, UploadTooLarge
 from .types import SAMPLE_RATE
@@ -561,6 +565,8 @@ class Resampler:
     """
 
     def __init__(self, device: str | torch.device = "cpu"):
+        import torch
+
         self.device = torch.device(device)
         self._transforms: dict[int, torchaudio.transforms.Resample] = {}
         self._lock = threading.Lock()
@@ -570,6 +576,8 @@ class Resampler:
         with self._lock:
             transform = self._transforms.get(rate)
             if transform is None:
+                import torchaudio
+
                 transform = torchaudio.transforms.Resample(orig_freq=rate, new_freq=SAMPLE_RATE)
                 transform = transform.to(self.device)
                 self._transforms[rate] = transform
@@ -577,6 +585,8 @@ class Resampler:
 
     def __call__(self, audio: DecodedAudio) -> torch.Tensor:
         """1-D float32 tensor on :attr:`device` at 16 kHz."""
+        import torch
+
         waveform = torch.from_numpy(audio.samples).to(self.device, dtype=torch.float32)
         if audio.sample_rate == SAMPLE_RATE:
             return waveform

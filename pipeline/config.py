@@ -50,6 +50,9 @@ class Settings(BaseSettings):
     decode_concurrency: int = Field(
         0, description="Uploads decoded at once (0 = one per CPU core); more wait, so that polls and "
         "the event loop are not starved by CPU-bound decoding threads.")
+    decode_processes: int = Field(
+        -1, description="Processes that decode uploads (-1 = one per CPU core, at most 8; 0 = in "
+        "the server process). Out of the server's GIL, and a decoder crash costs one process.")
     queue_size: int = Field(1024, ge=1, description="Max jobs waiting; beyond it submit gets 503.")
     max_upload_bytes: int = Field(200 * 1024 * 1024, description="Max upload size, bytes.")
     max_audio_seconds: float = Field(4 * 3600.0, description="Max decoded duration, seconds.")

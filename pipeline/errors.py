@@ -24,6 +24,12 @@ class AudioDecodeError(SenseVoiceError):
     code = "unsupported_media"
 
 
+class DecoderCrashed(AudioDecodeError):
+    """The decoder process died on this upload (a crafted or badly damaged file)."""
+
+    code = "decoder_crashed"
+
+
 class NoAudioStream(SenseVoiceError):
     """A media container that holds no audio track (e.g. a silent video)."""
 

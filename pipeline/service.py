@@ -19,7 +19,8 @@ from pathlib import Path
 
 import torch
 
-from .audio import Resampler, decode_audio
+from .audio import Resampler
+from .decoder import Decoder
 from .config import Settings
 from .errors import MemoryPressure, NotReady, SenseVoiceError
 from .jobs import JobStore
@@ -58,6 +59,8 @@ class TranscriptionService:
             settings.max_batch_seconds, settings.retry_after_s)
         self.resampler = Resampler(self.devices[0])
         self._decode_slots = threading.BoundedSemaphore(settings.decode_concurrency or os.cpu_count() or 2)
+        processes = settings.decode_processes
+        self.decoder = Decoder(min(os.cpu_count() or 2, 8) if processes < 0 else processes)
         self.metrics = Metrics(self.devices)
         self.metrics.set_queue_depth_fn(lambda: len(self.scheduler))
         self.metrics.set_jobs_by_state_fn(self.store.counts)
@@ -128,6 +131,9 @@ class TranscriptionService:
                                            metrics=self.metrics,
                                            cpu_threads=self.settings.cpu_threads,
                                            delete_audio_when_done=self.settings.delete_audio_when_done))
+            t1 = time.perf_counter()
+            self.decoder.warm_up()
+            self.startup["decoder_s"] = time.perf_counter() - t1
             self._recover()
             self.metrics.start()
             for w in self.workers:
@@ -165,6 +171,7 @@ class TranscriptionService:
         for w in self.workers:
             w.join(timeout=10)
         self.metrics.stop()
+        self.decoder.close()
 
     def _on_fatal(self, e: BaseException) -> None:
         self.state = "failed"
@@ -239,7 +246,7 @@ class TranscriptionService:
         resampler = Resampler(device)
 
         def load(job_id: str) -> torch.Tensor:
-            audio = decode_audio(self.store.load_upload(job_id),
+            audio = self.decoder(self.store.load_upload(job_id),
                                  max_seconds=self.settings.max_audio_seconds)
             return resampler(audio)
 
@@ -373,14 +380,14 @@ class TranscriptionService:
         caps = {"max_seconds": self.settings.max_audio_seconds, "max_bytes": self.settings.max_upload_bytes}
         with self._decode_slots:
             if options.split_channels:  # [2, n]: one speaker per channel; a mono file stays [n]
-                left = decode_audio(data, channel=0, **caps)
+                left = self.decoder(data, channel=0, **caps)
                 wave = self.resampler(left)
                 if left.channels > 1:
-                    right = self.resampler(decode_audio(data, channel=1, **caps))
+                    right = self.resampler(self.decoder(data, channel=1, **caps))
                     n = min(wave.shape[-1], right.shape[-1])
                     wave = torch.stack([wave[:n], right[:n]])
             else:
-                wave = self.resampler(decode_audio(data, **caps))
+                wave = self.resampler(self.decoder(data, **caps))
             if wave.is_cuda:
                 torch.cuda.current_stream(wave.device).synchronize()  # ready before other threads read it
         return wave

@@ -156,6 +156,8 @@ def main(argv=None) -> int:
         return 2
     import uvicorn
 
+    if settings.gil_switch_ms > 0:  # process-wide: set by the entry point, not by create_app
+        sys.setswitchinterval(settings.gil_switch_ms / 1000)
     app = create_app(settings, TranscriptionService(settings, source))
     print(f"SenseVoice on http://{settings.host}:{settings.port}/  (model: {source.name})", flush=True)
     # uvloop + httptools (requirements) rather than asyncio + h11: polls stay cheap under load

@@ -82,6 +82,9 @@ class Settings(BaseSettings):
     retry_after_s: int = Field(2, description="Retry-After seconds sent with 503 queue_full.")
     ui: bool = Field(True, description="Serve the Gradio UI at /ui; false = REST API only (gradio "
                      "is then not imported).")
+    gil_switch_ms: float = Field(
+        0.5, ge=0, description="Python's thread switch interval, ms (0 = Python's own 5 ms). Smaller "
+        "hands the GIL to the event loop sooner when threads compete (poll latency under load).")
     access_log: bool = Field(
         False, description="Log every HTTP request (polls included: 200 pollers are 400 lines/s); "
         "each job is logged once either way.")

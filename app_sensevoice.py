@@ -43,6 +43,8 @@ def create_app(settings=None, service=None, start: bool = True):
     app.state.service = service
     install_error_handlers(app)
     bodies = PollBodies()
+    service.on_purge.append(bodies.forget)
+    app.state.poll_bodies = bodies
     app.include_router(build_router(service, bodies))
 
     if settings.ui:

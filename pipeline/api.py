@@ -82,6 +82,12 @@ class PollBodies:
                 self._bodies.popitem(last=False)
         return body
 
+    def forget(self, job_ids) -> None:
+        """Drop purged jobs: their transcripts must not outlive retention, not even in memory."""
+        with self._lock:
+            for jid in job_ids:
+                self._bodies.pop(jid, None)
+
 
 class FastPolls:
     """ASGI middleware: answer ``GET /api/jobs/{id}`` for a job held in memory straight from the

@@ -13,6 +13,7 @@ import threading
 import time
 import uuid
 from collections import OrderedDict
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from pathlib import Path
@@ -20,8 +21,8 @@ from pathlib import Path
 import torch
 
 from .audio import Resampler
-from .decoder import Decoder
 from .config import Settings
+from .decoder import Decoder
 from .errors import MemoryPressure, NotReady, SenseVoiceError
 from .jobs import JobStore
 from .metrics import Metrics
@@ -76,6 +77,7 @@ class TranscriptionService:
         self._recent: OrderedDict[str, Job] = OrderedDict()  # id -> latest snapshot (bounded)
         self._recent_lock = threading.Lock()
         self._owned_files: dict[str, list[Path]] = {}  # job id -> intermediate copies to delete with it
+        self.on_purge: list[Callable[[list[str]], None]] = []  # caches that must forget purged jobs
         self._stopping = threading.Event()
         self._janitor: threading.Thread | None = None
 
@@ -185,6 +187,8 @@ class TranscriptionService:
                 self._recent.pop(jid, None)
                 for path in self._owned_files.pop(jid, ()):
                     path.unlink(missing_ok=True)
+        for forget in self.on_purge:
+            forget(purged)
         return len(purged)
 
     def _janitor_loop(self) -> None:

@@ -243,16 +243,18 @@ def test_kill_9_loses_no_accepted_job(demo_dir, tmp_path, clip_factory):
 
 
 def test_retention_purges_result_and_audio_and_answers_410(demo_dir, tmp_path, clip_factory):
-    server = LiveServer(make_settings(demo_dir, tmp_path / "d", retention_hours=0.0)).start()
+    server = LiveServer(make_settings(demo_dir, tmp_path / "d", retention_hours=1.0)).start()
+    bodies = server.app.state.poll_bodies
     try:
         jid = submit(server, clip_factory("wav", 16000, 1)).json()["id"]
-        deadline = time.monotonic() + 30
-        while httpx.get(f"{server.url}/api/jobs/{jid}").status_code == 200 and time.monotonic() < deadline:
-            server.service.purge_expired()
-            time.sleep(0.05)
+        assert wait_done(server, jid)["status"] == "done"
+        assert jid in bodies._bodies  # the done job's JSON, kept for repeated polls
+        server.service.settings.retention_hours = 0.0  # the job is now past its retention
+        assert server.service.purge_expired() == 1
         r = httpx.get(f"{server.url}/api/jobs/{jid}")
         assert r.status_code == 410 and "retention" in r.json()["error"]["message"]
         assert not server.service.store.spool_path(jid).exists()
+        assert jid not in bodies._bodies  # no copy of the result left in memory
     finally:
         server.stop()
 

@@ -53,6 +53,9 @@ class Settings(BaseSettings):
     decode_processes: int = Field(
         -1, description="Processes that decode uploads (-1 = one per CPU core, at most 8; 0 = in "
         "the server process). Out of the server's GIL, and a decoder crash costs one process.")
+    decode_timeout_s: float = Field(
+        600.0, gt=0, description="An upload still decoding after this long is refused (415) and its "
+        "decoder process killed (a 4 h mp3 decodes in well under a minute per core).")
     queue_size: int = Field(1024, ge=1, description="Max jobs waiting; beyond it submit gets 503.")
     max_upload_bytes: int = Field(200 * 1024 * 1024, description="Max upload size, bytes.")
     max_audio_seconds: float = Field(4 * 3600.0, description="Max decoded duration, seconds.")

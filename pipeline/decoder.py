@@ -7,7 +7,10 @@ processes it runs in parallel, and a decoder that crashes on a hostile file cost
 (rebuilt at once) and that upload's answer, never the server.
 
 Processes are forked from a forkserver that has imported only :mod:`pipeline.audio` (PyAV, numpy:
-no torch, no CUDA, no threads of the server). ``processes=0`` decodes in the calling thread.
+no torch, no CUDA, no threads of the server). A decode that runs past ``timeout_s`` is refused and
+the pool's processes are killed and replaced (other uploads decoding at that moment get the same
+answer: rare, and better than a decoder stuck for good). ``processes=0`` decodes in the calling
+thread, with no crash isolation and no timeout.
 """
 
 from __future__ import annotations
@@ -17,10 +20,11 @@ import multiprocessing
 import threading
 from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
 from concurrent.futures.process import BrokenProcessPool
 
 from .audio import DecodedAudio, decode_audio
-from .errors import DecoderCrashed
+from .errors import DecoderCrashed, DecodeTimeout
 
 logger = logging.getLogger("sensevoice.decoder")
 
@@ -30,9 +34,11 @@ TASKS_PER_PROCESS = 500  # a decoder process is replaced after this many files (
 class Decoder:
     """``decoder(data, **decode_audio_kwargs) -> DecodedAudio``, thread-safe."""
 
-    def __init__(self, processes: int, target: Callable[..., DecodedAudio] = decode_audio):
+    def __init__(self, processes: int, target: Callable[..., DecodedAudio] = decode_audio,
+                 timeout_s: float = 600.0):
         self.processes = processes
         self.target = target  # what runs in the process (tests inject a crash here)
+        self.timeout_s = timeout_s  # a file that keeps a decoder busy longer is refused
         self._pool: ProcessPoolExecutor | None = None
         self._lock = threading.Lock()
 
@@ -41,7 +47,13 @@ class Decoder:
             return self.target(data, **kwargs)
         pool = self._current_pool()
         try:
-            return pool.submit(self.target, data, **kwargs).result()
+            return pool.submit(self.target, data, **kwargs).result(timeout=self.timeout_s)
+        except FutureTimeout:
+            self._replace(pool, kill=True)  # the stuck process is killed, not waited for
+            logger.error("decoding an upload (%d bytes) took over %g s; pool rebuilt",
+                         len(data), self.timeout_s)
+            raise DecodeTimeout(f"decoding this file took longer than {self.timeout_s:g} s; it "
+                                "is damaged or crafted, and was not accepted") from None
         except BrokenProcessPool:
             self._replace(pool)
             logger.error("a decoder process died on an upload (%d bytes); pool rebuilt", len(data))
@@ -70,10 +82,13 @@ class Decoder:
                                                  max_tasks_per_child=TASKS_PER_PROCESS)
             return self._pool
 
-    def _replace(self, broken: ProcessPoolExecutor) -> None:
+    def _replace(self, broken: ProcessPoolExecutor, kill: bool = False) -> None:
         with self._lock:
             if self._pool is broken:  # other threads saw the same break: rebuild once
                 self._pool = None
+        if kill:  # the executor has no public way to stop a running task (3.14 adds one)
+            for proc in list((broken._processes or {}).values()):
+                proc.kill()
         broken.shutdown(wait=False, cancel_futures=True)
 
 

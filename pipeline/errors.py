@@ -30,6 +30,12 @@ class DecoderCrashed(AudioDecodeError):
     code = "decoder_crashed"
 
 
+class DecodeTimeout(AudioDecodeError):
+    """Decoding this upload ran past the decode timeout (a crafted or badly damaged file)."""
+
+    code = "decode_timeout"
+
+
 class NoAudioStream(SenseVoiceError):
     """A media container that holds no audio track (e.g. a silent video)."""
 

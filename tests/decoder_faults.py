@@ -16,3 +16,12 @@ def crash_on_marker(data: bytes, **kwargs):
 
 def process_id(data: bytes, **kwargs) -> int:
     return os.getpid()
+
+
+def hang_on_marker(data: bytes, **kwargs):
+    """Like a decoder caught in an endless loop by a crafted file."""
+    if data.startswith(b"HANG"):
+        import time
+
+        time.sleep(3600)
+    return decode_audio(data, **kwargs)

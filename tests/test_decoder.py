@@ -8,9 +8,9 @@ import httpx
 import pytest
 
 from pipeline.decoder import Decoder
-from pipeline.errors import DecoderCrashed
+from pipeline.errors import DecoderCrashed, DecodeTimeout
 from tests.conftest import LiveServer, make_settings
-from tests.decoder_faults import crash_on_marker, process_id
+from tests.decoder_faults import crash_on_marker, hang_on_marker, process_id
 from tests.test_api import submit, wait_done
 
 
@@ -32,6 +32,21 @@ def test_a_decoder_crash_costs_one_upload_and_the_pool_recovers(clip_factory):
         with pytest.raises(DecoderCrashed, match="crashed"):
             decoder(b"CRASH" + good)
         assert decoder(good).sample_rate == 16000  # a new pool serves the next upload
+    finally:
+        decoder.close()
+
+
+def test_a_stuck_decoder_is_killed_after_the_timeout(clip_factory):
+    decoder = Decoder(1, target=hang_on_marker, timeout_s=2.0)
+    good = open(clip_factory("wav", 16000, 1), "rb").read()
+    try:
+        decoder.warm_up()
+        stuck = next(iter(decoder._pool._processes.values()))  # the one process
+        with pytest.raises(DecodeTimeout, match="longer than 2 s"):
+            decoder(b"HANG" + good)
+        stuck.join(5)
+        assert not stuck.is_alive()  # killed, not left running
+        assert decoder(good).sample_rate == 16000
     finally:
         decoder.close()
 

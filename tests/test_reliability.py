@@ -381,6 +381,31 @@ def test_gradio_file_routes_cannot_read_files(guarded, target):
         assert "root:" not in r.text and "SQLite" not in r.text
 
 
+@pytest.mark.parametrize("origin,allowed", [("https://evil.example", False), ("null", False),
+                                            ("http://127.0.0.1", True)])
+def test_ui_cors_is_strict_on_loopback(guarded, origin, allowed):
+    """Gradio's strict CORS (the default we keep): a page from another site, or a sandboxed 'null'
+    origin, cannot drive the UI's API on loopback (CSRF); the UI's own origin can."""
+    r = httpx.options(guarded.url + "/ui/gradio_api/queue/join", headers={
+        "Origin": origin, "Access-Control-Request-Method": "POST"})
+    assert (r.headers.get("access-control-allow-origin") == origin) is allowed
+
+
+def test_ui_says_busy_when_the_queue_is_full(demo_dir, tmp_path, clip_factory):
+    from gradio_client import Client, handle_file
+
+    server = LiveServer(make_settings(demo_dir, tmp_path / "d", retry_after_s=3)).start()
+    sched = server.service.scheduler
+    try:
+        client = Client(server.url + "/ui/", verbose=False)
+        sched.maxsize = 0
+        status, *_ = client.predict(handle_file(str(clip_factory("wav", 16000, 1))), "auto", True,
+                                    False, api_name="/submit")  # (the job-id State is not returned)
+        assert status == "busy, try again in 3 s" and len(sched) == 0
+    finally:
+        server.stop()
+
+
 def test_no_monitoring_route(guarded):
     assert httpx.get(guarded.url + "/ui/monitoring").status_code in (403, 404)
 

@@ -57,8 +57,10 @@ class Decoder:
         except BrokenProcessPool:
             self._replace(pool)
             logger.error("a decoder process died on an upload (%d bytes); pool rebuilt", len(data))
-            raise DecoderCrashed("the audio decoder crashed on this file; it is damaged or "
-                                 "crafted, and was not accepted") from None
+            # every upload in the pool at that moment gets this answer: the pool cannot tell which
+            # file killed the process
+            raise DecoderCrashed("the audio decoder crashed on this upload (a damaged or crafted "
+                                 "file; if it plays fine, try again)") from None
 
     def warm_up(self) -> None:
         """Start the processes now, not on the first upload."""

@@ -49,7 +49,9 @@ def create_app(settings=None, service=None, start: bool = True):
 
     if settings.ui:
         app = mount_ui(app, settings, service)
-    app.add_middleware(UploadLimit, max_bytes=settings.max_upload_bytes + 64 * 1024)
+    uploads = settings.max_concurrent_uploads or max(8, 2 * (os.cpu_count() or 2))
+    app.add_middleware(UploadLimit, max_bytes=settings.max_upload_bytes + 64 * 1024,
+                       max_in_flight=uploads, retry_after_s=settings.retry_after_s)
     app.add_middleware(FastPolls, service=service, bodies=bodies)  # outermost: polls skip the rest
     return app
 

@@ -20,8 +20,8 @@ from fastapi.responses import FileResponse, JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from .audio import read_upload
-from .errors import (AudioGone, InvalidOption, ResultNotReady, SenseVoiceError, Unauthorized,
-                     UploadTooLarge)
+from .errors import (AudioGone, InvalidOption, ResultNotReady, SenseVoiceError, TooManyUploads,
+                     Unauthorized, UploadTooLarge)
 from .metrics import CONTENT_TYPE
 from .service import TranscriptionService
 from .types import Job, JobState, Lane, TranscribeOptions
@@ -129,12 +129,20 @@ class FastPolls:
 
 
 class UploadLimit:
-    """ASGI middleware: refuse request bodies over ``max_bytes`` while they stream in (413),
-    before the multipart parser spools them anywhere."""
+    """ASGI middleware for request bodies: refuse one over ``max_bytes`` while it streams in (413),
+    before the multipart parser spools it anywhere; and refuse a large one at once (503 +
+    Retry-After) while ``max_in_flight`` large bodies are already being received or handled, so
+    that many slow or huge uploads at a time cannot take every thread or the memory (each upload
+    is read whole before it is decoded)."""
 
-    def __init__(self, app, max_bytes: int):
+    SMALL_BODY = 64 * 1024  # bytes; smaller bodies (forms, the UI's queue calls) are not counted
+
+    def __init__(self, app, max_bytes: int, max_in_flight: int = 0, retry_after_s: int = 2):
         self.app = app
         self.max_bytes = max_bytes
+        self.max_in_flight = max_in_flight  # 0 = no limit
+        self.retry_after_s = retry_after_s
+        self.in_flight = 0  # only touched on the event loop: no lock needed
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http" or scope.get("method") not in ("POST", "PUT"):
@@ -145,6 +153,22 @@ class UploadLimit:
                                    f"upload larger than {self.max_bytes} bytes")
         if declared is not None and declared.isdigit() and int(declared) > self.max_bytes:
             return await too_large(scope, receive, send)
+        large = not (declared is not None and declared.isdigit() and int(declared) <= self.SMALL_BODY)
+        if large and self.max_in_flight and self.in_flight >= self.max_in_flight:
+            busy = error_response(
+                503, TooManyUploads.code, f"{self.in_flight} uploads are in progress, the most this "
+                f"server takes at once; try again in {self.retry_after_s} s",
+                headers={"Retry-After": str(self.retry_after_s)})
+            return await busy(scope, receive, send)
+        if large:
+            self.in_flight += 1
+        try:
+            await self._limited(scope, receive, send, too_large)
+        finally:
+            if large:
+                self.in_flight -= 1
+
+    async def _limited(self, scope, receive, send, too_large):
         seen = 0
         exceeded = started = False
 

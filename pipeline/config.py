@@ -56,6 +56,10 @@ class Settings(BaseSettings):
     decode_timeout_s: float = Field(
         600.0, gt=0, description="An upload still decoding after this long is refused (415) and its "
         "decoder process killed (a 4 h mp3 decodes in well under a minute per core).")
+    max_concurrent_uploads: int = Field(
+        0, ge=0, description="Large request bodies received or handled at once (0 = twice the CPU "
+        "cores, at least 8); beyond it an upload gets 503 + Retry-After at once. Bounds memory too: "
+        "each upload is read whole before it is decoded.")
     queue_size: int = Field(1024, ge=1, description="Max jobs waiting; beyond it submit gets 503.")
     max_upload_bytes: int = Field(200 * 1024 * 1024, description="Max upload size, bytes.")
     max_audio_seconds: float = Field(4 * 3600.0, description="Max decoded duration, seconds.")

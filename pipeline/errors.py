@@ -82,6 +82,13 @@ class QueueFull(SenseVoiceError):
         self.retry_after = retry_after
 
 
+class TooManyUploads(SenseVoiceError):
+    """Back-pressure: the most uploads the server receives at once are in progress."""
+
+    status = 503
+    code = "too_many_uploads"
+
+
 class MemoryPressure(SenseVoiceError):
     """GPU admission control: free device memory is under the threshold."""
 

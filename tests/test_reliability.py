@@ -335,6 +335,34 @@ def test_streaming_byte_cap_refuses_without_content_length(guarded):
     assert b"upload_too_large" in answer
 
 
+def test_uploads_in_flight_are_bounded(demo_dir, tmp_path, clip_factory):
+    """With one upload slot, a slow upload (a chunked body that is still coming) holds it: the next
+    large upload gets 503 too_many_uploads with Retry-After at once, a small request still passes,
+    and once the slow client goes away the slot is free again."""
+    import socket
+
+    server = LiveServer(make_settings(demo_dir, tmp_path / "d", max_concurrent_uploads=1)).start()
+    large = clip_factory("wav", 44100, 2)  # ~0.5 MB: a counted upload
+    try:
+        slow = socket.create_connection(("127.0.0.1", server.settings.port), timeout=15)
+        slow.sendall(b"POST /api/jobs HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n"
+                     b"Content-Type: multipart/form-data; boundary=x\r\n\r\n5\r\n--x\r\n\r\n")
+        time.sleep(0.5)  # the server has started on it
+        t = time.monotonic()
+        r = submit(server, large)
+        assert r.status_code == 503 and r.json()["error"]["code"] == "too_many_uploads"
+        assert int(r.headers["retry-after"]) >= 1 and time.monotonic() - t < 5  # never waits
+        small = httpx.post(server.url + "/api/jobs", files={"file": ("x.wav", b"RIFF")})
+        assert small.status_code == 415  # a small body is not counted: it reached the decoder
+        slow.close()
+        deadline = time.monotonic() + 10
+        while (r := submit(server, large)).status_code == 503 and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert r.status_code == 202 and wait_done(server, r.json()["id"])["status"] == "done"
+    finally:
+        server.stop()
+
+
 def test_duration_cap(guarded, clip_factory, tmp_path):
     # 8 s of quiet low-bitrate opus: a tiny file that decodes past the 5 s cap
     path = tmp_path / "long.opus"

@@ -3,18 +3,7 @@
 # with py-spy (all threads, and GIL holders only); a second run with two client processes tells
 # whether the load generator itself is the limit. Wheels as for bench/gpu_load.sh, plus py-spy.
 set -uo pipefail
-OUT=${OUT:-$(mktemp -d)}
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
-  .whl-gpu/*.whl && export PYTHONPATH=/tmp/site || exit 1
-model=/tmp/sensevoice-full
-[ -f $model/model.pt ] || python3 -m pipeline.testing.build_model --variant full --out $model >"$OUT/build.log" 2>&1
-port=7871
-python3 app_sensevoice.py --model $model --device cuda --api-only --port $port --data-dir /tmp/prof-data \
-  >"$OUT/server.log" 2>&1 &
-server=$!
-get() { python3 -c "import sys, urllib.request; print(urllib.request.urlopen(sys.argv[1], timeout=5).read().decode())" "$1"; }
-for _ in $(seq 600); do get "http://127.0.0.1:$port/readyz" >/dev/null 2>&1 && break; sleep 0.5; done
-url="http://127.0.0.1:$port"
+source bench/gpu_server.sh
 OUT=$OUT/one python3 bench/load_test.py --url $url --submitters 32 --seconds 25 --pollers 200 >"$OUT/one.txt" 2>&1 &
 one=$!
 sleep 6

@@ -17,11 +17,12 @@ from fastapi import APIRouter, Depends, FastAPI, File, Form, Request, UploadFile
 from fastapi.concurrency import run_in_threadpool
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import FileResponse, JSONResponse, Response
+from starlette.datastructures import Headers
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from .audio import read_upload
-from .errors import (AudioGone, InvalidOption, ResultNotReady, SenseVoiceError, TooManyUploads,
-                     Unauthorized, UploadTooLarge)
+from .errors import (AudioGone, Busy, InvalidOption, ResultNotReady, SenseVoiceError,
+                     TooManyUploads, Unauthorized, UploadTooLarge)
 from .metrics import CONTENT_TYPE
 from .service import TranscriptionService
 from .types import Job, JobState, Lane, TranscribeOptions
@@ -32,6 +33,22 @@ logger = logging.getLogger("sensevoice.api")
 def error_response(status: int, code: str, message: str, headers: dict | None = None) -> JSONResponse:
     return JSONResponse({"error": {"code": code, "message": message}}, status_code=status,
                         headers=headers)
+
+
+def domain_response(e: SenseVoiceError) -> JSONResponse:
+    """The answer to a domain error (back-pressure ones with Retry-After), for the exception
+    handler and for middleware that answers before the app."""
+    headers = {"Retry-After": str(e.retry_after)} if isinstance(e, Busy) else None
+    return error_response(e.status, e.code, e.message, headers)
+
+
+def token_ok(get_header, token: str) -> bool:
+    """'Authorization: Bearer <token>' (or X-API-Key) matches ``token``; always true without one."""
+    if not token:
+        return True
+    auth = get_header("authorization") or ""
+    given = auth[7:] if auth.lower().startswith("bearer ") else get_header("x-api-key") or ""
+    return hmac.compare_digest(given.encode(), token.encode())
 
 
 def job_json(job: Job) -> dict:
@@ -101,14 +118,13 @@ class FastPolls:
         self.app = app
         self.service = service
         self.bodies = bodies
-        token = service.settings.api_token
-        self.expected = f"Bearer {token}".encode() if token else None
+        self.token = service.settings.api_token
 
     async def __call__(self, scope, receive, send):
         if scope["type"] == "http" and scope["method"] == "GET":
             path: str = scope["path"]
             job_id = path[len(self.PREFIX):] if path.startswith(self.PREFIX) else ""
-            if job_id and "/" not in job_id and self._authorized(scope):
+            if job_id and "/" not in job_id and token_ok(Headers(scope=scope).get, self.token):
                 job = self.service.get_cached(job_id)
                 if job is not None:
                     body = self.bodies.body(job)
@@ -118,14 +134,6 @@ class FastPolls:
                     await send({"type": "http.response.body", "body": body})
                     return
         await self.app(scope, receive, send)
-
-    def _authorized(self, scope) -> bool:
-        if self.expected is None:
-            return True
-        for name, value in scope["headers"]:
-            if name == b"authorization":
-                return hmac.compare_digest(value, self.expected)
-        return False
 
 
 class UploadLimit:
@@ -147,18 +155,16 @@ class UploadLimit:
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http" or scope.get("method") not in ("POST", "PUT"):
             return await self.app(scope, receive, send)
-        headers = dict(scope.get("headers") or [])
-        declared = headers.get(b"content-length")
-        too_large = error_response(413, UploadTooLarge.code,
-                                   f"upload larger than {self.max_bytes} bytes")
-        if declared is not None and declared.isdigit() and int(declared) > self.max_bytes:
+        declared = dict(scope.get("headers") or []).get(b"content-length", b"")
+        length = int(declared) if declared.isdigit() else None
+        too_large = domain_response(UploadTooLarge(f"upload larger than {self.max_bytes} bytes"))
+        if length is not None and length > self.max_bytes:
             return await too_large(scope, receive, send)
-        large = not (declared is not None and declared.isdigit() and int(declared) <= self.SMALL_BODY)
+        large = length is None or length > self.SMALL_BODY
         if large and self.max_in_flight and self.in_flight >= self.max_in_flight:
-            busy = error_response(
-                503, TooManyUploads.code, f"{self.in_flight} uploads are in progress, the most this "
-                f"server takes at once; try again in {self.retry_after_s} s",
-                headers={"Retry-After": str(self.retry_after_s)})
+            busy = domain_response(TooManyUploads(
+                f"{self.in_flight} uploads are in progress, the most this server takes at once; "
+                f"try again in {self.retry_after_s} s", retry_after=self.retry_after_s))
             return await busy(scope, receive, send)
         if large:
             self.in_flight += 1
@@ -222,8 +228,7 @@ def sniff_media_type(path) -> str:
 def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(SenseVoiceError)
     async def _domain(_request: Request, e: SenseVoiceError):
-        headers = {"Retry-After": str(e.retry_after)} if hasattr(e, "retry_after") else None
-        return error_response(e.status, e.code, e.message, headers)
+        return domain_response(e)
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(_request: Request, e: StarletteHTTPException):
@@ -240,11 +245,7 @@ def require_token(token: str):
     """A dependency: 'Authorization: Bearer <token>' (or X-API-Key) when a token is configured."""
 
     async def check(request: Request) -> None:  # no I/O: safe on the event loop
-        if not token:
-            return
-        auth = request.headers.get("authorization", "")
-        given = auth[7:] if auth.lower().startswith("bearer ") else request.headers.get("x-api-key", "")
-        if not hmac.compare_digest(given.encode(), token.encode()):
+        if not token_ok(request.headers.get, token):
             raise Unauthorized("missing or wrong API token (send 'Authorization: Bearer <token>')")
 
     return check
@@ -267,9 +268,9 @@ def build_router(service: TranscriptionService, bodies: PollBodies) -> APIRouter
 
     @router.get("/api/jobs/{job_id}", dependencies=auth)
     async def get_job(job_id: str):
-        # FastPolls answers jobs held in memory before they get here; a cold one is read from
-        # SQLite in the thread pool
-        job = service.get_cached(job_id) or await run_in_threadpool(service.get, job_id)
+        # FastPolls answers jobs held in memory before they get here: this is a cold one (or an
+        # unknown id), read from SQLite in the thread pool
+        job = await run_in_threadpool(service.get, job_id)
         return Response(bodies.body(job), media_type="application/json")
 
     @router.get("/api/jobs/{job_id}/result", dependencies=auth)

@@ -71,33 +71,35 @@ class InvalidOption(SenseVoiceError):
     code = "invalid_option"
 
 
-class QueueFull(SenseVoiceError):
-    """Back-pressure: the bounded queue is full. ``retry_after`` is in seconds."""
+class Busy(SenseVoiceError):
+    """Back-pressure (503): nothing is wrong with the request; try again after ``retry_after`` s."""
 
     status = 503
+    retry_after: int = 1  # seconds, sent as Retry-After
+
+    def __init__(self, message: str, retry_after: int | None = None):
+        super().__init__(message)
+        if retry_after is not None:
+            self.retry_after = retry_after
+
+
+class QueueFull(Busy):
+    """The bounded queue is full."""
+
     code = "queue_full"
 
-    def __init__(self, message: str, retry_after: int = 1):
-        super().__init__(message)
-        self.retry_after = retry_after
 
+class TooManyUploads(Busy):
+    """The most uploads the server receives at once are in progress."""
 
-class TooManyUploads(SenseVoiceError):
-    """Back-pressure: the most uploads the server receives at once are in progress."""
-
-    status = 503
     code = "too_many_uploads"
 
 
-class MemoryPressure(SenseVoiceError):
+class MemoryPressure(Busy):
     """GPU admission control: free device memory is under the threshold."""
 
-    status = 503
     code = "gpu_memory_low"
-
-    def __init__(self, message: str, retry_after: int = 5):
-        super().__init__(message)
-        self.retry_after = retry_after
+    retry_after = 5
 
 
 class NotReady(SenseVoiceError):

@@ -35,6 +35,7 @@ logger = logging.getLogger("sensevoice.service")
 RECENT_JOBS = 20_000  # job snapshots kept in memory so that polls never touch the disk
 CHANNEL_NAMES = ("left", "right")  # speaker labels of a split stereo call (e.g. agent, customer)
 JANITOR_PERIOD_S = 5.0  # how often retention and the watchdog run
+MEMORY_READ_INTERVAL_S = 0.25  # GPU admission reads free memory at most this often per device
 FATAL_EXIT_CODE = 3  # process exit status after a fatal device error or a hung worker
 
 
@@ -79,6 +80,7 @@ class TranscriptionService:
         self._recent_lock = threading.Lock()
         self._owned_files: dict[str, list[Path]] = {}  # job id -> intermediate copies to delete with it
         self.on_purge: list[Callable[[list[str]], None]] = []  # caches that must forget purged jobs
+        self._free_memory: dict[str, tuple[float, float]] = {}  # device -> (read at, free ratio)
         self._stopping = threading.Event()
         self._janitor: threading.Thread | None = None
 
@@ -183,11 +185,12 @@ class TranscriptionService:
     def purge_expired(self) -> int:
         cutoff = time.time() - self.settings.retention_hours * 3600
         purged = self.store.purge(cutoff)
-        with self._recent_lock:
+        with self._recent_lock:  # polls take this lock on the event loop: no disk I/O under it
             for jid in purged:
                 self._recent.pop(jid, None)
-                for path in self._owned_files.pop(jid, ()):
-                    path.unlink(missing_ok=True)
+            owned = [p for jid in purged for p in self._owned_files.pop(jid, ())]
+        for path in owned:
+            path.unlink(missing_ok=True)
         for forget in self.on_purge:
             forget(purged)
         return len(purged)
@@ -372,13 +375,17 @@ class TranscriptionService:
             raise MemoryPressure(
                 f"the GPU is short of memory ({max(ratios):.0%} free); try again in a few seconds")
 
-    @staticmethod
-    def free_memory_ratio(device: str) -> float | None:
-        """Free share of a CUDA device's memory (as the driver sees it, all processes); None for CPU."""
+    def free_memory_ratio(self, device: str) -> float | None:
+        """Free share of a CUDA device's memory (as the driver sees it, all processes); None for CPU.
+        Read at most every ``MEMORY_READ_INTERVAL_S`` per device, not on every submit."""
         if not device.startswith("cuda"):
             return None
-        free, total = torch.cuda.mem_get_info(torch.device(device))
-        return free / total
+        now = time.monotonic()
+        last = self._free_memory.get(device)
+        if last is None or now - last[0] > MEMORY_READ_INTERVAL_S:
+            free, total = torch.cuda.mem_get_info(torch.device(device))
+            last = self._free_memory[device] = (now, free / total)
+        return last[1]
 
     def _decode(self, data: bytes, options: TranscribeOptions) -> torch.Tensor:
         """Upload bytes -> 16 kHz wave on the device: [n] mono, or [channels, n] for split calls."""

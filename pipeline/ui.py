@@ -14,7 +14,7 @@ import gradio as gr
 
 from .api import job_json
 from .audio import read_upload
-from .errors import SenseVoiceError
+from .errors import Busy, SenseVoiceError
 from .service import TranscriptionService
 from .types import LANGUAGES, Job, JobState, Lane, TranscribeOptions
 
@@ -79,9 +79,9 @@ def build_ui(service: TranscriptionService) -> gr.Blocks:
             job = service.submit(data, filename=Path(path).name, options=options,
                                  lane=Lane.INTERACTIVE)
             service.own_file(job.id, path)  # Gradio's cached copy goes with the job
+        except Busy as e:
+            return "", f"busy, try again in {e.retry_after} s", "", "", idle
         except SenseVoiceError as e:
-            if e.code in ("queue_full", "gpu_memory_low"):
-                return "", f"busy, try again in {e.retry_after} s", "", "", idle
             return "", f"error: {e.message}", "", "", idle
         return job.id, f"{status_line(job)} — job {job.id}", "", "", gr.Timer(active=True)
 

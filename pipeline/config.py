@@ -60,6 +60,41 @@ class Settings(BaseSettings):
         0, ge=0, description="Large request bodies received or handled at once (0 = twice the CPU "
         "cores, at least 8); beyond it an upload gets 503 + Retry-After at once. Bounds memory too: "
         "each upload is read whole before it is decoded.")
+    decoder_memory_mb: int = Field(
+        0, ge=0, description="Address-space limit of each decoder process, MiB (0 = derived from "
+        "max_audio_seconds: room for the longest allowed audio at 16 kHz plus the decoder's own "
+        "needs). A crafted file that asks for more fails alone (413 decoder_out_of_memory).")
+    header_timeout_s: float = Field(
+        10.0, gt=0, description="A connection must send a request's complete headers within this "
+        "long, or it is closed (slow-header attacks hold file descriptors).")
+    body_timeout_s: float = Field(
+        900.0, gt=0, description="The longest a request body may take to arrive (408 beyond it).")
+    body_min_rate_bytes_s: int = Field(
+        8192, ge=0, description="After body_grace_s, a request body arriving slower than this (bytes/s, "
+        "on average) is cut off with 408: slow bodies cannot hold upload slots.")
+    body_grace_s: float = Field(10.0, ge=0, description="Seconds before the minimum body rate applies.")
+    max_uploads_per_client: int = Field(
+        4, ge=0, description="Large uploads one client address may have in flight (0 = no limit); more "
+        "get 429 + Retry-After. Behind a reverse proxy every client has the proxy's address.")
+    max_connections_per_client: int = Field(
+        256, ge=0, description="Open connections one client address may hold (0 = no limit); more are "
+        "closed at once.")
+    max_connections: int = Field(
+        0, ge=0, description="Open connections in all (0 = half the file-descriptor limit); beyond "
+        "it new connections are closed at once, so the server never runs out of descriptors.")
+    allowed_hosts: str = Field(
+        "", description="Comma-separated Host names the server answers (DNS-rebinding defence). "
+        "Empty = loopback names (localhost, 127.0.0.1, ::1) plus the bound host when it is not a "
+        "wildcard; '*' = any.")
+    segment_backlog_jobs: int = Field(
+        64, ge=1, description="Long recordings accepted but not yet split into pieces and queued; "
+        "beyond it a long upload gets 503 backlog_full + Retry-After.")
+    segment_backlog_hours: float = Field(
+        16.0, gt=0, description="Audio hours of long recordings waiting to be split or run; beyond "
+        "it a long upload gets 503 backlog_full. Their audio waits on disk, not in memory.")
+    loop_stall_timeout_s: float = Field(
+        30.0, gt=0, description="An event loop that has not answered for this long makes the "
+        "service unhealthy (readyz 503, and with exit_on_fatal an exit for a restart).")
     queue_size: int = Field(1024, ge=1, description="Max jobs waiting; beyond it submit gets 503.")
     max_upload_bytes: int = Field(200 * 1024 * 1024, description="Max upload size, bytes.")
     max_audio_seconds: float = Field(4 * 3600.0, description="Max decoded duration, seconds.")

@@ -149,3 +149,66 @@ class ModelUnavailable(SenseVoiceError):
 
     status = 503
     code = "model_unavailable"
+
+
+class DecoderOutOfMemory(AudioDecodeError):
+    """Decoding this upload needed more memory than a decoder process may have."""
+
+    status = 413
+    code = "decoder_out_of_memory"
+
+
+class StorageFull(SenseVoiceError):
+    """The server's disk (or its file-size limit) is full: the upload could not be stored."""
+
+    status = 507
+    code = "storage_full"
+
+
+class StorageError(Busy):
+    """The job could not be stored for another I/O reason (try again)."""
+
+    code = "storage_error"
+    retry_after = 5
+
+
+class BacklogFull(Busy):
+    """Too many long recordings (jobs or audio hours) are waiting to be split and run."""
+
+    code = "backlog_full"
+    retry_after = 30
+
+
+class ClientUploadLimit(Busy):
+    """This client already has the most uploads in flight that one client may have."""
+
+    status = 429
+    code = "too_many_uploads_from_client"
+
+
+class RequestTimeout(SenseVoiceError):
+    """The request body did not arrive in time (too slow, or stalled)."""
+
+    status = 408
+    code = "request_timeout"
+
+
+class HostNotAllowed(SenseVoiceError):
+    """The Host header names a host this server does not answer for (DNS-rebinding defence)."""
+
+    status = 400
+    code = "host_not_allowed"
+
+
+class CrossSiteRequest(SenseVoiceError):
+    """A browser request from another site that would change state (CSRF defence)."""
+
+    status = 403
+    code = "cross_site_request"
+
+
+class PathRefused(SenseVoiceError):
+    """A client named a server file that is not one of its own uploads."""
+
+    status = 403
+    code = "path_refused"

@@ -6,6 +6,10 @@ then up to ``max_wait`` for more -- but only while arrivals are dense (the previ
 from bursts and from whatever queues up while the device is busy. It picks a batch around the
 oldest item of the most urgent lane, preferring items of similar length to cut padding, filling spare
 seats from the other lane, within ``max_batch`` items and ``max_batch_seconds`` of padded audio.
+
+Several workers (one per GPU) may share one scheduler: a worker that waited for a batch to fill may
+find the queue emptied by another and goes back to waiting (two H200 workers once woke for one item
+and the loser called ``min()`` on an empty queue).
 """
 
 from __future__ import annotations
@@ -107,23 +111,29 @@ class Scheduler:
         """Block up to ``timeout`` for work; return a batch (possibly empty)."""
         deadline = time.monotonic() + timeout
         with self._cond:
-            while not self._items and not self._closed:
-                left = deadline - time.monotonic()
-                if left <= 0:
+            while True:
+                while not self._items and not self._closed:
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        return []
+                    self._cond.wait(left)
+                if self._closed:
                     return []
-                self._cond.wait(left)
-            if self._closed:
-                return []
-            idle = len(self._items) == 1 and self._gap_before_last > self.max_wait_s
-            fill_until = time.monotonic() + (0.0 if idle else self.max_wait_s)
-            while len(self._items) < self.max_batch and not self._closed:
-                left = fill_until - time.monotonic()
-                if left <= 0:
+                idle = len(self._items) == 1 and self._gap_before_last > self.max_wait_s
+                fill_until = time.monotonic() + (0.0 if idle else self.max_wait_s)
+                while 0 < len(self._items) < self.max_batch and not self._closed:
+                    left = fill_until - time.monotonic()
+                    if left <= 0:
+                        break
+                    self._cond.wait(left)  # releases the lock: other workers may take items
+                if self._items and not self._closed:
                     break
-                self._cond.wait(left)
+                # another worker took everything while this one waited for the batch to fill
             batch = self._select()
             chosen = set(map(id, batch))
             self._items = [i for i in self._items if id(i) not in chosen]
+            if self._items:
+                self._cond.notify()  # what is left is another worker's next batch
             return batch
 
     def _select(self) -> list[WorkItem]:

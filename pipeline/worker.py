@@ -75,20 +75,23 @@ class Worker(threading.Thread):
     def _loop(self) -> None:
         while not self._stop_event.is_set():
             self.heartbeat = time.monotonic()
-            batch = self.scheduler.next_batch(timeout=POLL_S)
-            if not batch:
-                continue
+            batch: list[WorkItem] = []
             try:
-                self._run_batch(batch)
-            except Exception as e:  # a poisoned CUDA context: give up, let the supervisor restart
-                if _is_fatal(e):
+                batch = self.scheduler.next_batch(timeout=POLL_S)
+                if batch:
+                    self._run_batch(batch)
+            except Exception as e:
+                if _is_fatal(e):  # a poisoned CUDA context: give up, let the supervisor restart
                     logger.critical("fatal device error, worker stops: %s", e)
                     self.fatal = e
                     self.on_fatal(e)
                     return
-                logger.exception("unexpected worker error")
+                # a bug (here or in the scheduler) is not a device fault: fail what this batch
+                # held and keep serving; the process is not restarted for it
+                logger.exception("unexpected worker error (the worker goes on)")
                 for item in batch:  # never leave a job running forever
                     self._fail(item, "internal_error", f"the worker failed on this batch: {e}")
+                time.sleep(POLL_S)  # a bug that repeats must not spin a core
 
     # ------------------------------------------------------------------ one batch
     def _run_batch(self, batch: list[WorkItem]) -> None:

@@ -134,9 +134,18 @@ def supervise(command: list[str]) -> int:
             return 0
 
 
+def ignore_file_size_signal() -> None:
+    """A write past the file-size limit (ulimit -f, prlimit --fsize) fails with EFBIG, which the
+    store answers as 507 storage_full, instead of SIGXFSZ killing the whole server."""
+    import signal
+
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+
+
 def main(argv=None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     args = parse_args(argv)
+    ignore_file_size_signal()
     if args.supervise:
         rest = [a for a in (sys.argv[1:] if argv is None else argv) if a != "--supervise"]
         return supervise([sys.executable, __file__, *rest])

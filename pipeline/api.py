@@ -23,6 +23,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from .audio import read_upload
 from .errors import (AudioGone, Busy, InvalidOption, ResultNotReady, SenseVoiceError,
                      TooManyUploads, Unauthorized, UploadTooLarge)
+from .jobs import storage_error
 from .metrics import CONTENT_TYPE
 from .service import TranscriptionService
 from .types import Job, JobState, Lane, TranscribeOptions
@@ -232,8 +233,17 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(_request: Request, e: StarletteHTTPException):
+        if isinstance(e.__cause__, OSError):  # FastAPI's "error parsing the body" over a failed write
+            return await _storage(_request, e.__cause__)
         code = {404: "not_found", 405: "method_not_allowed"}.get(e.status_code, "invalid_request")
         return error_response(e.status_code, code, str(e.detail), getattr(e, "headers", None))
+
+    @app.exception_handler(OSError)
+    async def _storage(_request: Request, e: OSError):
+        # a write that failed below our own code (the multipart parser spooling a large upload to
+        # a temporary file on a full disk): JSON 507/503, not a plain-text 500
+        logger.error("I/O error while handling a request: %s", e)
+        return domain_response(storage_error(e))
 
     @app.exception_handler(RequestValidationError)
     async def _validation(_request: Request, e: RequestValidationError):

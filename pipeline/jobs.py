@@ -8,6 +8,7 @@ answers), so that a restart can decode and run queued jobs again.
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import os
@@ -19,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Iterator
 
-from .errors import JobGone, JobNotFound
+from .errors import JobGone, JobNotFound, SenseVoiceError, StorageError, StorageFull
 from .types import Job, JobError, JobState, Lane, TranscribeOptions, Transcript, Word
 
 logger = logging.getLogger("sensevoice.jobs")
@@ -77,6 +78,8 @@ class JobStore:
         self.data_dir = Path(data_dir)
         self.spool_dir = self.data_dir / "spool"
         self.spool_dir.mkdir(parents=True, exist_ok=True)
+        for stale in self.spool_dir.glob("*.tmp"):  # a write cut short by a crash
+            stale.unlink(missing_ok=True)
         self.db_path = self.data_dir / "jobs.sqlite3"
         self._local = threading.local()
         with self._conn() as c:
@@ -99,20 +102,28 @@ class JobStore:
 
     # ------------------------------------------------------------------ writes
     def create(self, job: Job, upload: bytes) -> None:
-        """Spool the upload (fsync) and insert the job, before the submit answers."""
+        """Spool the upload (fsync) and insert the job, before the submit answers. A write that
+        fails (disk full, file-size limit, I/O error) leaves nothing behind: no temporary file,
+        no spool file without its row; it raises StorageFull (507) or StorageError (503)."""
         path = self.spool_path(job.id)
         tmp = path.with_suffix(".tmp")
-        with open(tmp, "wb") as f:
-            f.write(upload)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-        self._conn().execute(
-            "INSERT INTO jobs (id, state, lane, options, filename, audio_seconds, created_at)"
-            " VALUES (?, ?, ?, ?, ?, ?, ?)",
-            (job.id, JobState.QUEUED.value, int(job.lane), _dump_options(job.options),
-             job.filename, job.audio_seconds, job.created_at),
-        )
+        try:
+            with open(tmp, "wb") as f:
+                f.write(upload)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, path)
+            self._conn().execute(
+                "INSERT INTO jobs (id, state, lane, options, filename, audio_seconds, created_at)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?)",
+                (job.id, JobState.QUEUED.value, int(job.lane), _dump_options(job.options),
+                 job.filename, job.audio_seconds, job.created_at),
+            )
+        except (OSError, sqlite3.Error) as e:
+            tmp.unlink(missing_ok=True)
+            path.unlink(missing_ok=True)
+            logger.error("storing job %s failed: %s", job.id, e)
+            raise storage_error(e) from None
 
     @contextmanager
     def _transaction(self) -> Iterator[sqlite3.Connection]:
@@ -273,6 +284,21 @@ class JobStore:
         if conn is not None:
             conn.close()
             self._local.conn = None
+
+
+# errno values that mean "no room": the disk, a quota, or the process's file-size limit
+NO_SPACE_ERRNOS = frozenset({errno.ENOSPC, errno.EFBIG, errno.EDQUOT})
+
+
+def storage_error(e: OSError | sqlite3.Error) -> SenseVoiceError:
+    """The user-facing error for a failed write: 507 when storage is full, else 503 (retry)."""
+    full = (getattr(e, "errno", None) in NO_SPACE_ERRNOS
+            or getattr(e, "sqlite_errorcode", None) == sqlite3.SQLITE_FULL
+            or "disk is full" in str(e))
+    if full:
+        return StorageFull("the server has no room to store this upload (disk full); "
+                           "try a smaller file or try again later")
+    return StorageError("the server could not store this upload (an I/O error); try again")
 
 
 def _dump_options(o: TranscribeOptions) -> str:

@@ -20,6 +20,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Iterator
 
+import numpy as np
+
 from .errors import JobGone, JobNotFound, SenseVoiceError, StorageError, StorageFull
 from .types import Job, JobError, JobState, Lane, TranscribeOptions, Transcript, Word
 
@@ -250,10 +252,33 @@ class JobStore:
         return ids
 
     def delete_spool(self, job_id: str) -> None:
+        self.spool_path(job_id).unlink(missing_ok=True)
+        self.delete_wave(job_id)
+
+    def wave_path(self, job_id: str) -> Path:
+        return self.spool_dir / f"{job_id}.wave.npy"
+
+    def save_wave(self, job_id: str, samples: np.ndarray) -> None:
+        """The decoded 16 kHz audio of a long job, waiting on disk to be split (not in memory)."""
+        path = self.wave_path(job_id)
+        tmp = path.with_suffix(".tmp")
         try:
-            self.spool_path(job_id).unlink()
+            with open(tmp, "wb") as f:
+                np.save(f, np.ascontiguousarray(samples, dtype=np.float32))
+            os.replace(tmp, path)
+        except OSError as e:
+            tmp.unlink(missing_ok=True)
+            raise storage_error(e) from None
+
+    def load_wave(self, job_id: str) -> np.ndarray | None:
+        """The saved audio, memory-mapped copy-on-write (pages are read as pieces run), or None."""
+        try:
+            return np.load(self.wave_path(job_id), mmap_mode="c")
         except FileNotFoundError:
-            pass
+            return None
+
+    def delete_wave(self, job_id: str) -> None:
+        self.wave_path(job_id).unlink(missing_ok=True)
 
     # ------------------------------------------------------------------ reads
     def get(self, job_id: str) -> Job:

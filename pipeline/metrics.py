@@ -185,6 +185,7 @@ class Metrics:
                 family.inc((d,), 0)
         self._queue_depth_fn: Callable[[], int] | None = None
         self._jobs_fn: Callable[[], dict[str, int]] | None = None
+        self._backlog_fn: Callable[[], tuple[int, float]] | None = None
         self._gpus = GpuSampler(self.devices, nvml_interval_s, nvml=nvml)
 
     # ------------------------------------------------------------------ updates
@@ -223,12 +224,24 @@ class Metrics:
     def set_jobs_by_state_fn(self, fn: Callable[[], dict[str, int]]) -> None:
         self._jobs_fn = fn
 
+    def set_backlog_fn(self, fn: Callable[[], tuple[int, float]]) -> None:
+        """``fn() -> (jobs, audio seconds)`` of long recordings accepted and not yet finished."""
+        self._backlog_fn = fn
+
     def _callback_lines(self) -> list[str]:
         out: list[str] = []
         depth = _call(self._queue_depth_fn, "queue depth")
         if depth is not None:
             out += _header(f"{PREFIX}queue_depth", "gauge", "Jobs waiting in the queue.")
             out.append(_sample(f"{PREFIX}queue_depth", (), int(depth)))
+        backlog = _call(self._backlog_fn, "backlog")
+        if backlog is not None:
+            out += _header(f"{PREFIX}backlog_jobs", "gauge",
+                           "Long recordings accepted and not yet finished (splitting or running).")
+            out.append(_sample(f"{PREFIX}backlog_jobs", (), int(backlog[0])))
+            out += _header(f"{PREFIX}backlog_audio_seconds", "gauge",
+                           "Audio seconds of the long recordings in the backlog.")
+            out.append(_sample(f"{PREFIX}backlog_audio_seconds", (), float(backlog[1])))
         jobs = _call(self._jobs_fn, "jobs by state")
         if jobs is not None:
             out += _header(f"{PREFIX}jobs", "gauge", "Jobs in the store, by state.")

@@ -18,8 +18,10 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from pathlib import Path
 
+import numpy as np
 import torch
 
+from .admission import Backlog
 from .audio import Resampler
 from .config import Settings
 from .decoder import Decoder
@@ -67,6 +69,8 @@ class TranscriptionService:
         self.metrics = Metrics(self.devices)
         self.metrics.set_queue_depth_fn(lambda: len(self.scheduler))
         self.metrics.set_jobs_by_state_fn(self.store.counts)
+        self.backlog = Backlog(settings.segment_backlog_jobs, settings.segment_backlog_hours * 3600)
+        self.metrics.set_backlog_fn(self.backlog.snapshot)
         self.workers: list = []
         self.state = "starting"  # starting -> loading -> ready | failed
         self.error: str | None = None
@@ -214,6 +218,8 @@ class TranscriptionService:
     def _notify(self, job_id: str) -> None:
         """A job finished (worker thread): refresh its snapshot, wake waiters."""
         self._progress.pop(job_id, None)
+        if self.backlog.release(job_id):
+            self.store.delete_wave(job_id)  # pieces already queued keep their memory map
         try:
             self._remember(self.store.get(job_id))
         except SenseVoiceError:
@@ -266,7 +272,8 @@ class TranscriptionService:
         for job in jobs:
             if self._is_long(job.audio_seconds, job.options):
                 self.store.clear_segments(job.id)
-                self._segment_pool.submit(self._split_and_enqueue, job, None)
+                self.backlog.admit(job.id, job.audio_seconds, force=True)
+                self._segment_pool.submit(self._split_and_enqueue, job)
                 continue
             n = int(job.audio_seconds * SAMPLE_RATE)
             self.scheduler.put(WorkItem(job.id, job.lane, job.options, n), force=True)
@@ -286,18 +293,17 @@ class TranscriptionService:
     def _submit(self, data: bytes, filename: str, options: TranscribeOptions, lane: Lane) -> Job:
         if self.state == "failed":
             raise NotReady(f"the service is not available: {self.error}")
-        self.scheduler.check_capacity()  # a cheap early answer before decoding
+        self.scheduler.check_capacity()  # cheap early answers before decoding
+        if options.split_channels:
+            self.backlog.check()
         self._check_memory()
         wave = self._decode(data, options)
         job = Job(id=new_job_id(), state=JobState.QUEUED, options=options, lane=lane,
                   created_at=time.time(), audio_seconds=wave.shape[-1] / SAMPLE_RATE,
                   filename=_display_name(filename))
-        self.store.create(job, data)
         if self._is_long(job.audio_seconds, options):
-            self._progress[job.id] = "segmenting"
-            self._remember(job)
-            self._segment_pool.submit(self._split_and_enqueue, job, wave)
-            return job
+            return self._accept_long(job, data, wave)
+        self.store.create(job, data)
         try:
             self.scheduler.put(WorkItem(job.id, lane, options, int(wave.shape[-1]), audio=wave))
         except SenseVoiceError:
@@ -305,6 +311,26 @@ class TranscriptionService:
             raise
         self._remember(job)
         return replace(job, position=self.scheduler.position(job.id))
+
+    def _accept_long(self, job: Job, data: bytes, wave: torch.Tensor) -> Job:
+        """Count a long job in the backlog (or BacklogFull), store it, and leave its decoded audio
+        on disk for the splitter: waiting jobs hold no memory."""
+        self.backlog.admit(job.id, job.audio_seconds)
+        try:
+            self.store.create(job, data)
+            try:
+                self.store.save_wave(job.id, wave.float().cpu().numpy())
+            except SenseVoiceError:
+                self.store.discard(job.id)
+                raise
+        except SenseVoiceError:
+            self.backlog.release(job.id)
+            raise
+        del wave
+        self._progress[job.id] = "segmenting"
+        self._remember(job)
+        self._segment_pool.submit(self._split_and_enqueue, job)
+        return job
 
     def own_file(self, job_id: str, path: str | Path) -> None:
         """Tie an intermediate copy of a job's upload (Gradio's upload cache) to the job: deleted
@@ -329,11 +355,17 @@ class TranscriptionService:
                 self._segmenter = Segmenter(max_segment_s=self.settings.max_segment_s).load()
             return self._segmenter
 
-    def _split_and_enqueue(self, job: Job, wave: torch.Tensor | None) -> None:
-        """Background: VAD-split a long job (per channel when asked) and queue its pieces."""
+    def _split_and_enqueue(self, job: Job) -> None:
+        """Background: VAD-split a long job (per channel when asked) and queue its pieces. The
+        audio is memory-mapped from disk: pieces waiting in the queue are pages of that file."""
         try:
-            if wave is None:  # recovered after a restart: decode the spooled upload again
-                wave = self._decode(self.store.load_upload(job.id), job.options)
+            samples = self.store.load_wave(job.id)
+            if samples is None:  # recovered after a restart: decode the spooled upload again
+                decoded = self._decode(self.store.load_upload(job.id), job.options)
+                self.store.save_wave(job.id, decoded.float().cpu().numpy())
+                del decoded
+                samples = self.store.load_wave(job.id)
+            wave = torch.from_numpy(samples)
             channels = [(None, wave)] if wave.dim() == 1 else \
                 [(name, wave[c]) for c, name in zip(range(wave.shape[0]), CHANNEL_NAMES)]
             items = []

@@ -34,9 +34,13 @@ def create_app(settings=None, service=None, start: bool = True):
 
     @asynccontextmanager
     async def lifespan(_app):
+        import asyncio
+
         if start:
             service.start_background()
+        heartbeat = asyncio.create_task(service.beat_event_loop())  # the watchdog sees a frozen loop
         yield
+        heartbeat.cancel()
         service.stop()
 
     app = FastAPI(title="SenseVoice", lifespan=lifespan)

@@ -38,6 +38,7 @@ RECENT_JOBS = 20_000  # job snapshots kept in memory so that polls never touch t
 CHANNEL_NAMES = ("left", "right")  # speaker labels of a split stereo call (e.g. agent, customer)
 JANITOR_PERIOD_S = 5.0  # how often retention and the watchdog run
 MEMORY_READ_INTERVAL_S = 0.25  # GPU admission reads free memory at most this often per device
+LOOP_BEAT_S = 1.0  # how often the event loop proves it answers
 FATAL_EXIT_CODE = 3  # process exit status after a fatal device error or a hung worker
 
 
@@ -87,6 +88,7 @@ class TranscriptionService:
         self._free_memory: dict[str, tuple[float, float]] = {}  # device -> (read at, free ratio)
         self._stopping = threading.Event()
         self._janitor: threading.Thread | None = None
+        self.loop_heartbeat: float | None = None  # monotonic; set by the event loop once it runs
 
     # ------------------------------------------------------------------ lifecycle
     @property
@@ -102,6 +104,10 @@ class TranscriptionService:
     def unhealthy_reason(self) -> str | None:
         """Why the service cannot serve (a dead, failed or hung worker), or None."""
         now = time.monotonic()
+        beat = self.loop_heartbeat
+        if beat is not None and now - beat > self.settings.loop_stall_timeout_s:
+            return (f"the event loop has not answered for {now - beat:.0f} s (a request blocks it); "
+                    "nothing is served")
         for w in self.workers:
             if w.fatal is not None:
                 return f"{w.name}: fatal error: {w.fatal}"
@@ -110,6 +116,15 @@ class TranscriptionService:
             if now - w.heartbeat > self.settings.hung_timeout_s:
                 return f"{w.name} is hung (no heartbeat for {now - w.heartbeat:.0f} s)"
         return None
+
+    async def beat_event_loop(self) -> None:
+        """Runs on the server's event loop: proves every second that the loop still answers (a
+        request that blocks it -- e.g. a read of /dev/zero -- froze healthz, polls and SIGTERM)."""
+        import asyncio
+
+        while True:
+            self.loop_heartbeat = time.monotonic()
+            await asyncio.sleep(LOOP_BEAT_S)
 
     def start(self) -> None:
         """Load, warm up, recover the queue, start workers. Blocking; call from a thread."""

@@ -1,10 +1,11 @@
 """The real server (``app_sensevoice.main``) with a device fault injected into its engine, once.
 
-    python tests/fault_server.py {fatal|hang} MARKER_FILE [app_sensevoice args...]
+    python tests/fault_server.py {fatal|hang|freeze} MARKER_FILE [app_sensevoice args...]
 
 If MARKER_FILE does not exist it is created and the engine's batches in the worker raise a fatal CUDA error
 ("illegal memory access", which poisons a real CUDA context) or hangs forever. When the supervisor
 restarts this script the marker exists and the server runs clean, as a restarted process would.
+``freeze`` blocks the event loop instead (as a blocking read on the loop would) on a GET /freeze.
 """
 
 from __future__ import annotations
@@ -20,7 +21,23 @@ import app_sensevoice  # noqa: E402
 from pipeline.engine import SenseVoiceEngine  # noqa: E402
 
 
+def freeze_on_request() -> None:
+    from pipeline.api import FastPolls
+
+    clean = FastPolls.__call__
+
+    async def call(self, scope, receive, send):
+        if scope["type"] == "http" and scope["path"] == "/freeze":
+            time.sleep(3600)  # blocks the event loop: nothing else is served
+        await clean(self, scope, receive, send)
+
+    FastPolls.__call__ = call
+
+
 def inject(fault: str) -> None:
+    if fault == "freeze":
+        freeze_on_request()
+        return
     clean = SenseVoiceEngine.transcribe
 
     def transcribe(self, waves, options):

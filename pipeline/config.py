@@ -95,6 +95,16 @@ class Settings(BaseSettings):
     loop_stall_timeout_s: float = Field(
         30.0, gt=0, description="An event loop that has not answered for this long makes the "
         "service unhealthy (readyz 503, and with exit_on_fatal an exit for a restart).")
+    broker: str = Field(
+        "", description="Empty: the embedded topology (SQLite job store + in-process queue, one "
+        "process). 'redis://HOST:PORT/DB': the distributed topology (Redis Streams queue and job "
+        "records; api and worker processes on any hosts).")
+    role: Literal["all", "api", "worker"] = Field(
+        "all", description="What this process runs: 'api' (HTTP, UI, decoding; no model), 'worker' "
+        "(one GPU's model and batching; probes and metrics on --port), 'all' (both, the default).")
+    visibility_timeout_s: float = Field(
+        60.0, gt=0, description="Distributed topology: a job claimed by a worker and not finished in "
+        "this long (the worker died) is claimed again by another; after 3 claims it fails.")
     queue_size: int = Field(1024, ge=1, description="Max jobs waiting; beyond it submit gets 503.")
     max_upload_bytes: int = Field(200 * 1024 * 1024, description="Max upload size, bytes.")
     max_audio_seconds: float = Field(4 * 3600.0, description="Max decoded duration, seconds.")

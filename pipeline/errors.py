@@ -212,3 +212,10 @@ class PathRefused(SenseVoiceError):
 
     status = 403
     code = "path_refused"
+
+
+class BrokerUnavailable(Busy):
+    """The broker (Redis) cannot be reached: nothing was accepted; try again."""
+
+    code = "broker_unavailable"
+    retry_after = 5

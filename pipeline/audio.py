@@ -7,11 +7,18 @@ Every upload is treated as hostile:
 * only local audio/video demuxers may run (``format_whitelist``, enforced by FFmpeg before a
   header is parsed, and checked again on the opened container); playlists and reference formats
   (hls, concat, sdp, image2, ...) are refused, and any nested open they might attempt is refused;
-* the duration cap is enforced while decoding by counting samples, never from header durations,
-  so memory stays bounded by the cap even when a header lies.
+* a file whose headers declare more than ``max_seconds`` is refused before anything is decoded
+  (a 6.7 MB opus file of 5 h of silence used to cost 41 s and 3.5 GB before the sample cap
+  stopped it); the cap is enforced again while decoding by counting samples, for headers that lie;
+* what decoding returns is bounded by a rate-independent budget, ``max_seconds`` at 16 kHz
+  (:func:`output_budget`): the duration cap alone let a 160 KB FLAC declaring 48 kHz fill 2.7 GB.
 
-Decoding keeps the source sample rate; :class:`Resampler` converts to :data:`SAMPLE_RATE` on a
-device. :func:`load_audio_16k` does both.
+Short audio at one of the :data:`COMMON_RATES` keeps its rate (the device resamples it with a
+cached torchaudio kernel: the hot path, and the resampling funasr's references use). Anything
+longer than :data:`NATIVE_MAX_SECONDS`, and any other rate, is converted to 16 kHz while it
+decodes, with FFmpeg's resampler in bounded chunks (:class:`_MonoSink`), so the output never
+exceeds the 16 kHz budget whatever rate the file declares, and :class:`Resampler` never builds a
+kernel for an odd rate. :func:`load_audio_16k` decodes and resamples.
 """
 
 from __future__ import annotations
@@ -36,7 +43,14 @@ if TYPE_CHECKING:  # torch is imported where resampling happens: decoder process
     import torch
     import torchaudio
 
-from .errors import AudioDecodeError, AudioTooLong, EmptyAudio, NoAudioStream, UploadTooLarge
+from .errors import (
+    AudioDecodeError,
+    AudioTooLong,
+    DecoderOutOfMemory,
+    EmptyAudio,
+    NoAudioStream,
+    UploadTooLarge,
+)
 from .types import SAMPLE_RATE
 
 logger = logging.getLogger("sensevoice.audio")
@@ -46,6 +60,35 @@ MIN_AUDIO_SECONDS = 0.025  # s, shortest usable audio (400 samples at 16 kHz, on
 MAX_SKIPPED_PACKETS = 100  # packets the decoder may reject before the file counts as corrupt
 TRUNCATION_SLACK_SECONDS = 0.5  # s, decoded shorter than announced by more than this: warn
 SNIFF_BYTES = 64  # bytes read to name a refused text format in the error message
+
+# Source rates the device resamples (torchaudio kernels, cached per rate: at most these nine). A
+# kernel's size grows with rate / gcd(rate, 16000): for 8,001 Hz (gcd 1) it has 16,000 phases, and
+# building and running it for 1 s of audio took ~20 CPU-s and 4 GB, kept for good in the cache.
+# Every other rate is brought to 16 kHz by FFmpeg's resampler in the decoder (8,001 -> 16,000 Hz:
+# 60 s of audio in 5 ms).
+COMMON_RATES: frozenset[int] = frozenset(
+    {8000, 11025, 16000, 22050, 24000, 32000, 44100, 48000, 96000}
+)
+
+# Audio at a common rate up to this long keeps its rate (resampled on the device, like funasr's
+# references); longer audio is converted to 16 kHz while decoding. Measured on 2 CPU cores: FFmpeg
+# converts 48 -> 16 kHz at ~2,000x real time (5 min: 0.15 CPU-s in the decoder), against GPU
+# work that is nearly free; but a 5 min clip at 96 kHz is already 115 MB of float32 (6x its 16 kHz
+# size), and past the VAD threshold (30 s) recordings are split, not compared token for token.
+NATIVE_MAX_SECONDS = 300.0  # s
+
+# A header declaring more than max_seconds by this much refuses the file before decoding (encoder
+# delay and padding make honest declarations overshoot by a few tens of ms).
+DECLARED_SLACK_SECONDS = 1.0  # s
+
+# Demuxers whose duration is, without a header that states it, FFmpeg's estimate from the first
+# bit rate (or, for mpegts, from the first and last timestamps): a VBR mp3 without a Xing header
+# that starts with silence declared 132.8 s for 60 s of audio. Those estimates never refuse a file
+# (the sample cap still applies); an mp3 with a Xing/Info/VBRI header states its frame count.
+ESTIMATED_DURATION_DEMUXERS: frozenset[str] = frozenset(
+    {"mp3", "aac", "amr", "amrnb", "amrwb", "mpegts"}
+)
+MP3_HEADER_WINDOW = 4096  # bytes after an ID3v2 tag searched for a Xing/Info/VBRI header
 
 # Local audio/video demuxers that may run. FFmpeg names a demuxer by a comma list of aliases
 # ("mov,mp4,m4a,3gp,3g2,mj2", "matroska,webm"); one alias on this list admits it.
@@ -74,7 +117,7 @@ AudioSource = str | os.PathLike | bytes | bytearray | BinaryIO
 
 @dataclass(frozen=True)
 class DecodedAudio:
-    """Mono audio at the source sample rate."""
+    """Mono audio at its source rate (a common rate, when short) or at 16 kHz."""
 
     samples: np.ndarray  # float32, mono, 1-D, in [-1, 1]
     sample_rate: int  # Hz
@@ -84,6 +127,35 @@ class DecodedAudio:
     def seconds(self) -> float:
         """Duration in seconds."""
         return self.samples.size / self.sample_rate
+
+
+@dataclass(frozen=True)
+class DecodedParts:
+    """Decoded audio as the blocks it was written in: what a decoder process sends back, block by
+    block (joining them first would double its peak memory). See :func:`decode_audio_parts`."""
+
+    parts: tuple[np.ndarray, ...]  # float32, mono, 1-D each, in order
+    sample_rate: int  # Hz
+    channels: int = 1
+
+    @property
+    def size(self) -> int:
+        """Samples in all parts."""
+        return sum(part.size for part in self.parts)
+
+    def joined(self) -> DecodedAudio:
+        """One contiguous array (a view when there is one part)."""
+        if len(self.parts) == 1:
+            samples = self.parts[0]
+        else:
+            samples = np.concatenate(self.parts) if self.parts else np.empty(0, np.float32)
+        return DecodedAudio(samples, self.sample_rate, self.channels)
+
+
+def output_budget(max_seconds: float) -> int:
+    """The most samples decoding may return for ``max_seconds``: that duration at 16 kHz,
+    whatever rate the file declares (4 h: 230.4 M float32 samples, 921.6 MB)."""
+    return int(max_seconds * SAMPLE_RATE)
 
 
 class _NestedOpenRefused(Exception):
@@ -171,6 +243,37 @@ def _sniff_reference_format(fileobj: BinaryIO) -> str | None:
         if head.startswith(signature):
             return name
     return None
+
+
+def _mp3_states_duration(fileobj: BinaryIO) -> bool:
+    """Whether an mp3 has a Xing, Info or VBRI header (a frame count) after its ID3v2 tag, so that
+    FFmpeg's duration is stated rather than estimated from the first frame's bit rate.
+
+    Reads at most ``10 + MP3_HEADER_WINDOW`` bytes and puts the file position back (the opened
+    container reads through the same object and expects it where it left it).
+    """
+    try:
+        position = fileobj.tell()
+    except (OSError, ValueError, AttributeError):
+        return False
+    try:
+        fileobj.seek(0)
+        head = fileobj.read(10)
+        start = 0
+        if len(head) == 10 and head[:3] == b"ID3":
+            size = (head[6] & 0x7F) << 21 | (head[7] & 0x7F) << 14 | (head[8] & 0x7F) << 7 | (
+                head[9] & 0x7F)  # fmt: skip
+            start = 10 + size + (10 if head[5] & 0x10 else 0)  # footer flag
+        fileobj.seek(start)
+        window = fileobj.read(MP3_HEADER_WINDOW)
+        return any(tag in window for tag in (b"Xing", b"Info", b"VBRI"))
+    except (OSError, ValueError):
+        return False
+    finally:
+        try:
+            fileobj.seek(position)
+        except (OSError, ValueError):
+            pass
 
 
 # ---------------------------------------------------------------------------------------------
@@ -268,6 +371,8 @@ def _frames(
             packet = next(packets)
         except StopIteration:
             break
+        except av.error.MemoryError:
+            raise  # out of memory is not the end of a truncated file
         except av.error.FFmpegError as e:
             if not decoded_any:
                 raise
@@ -363,37 +468,143 @@ _SAMPLE_FORMATS: dict[str, tuple[np.dtype, bool]] = {
 # ones for every frame (a cost that grows with the decoder's buffer padding: AAC's is 2x).
 BATCH_SAMPLES = 16384
 
-# The mono output is one buffer sized up front, so no final concatenation touches fresh memory
-# twice. The announced duration is only a size hint (the cap still counts decoded samples): the
-# buffer holds it plus slack, at most the cap and PREALLOC_MAX_SECONDS, and grows if it was short.
+# Mono output is written in blocks, never copied to grow (a doubling buffer reserves up to twice
+# its content and holds 1.5x while it copies). The first block is sized from the announced
+# duration (a size hint only: the cap still counts decoded samples; at most the output limit),
+# so an honest file fills one block; later blocks grow with what was written, within these bounds.
 PREALLOC_SLACK_SECONDS = 1.0  # s, added to the announced duration
-PREALLOC_MAX_SECONDS = 600.0  # s, most reserved on a header's word
+MIN_BLOCK_SAMPLES = 1 << 16  # 256 KiB of float32
+MAX_BLOCK_SAMPLES = 1 << 23  # 32 MiB of float32: the most a block's unused tail can reserve
+
+# Mono samples handed to FFmpeg's resampler at a time when converting to 16 kHz (bounded chunks:
+# its frames and our copies stay a few hundred KiB whatever the length).
+RESAMPLE_CHUNK = 1 << 16
 
 
-class _MonoBuffer:
-    """Growable float32 output that batches of mono samples are written into."""
+class _Blocks:
+    """Growable float32 output that batches of mono samples are written into, block by block."""
 
-    def __init__(self, rate: int, max_seconds: float, declared: float | None):
-        self.limit = max_seconds * rate  # samples, the cap
-        seconds = min((declared or 0.0) + PREALLOC_SLACK_SECONDS, PREALLOC_MAX_SECONDS)
-        self._data = np.empty(int(min(seconds * rate, self.limit)), dtype=np.float32)
-        self.size = 0  # samples written
+    def __init__(self, first: int):
+        self._parts: list[np.ndarray] = []  # full blocks, trimmed to what was written
+        self._block = np.empty(max(int(first), 1), dtype=np.float32)
+        self._used = 0  # samples written in the current block
+        self.size = 0  # samples written in all
 
     def take(self, n: int) -> np.ndarray:
-        """A writable view of the next ``n`` samples; the buffer doubles (within the cap) if full."""
-        end = self.size + n
-        if end > self._data.size:
-            grown = np.empty(int(min(max(end, 2 * self._data.size), self.limit)), np.float32)
-            grown[: self.size] = self._data[: self.size]
-            self._data = grown
-        view = self._data[self.size : end]
-        self.size = end
+        """A writable view of the next ``n`` samples (a new block when the current one is full)."""
+        if self._used + n > self._block.size:
+            if self._used:
+                self._parts.append(self._block[: self._used])
+            grow = min(max(self.size // 4, MIN_BLOCK_SAMPLES), MAX_BLOCK_SAMPLES)
+            self._block, self._used = np.empty(max(n, grow), dtype=np.float32), 0
+        view = self._block[self._used : self._used + n]
+        self._used += n
+        self.size += n
         return view
 
-    def samples(self) -> np.ndarray:
-        """The samples written: a view, or a copy when most of the buffer went unused."""
-        written = self._data[: self.size]
-        return written.copy() if 2 * self.size < self._data.size else written
+    def parts(self) -> tuple[np.ndarray, ...]:
+        """The samples written, in order. A lone block mostly unused (a header that announced
+        more than the file holds) is copied, so the rest of it is released."""
+        last = self._block[: self._used]
+        if not self._parts and 2 * self._used < self._block.size:
+            last = last.copy()
+        return (*self._parts, last) if self._used else tuple(self._parts)
+
+
+class _ToTargetRate:
+    """FFmpeg's resampler (swr) from mono float32 at ``rate`` to 16 kHz, chunk by chunk."""
+
+    def __init__(self, rate: int):
+        self.rate = rate
+        self._resampler = av.AudioResampler(format="flt", layout="mono", rate=SAMPLE_RATE)
+
+    def __call__(self, mono: np.ndarray | None) -> Iterator[np.ndarray]:
+        """The 16 kHz samples ``mono`` completes (``None``: flush), as views valid until the next
+        call."""
+        if mono is None:
+            frames = self._resampler.resample(None)
+        else:
+            frame = av.AudioFrame.from_ndarray(mono.reshape(1, -1), format="flt", layout="mono")
+            frame.sample_rate = self.rate
+            frames = self._resampler.resample(frame)
+        for frame in frames:
+            yield np.frombuffer(frame.planes[0], np.float32, frame.samples)
+
+
+class _MonoSink:
+    """Where the mono batches of one decode go, bounded by the 16 kHz budget.
+
+    Audio at 16 kHz is kept as it is. Audio at another of the :data:`COMMON_RATES` is kept at its
+    rate while it is short (:data:`NATIVE_MAX_SECONDS` at most, and never more samples than the
+    budget); when it gets longer (or announces that it will) what was kept is converted and the
+    rest is converted as it decodes. Audio at any other rate is converted from the start. Either
+    way the output holds at most :func:`output_budget` samples.
+    """
+
+    def __init__(self, rate: int, max_seconds: float, declared: float | None,
+                 native_seconds: float):
+        self.rate = rate
+        self.budget = output_budget(max_seconds)  # samples
+        if rate == SAMPLE_RATE:
+            self.native_limit = self.budget  # the duration cap keeps it there: never converted
+        elif rate in COMMON_RATES and (declared or 0.0) <= native_seconds:
+            self.native_limit = min(native_seconds * rate, self.budget)
+        else:
+            self.native_limit = 0
+        self._declared = declared
+        self._convert: _ToTargetRate | None = None
+        self._scratch = np.empty(0, dtype=np.float32)
+        if self.native_limit:
+            self.out = _Blocks(self._first_block(rate, self.native_limit))
+        else:
+            self._start_converting()
+
+    def _first_block(self, rate: int, limit: float) -> int:
+        return int(min(((self._declared or 0.0) + PREALLOC_SLACK_SECONDS) * rate, limit))
+
+    def _start_converting(self) -> None:
+        self._convert = _ToTargetRate(self.rate)
+        self.out = _Blocks(self._first_block(SAMPLE_RATE, self.budget))
+
+    def add(self, frames: list[av.AudioFrame], key: tuple[str, int], n: int,
+            channel: int | None) -> None:
+        """Write the mono mix (or ``channel``) of ``frames``, ``n`` samples, into the output."""
+        if (self._convert is None and self.rate != SAMPLE_RATE
+                and self.out.size + n > self.native_limit):
+            kept = self.out.parts()
+            logger.info("audio at %d Hz longer than %g s: converted to %d Hz while decoding",
+                        self.rate, self.native_limit / self.rate, SAMPLE_RATE)
+            self._start_converting()
+            for part in kept:
+                for start in range(0, part.size, RESAMPLE_CHUNK):
+                    self._emit(self._convert(part[start : start + RESAMPLE_CHUNK]))
+            del kept
+        if self._convert is None:
+            _write_mono(frames, key, self.out.take(n), channel)
+            return
+        if self._scratch.size < n:
+            self._scratch = np.empty(n, dtype=np.float32)
+        mono = self._scratch[:n]
+        _write_mono(frames, key, mono, channel)
+        self._emit(self._convert(mono))
+
+    def _emit(self, chunks: Iterable[np.ndarray]) -> None:
+        for chunk in chunks:
+            room = self.budget - self.out.size  # the resampler may round up by a sample
+            if room > 0 and chunk.size:
+                count = min(chunk.size, room)
+                self.out.take(count)[:] = chunk[:count]
+
+    def finish(self, channels: int) -> DecodedParts:
+        """The output, once every batch was added."""
+        rate = self.rate
+        if self._convert is not None:
+            self._emit(self._convert(None))
+            # no gc.collect() here: PyAV 18's resampler is not in a reference cycle (measured:
+            # nothing to collect after one, and RSS flat over 1,500 of them with gc disabled)
+            self._convert = None
+            rate = SAMPLE_RATE
+        return DecodedParts(self.out.parts(), rate, channels)
 
 
 def _write_mono(frames: list[av.AudioFrame], key: tuple[str, int], out: np.ndarray,
@@ -457,12 +668,13 @@ def _scale_to_unit(total: np.ndarray, dtype: np.dtype, channels: int) -> None:
 
 def _collect(
     frames: Iterable[av.AudioFrame], max_seconds: float, declared: float | None,
-    channel: int | None = None,
-) -> DecodedAudio:
+    channel: int | None = None, native_seconds: float = NATIVE_MAX_SECONDS,
+) -> DecodedParts:
     """Convert frames to mono in batches of one sample format (at most :data:`BATCH_SAMPLES`),
-    raising :class:`AudioTooLong` as soon as the cap is passed (memory stays bounded by the cap).
-    ``declared`` (s, from the headers) only sizes the output buffer."""
-    out: _MonoBuffer | None = None
+    raising :class:`AudioTooLong` as soon as the cap is passed; the output goes through a
+    :class:`_MonoSink` (at most the 16 kHz budget). ``declared`` (s, from the headers) only sizes
+    the output and picks the output rate."""
+    sink: _MonoSink | None = None
     batch: list[av.AudioFrame] = []
     key: tuple[str, int] | None = None
     rate = total = batched = 0  # Hz, samples, samples
@@ -471,34 +683,34 @@ def _collect(
         n = frame.samples
         if not n:
             continue  # an empty frame may have no sample buffers at all
-        if out is None:
+        if sink is None:
             rate = frame.sample_rate
-            out = _MonoBuffer(rate, max_seconds, declared)
-            limit = out.limit
+            sink = _MonoSink(rate, max_seconds, declared, native_seconds)
+            limit = max_seconds * rate
         total += n
         if total > limit:
             raise AudioTooLong(f"the audio is longer than the {max_seconds:g} s limit")
         frame_key = (frame.format.name, frame.layout.nb_channels)
         if batch and (frame_key != key or batched >= BATCH_SAMPLES):
-            _write_mono(batch, key, out.take(batched), channel)
+            sink.add(batch, key, batched, channel)
             batch, batched = [], 0
         key = frame_key
         batch.append(frame)
         batched += n
     if batch:
-        _write_mono(batch, key, out.take(batched), channel)
+        sink.add(batch, key, batched, channel)
     if not rate or total < MIN_AUDIO_SECONDS * rate:
         got = f"{total / rate * 1000:.1f} ms" if rate else "nothing"
         raise EmptyAudio(
             f"no audio samples: decoding gave {got}, less than {MIN_AUDIO_SECONDS * 1000:g} ms"
         )
-    return DecodedAudio(samples=out.samples(), sample_rate=rate, channels=key[1])
+    return sink.finish(key[1])
 
 
 def _declared_seconds(
     container: av.container.InputContainer, stream: av.audio.stream.AudioStream
 ) -> float | None:
-    """The duration the headers announce (for diagnostics and buffer sizing; limits never trust it)."""
+    """The duration the headers announce (the stream's, else the container's), if any."""
     if stream.duration and stream.time_base:
         return float(stream.duration * stream.time_base)
     if container.duration:
@@ -506,27 +718,75 @@ def _declared_seconds(
     return None
 
 
-def _warn_if_truncated(decoded: DecodedAudio, declared: float | None) -> None:
+def _duration_is_stated(container: av.container.InputContainer, fileobj: BinaryIO) -> bool:
+    """Whether the declared duration comes from the file's headers, not FFmpeg's estimate from
+    the bit rate (see :data:`ESTIMATED_DURATION_DEMUXERS`)."""
+    names = set(container.format.name.split(","))
+    if not names & ESTIMATED_DURATION_DEMUXERS:
+        return True
+    return "mp3" in names and _mp3_states_duration(fileobj)
+
+
+def _refuse_declared_too_long(declared: float | None, max_seconds: float) -> None:
+    """:class:`AudioTooLong` before decoding, for a file whose headers state a longer duration
+    than the cap (a bomb of silence refused in milliseconds, not after decoding the cap)."""
+    if declared is not None and declared > max_seconds + DECLARED_SLACK_SECONDS:
+        raise AudioTooLong(f"the audio is longer than the {max_seconds:g} s limit "
+                           f"(the file declares {declared:.1f} s)")
+
+
+def _warn_if_truncated(decoded: DecodedParts, declared: float | None) -> None:
     """Log a warning when much less audio decoded than the headers announce."""
-    if declared is not None and declared - decoded.seconds > TRUNCATION_SLACK_SECONDS:
+    seconds = decoded.size / decoded.sample_rate
+    if declared is not None and declared - seconds > TRUNCATION_SLACK_SECONDS:
         logger.warning(
             "decoded %.2f s of the %.2f s the file announces: it looks truncated",
-            decoded.seconds,
+            seconds,
             declared,
         )
 
 
-def _decode_container(container: av.container.InputContainer, max_seconds: float,
-                      channel: int | None = None) -> DecodedAudio:
+def _decode_container(container: av.container.InputContainer, fileobj: BinaryIO,
+                      max_seconds: float, channel: int | None = None,
+                      native_seconds: float = NATIVE_MAX_SECONDS) -> DecodedParts:
     """Decode the best audio stream of an opened container (see :func:`decode_audio`)."""
     stream = _audio_stream(container)
+    declared = _declared_seconds(container, stream)
+    if declared is not None and _duration_is_stated(container, fileobj):
+        _refuse_declared_too_long(declared, max_seconds)
     frames = _at_first_rate(_frames(container, stream))
     try:
-        decoded = _collect(frames, max_seconds, _declared_seconds(container, stream), channel)
+        decoded = _collect(frames, max_seconds, declared, channel, native_seconds)
     finally:
         frames.close()  # before the container closes, also when a cap stopped decoding
-    _warn_if_truncated(decoded, _declared_seconds(container, stream))
+    _warn_if_truncated(decoded, declared)
     return decoded
+
+
+def decode_audio_parts(
+    source: AudioSource,
+    *,
+    max_seconds: float = DEFAULT_MAX_SECONDS,
+    max_bytes: int | None = None,
+    channel: int | None = None,
+    native_seconds: float = NATIVE_MAX_SECONDS,
+) -> DecodedParts:
+    """:func:`decode_audio`, with the samples left in the blocks they were written in (what a
+    decoder process sends back). ``native_seconds``: audio at a common rate up to this long keeps
+    its rate (0: everything at 16 kHz)."""
+    if not max_seconds > 0:
+        raise ValueError(f"max_seconds must be positive, got {max_seconds}")
+    with _open_source(source, max_bytes) as fileobj:
+        container = _open_container(fileobj)
+        try:
+            return _decode_container(container, fileobj, max_seconds, channel, native_seconds)
+        except MemoryError as e:  # numpy, or ENOMEM inside FFmpeg (an address-space limit)
+            raise DecoderOutOfMemory(
+                "decoding this file needs more memory than a decoder may use") from e
+        except av.error.FFmpegError as e:
+            raise AudioDecodeError(f"the audio track cannot be decoded ({e.strerror})") from e
+        finally:
+            container.close()
 
 
 def decode_audio(
@@ -536,32 +796,31 @@ def decode_audio(
     max_bytes: int | None = None,
     channel: int | None = None,
 ) -> DecodedAudio:
-    """Decode the best audio track of ``source`` to mono float32 at its own sample rate
-    (the average of its channels, or only ``channel``, clamped to the last one, when given).
+    """Decode the best audio track of ``source`` to mono float32 (the average of its channels,
+    or only ``channel``, clamped to the last one, when given): at its own rate when that is one of
+    the :data:`COMMON_RATES` and the audio is at most :data:`NATIVE_MAX_SECONDS` long, else at
+    16 kHz. Never more than :func:`output_budget` samples.
 
     ``source`` is a path, the file's bytes, or a binary file object (a seekable one is read from
     its start). Raises :class:`UploadTooLarge` (over ``max_bytes``, before decoding),
-    :class:`AudioTooLong` (over ``max_seconds``, while decoding), :class:`NoAudioStream`,
-    :class:`EmptyAudio` (shorter than 25 ms) or :class:`AudioDecodeError` (anything else).
+    :class:`AudioTooLong` (over ``max_seconds``: declared by the headers, before decoding, or
+    counted while decoding), :class:`NoAudioStream`, :class:`EmptyAudio` (shorter than 25 ms),
+    :class:`DecoderOutOfMemory` (FFmpeg could not allocate) or :class:`AudioDecodeError`
+    (anything else).
     """
-    if not max_seconds > 0:
-        raise ValueError(f"max_seconds must be positive, got {max_seconds}")
-    with _open_source(source, max_bytes) as fileobj:
-        container = _open_container(fileobj)
-        try:
-            return _decode_container(container, max_seconds, channel)
-        except av.error.FFmpegError as e:
-            raise AudioDecodeError(f"the audio track cannot be decoded ({e.strerror})") from e
-        finally:
-            container.close()
+    return decode_audio_parts(
+        source, max_seconds=max_seconds, max_bytes=max_bytes, channel=channel
+    ).joined()
 
 
 class Resampler:
-    """Resample to 16 kHz on a device with torchaudio.
+    """Resample to 16 kHz on a device with torchaudio, from one of the :data:`COMMON_RATES`.
 
     One cached ``torchaudio.transforms.Resample`` (default ``sinc_interp_hann``) per source
     rate, built on first use and moved to the device; the cache is guarded by a lock, and the
-    transforms themselves are stateless, so one instance may serve many threads.
+    transforms themselves are stateless, so one instance may serve many threads. Any other rate is
+    refused with ``ValueError`` rather than given a kernel (see :data:`COMMON_RATES`: the decoder
+    converts those to 16 kHz), so the cache never holds more than those nine kernels.
     """
 
     def __init__(self, device: str | torch.device = "cpu"):
@@ -572,7 +831,10 @@ class Resampler:
         self._lock = threading.Lock()
 
     def transform(self, rate: int) -> torchaudio.transforms.Resample:
-        """The cached transform from ``rate`` Hz to 16 kHz."""
+        """The cached transform from ``rate`` Hz (one of :data:`COMMON_RATES`) to 16 kHz."""
+        if rate not in COMMON_RATES:
+            raise ValueError(f"no device resampling from {rate} Hz: only from "
+                             f"{sorted(COMMON_RATES)} (the decoder converts other rates)")
         with self._lock:
             transform = self._transforms.get(rate)
             if transform is None:
@@ -587,11 +849,13 @@ class Resampler:
         """1-D float32 tensor on :attr:`device` at 16 kHz."""
         import torch
 
+        if audio.sample_rate != SAMPLE_RATE:
+            transform = self.transform(audio.sample_rate)  # refuses an odd rate before any copy
         waveform = torch.from_numpy(audio.samples).to(self.device, dtype=torch.float32)
         if audio.sample_rate == SAMPLE_RATE:
             return waveform
         with torch.no_grad():
-            return self.transform(audio.sample_rate)(waveform)
+            return transform(waveform)
 
 
 def load_audio_16k(

@@ -66,7 +66,7 @@ class TranscriptionService:
         self._decode_slots = threading.BoundedSemaphore(settings.decode_concurrency or os.cpu_count() or 2)
         processes = settings.decode_processes
         self.decoder = Decoder(min(os.cpu_count() or 2, 8) if processes < 0 else processes,
-                               timeout_s=settings.decode_timeout_s)
+                               timeout_s=settings.decode_timeout_s, **Decoder.limits(settings))
         self.metrics = Metrics(self.devices)
         self.metrics.set_queue_depth_fn(lambda: len(self.scheduler))
         self.metrics.set_jobs_by_state_fn(self.store.counts)

@@ -153,3 +153,89 @@ def wav_duration(path: Path) -> float:
     """Duration in seconds of a PCM wav, from its header (trusted: we wrote it)."""
     with wave.open(str(path), "rb") as wav:
         return wav.getnframes() / wav.getframerate()
+
+
+# ---------------------------------------------------------------------------------------------
+# Hostile media: built byte by byte, in milliseconds, whatever their duration
+# ---------------------------------------------------------------------------------------------
+
+FLAC_BLOCK = 65535  # samples per frame, FLAC's largest: hours of silence in a few hundred KB
+
+
+def _crc8(data: bytes) -> int:
+    """FLAC frame-header CRC-8 (polynomial x^8 + x^2 + x + 1)."""
+    crc = 0
+    for byte in data:
+        crc ^= byte
+        for _ in range(8):
+            crc = ((crc << 1) ^ 0x07) & 0xFF if crc & 0x80 else (crc << 1) & 0xFF
+    return crc
+
+
+def _crc16_table() -> list[int]:
+    table = []
+    for n in range(256):
+        crc = n << 8
+        for _ in range(8):
+            crc = ((crc << 1) ^ 0x8005) & 0xFFFF if crc & 0x8000 else (crc << 1) & 0xFFFF
+        table.append(crc)
+    return table
+
+
+_CRC16 = _crc16_table()
+
+
+def _crc16(data: bytes) -> int:
+    """FLAC frame CRC-16 (polynomial x^16 + x^15 + x^2 + 1)."""
+    crc = 0
+    for byte in data:
+        crc = ((crc << 8) & 0xFFFF) ^ _CRC16[(crc >> 8) ^ byte]
+    return crc
+
+
+def _utf8_number(n: int) -> bytes:
+    """FLAC's UTF-8-like coding of a frame number (up to 31 bits)."""
+    if n < 0x80:
+        return bytes([n])
+    for length, lead in ((2, 0xC0), (3, 0xE0), (4, 0xF0), (5, 0xF8), (6, 0xFC)):
+        if n < 1 << (5 * length + 1):
+            tail = [0x80 | (n >> (6 * i)) & 0x3F for i in range(length - 2, -1, -1)]
+            return bytes([lead | n >> (6 * (length - 1))] + tail)
+    raise ValueError(n)
+
+
+def silence_flac(path: Path, seconds: float, rate: int, *, declared_seconds: float | None = None,
+                 channels: int = 1) -> Path:
+    """FLAC of ``seconds`` of digital silence at ``rate`` Hz (16-bit), written directly: constant
+    subframes of :data:`FLAC_BLOCK` samples, ~15 bytes each (3.89 h at 48 kHz: ~150 KB, in well
+    under a second). STREAMINFO declares ``declared_seconds`` (default: the truth; 0: unknown),
+    so a header can lie. Not cached: cheap to make."""
+    total = round(seconds * rate)
+    declared = total if declared_seconds is None else round(declared_seconds * rate)
+    info = (FLAC_BLOCK.to_bytes(2, "big") * 2 + bytes(6)
+            + ((rate << 44) | ((channels - 1) << 41) | (15 << 36) | declared).to_bytes(8, "big")
+            + bytes(16))  # fmt: skip
+    out = bytearray(b"fLaC" + bytes([0x80]) + len(info).to_bytes(3, "big") + info)
+    # block size code 0111 (16-bit size - 1 follows), rate from STREAMINFO; independent channels,
+    # 16 bits per sample
+    flags = bytes([0x70, ((channels - 1) << 4) | 0x08])
+    subframes = bytes(3 * channels)  # per channel: CONSTANT subframe header, then the value 0
+    frames = []
+    for number, start in enumerate(range(0, total, FLAC_BLOCK)):
+        size = min(FLAC_BLOCK, total - start)
+        header = b"\xff\xf8" + flags + _utf8_number(number) + (size - 1).to_bytes(2, "big")
+        header += bytes([_crc8(header)])
+        frame = header + subframes
+        frames.append(frame + _crc16(frame).to_bytes(2, "big"))
+    out += b"".join(frames)
+    path.write_bytes(bytes(out))
+    return path
+
+
+def long_opus(path: Path, seconds: float) -> Path:
+    """Ogg/Opus of ``seconds`` of silence at 6 kb/s, the kind of bomb that declares hours in a few
+    MB (ffmpeg: ~0.35 s per minute of audio, so keep it short in tests; cached)."""
+    if path.exists():
+        return path
+    return _ffmpeg(["-f", "lavfi", "-i", "anullsrc=r=48000:cl=mono", "-t", f"{seconds:g}",
+                    "-c:a", "libopus", "-b:a", "6k"], path)

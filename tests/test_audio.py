@@ -9,6 +9,7 @@ import io
 import logging
 import math
 import struct
+import time
 import tracemalloc
 import wave
 from concurrent.futures import ThreadPoolExecutor
@@ -19,7 +20,15 @@ import pytest
 import torch
 
 from pipeline import audio
-from pipeline.audio import DecodedAudio, Resampler, decode_audio, load_audio_16k
+from pipeline.audio import (
+    COMMON_RATES,
+    DecodedAudio,
+    Resampler,
+    decode_audio,
+    decode_audio_parts,
+    load_audio_16k,
+    output_budget,
+)
 from pipeline.errors import (
     AudioDecodeError,
     AudioTooLong,
@@ -31,9 +40,12 @@ from pipeline.types import SAMPLE_RATE
 from tests.fixtures_media import ClipFactory, source_speech
 from tests.media import (
     FORMATS,
+    _ffmpeg,
     convert,
+    long_opus,
     make_video_with_audio,
     make_video_without_audio,
+    silence_flac,
     wav_duration,
     write_pcm_wav,
 )
@@ -464,3 +476,159 @@ def test_truncated_file_decodes_what_exists_and_warns(
         half = decode_audio(data[: len(data) // 2])
     assert 0.2 < half.seconds < full - 0.5
     assert any(record.name == "sensevoice.audio" for record in caplog.records)
+
+
+# ---------------------------------------------------------------------------------------------
+# Hostile rates and durations: a budget independent of the declared rate
+# ---------------------------------------------------------------------------------------------
+
+MIB = 1024 * 1024
+
+
+def traced_peak(call):
+    """``call()`` and the peak of Python/numpy allocations while it ran (bytes)."""
+    tracemalloc.start()
+    try:
+        result = call()
+        return result, tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+
+
+def snr_db(reference: np.ndarray, other: np.ndarray) -> float:
+    n = min(reference.size, other.size)
+    error = reference[:n] - other[:n]
+    return float(10 * np.log10(np.sum(reference[:n] ** 2) / np.sum(error**2)))
+
+
+def test_long_48k_audio_comes_back_at_16k_within_the_budget(tmp_path: Path) -> None:
+    """30 min of silence declared at 48 kHz (a 26 KB FLAC): 16 kHz samples, allocated once."""
+    flac = silence_flac(tmp_path / "silence_30m_48k.flac", 1800, 48000)
+    assert flac.stat().st_size < 40_000
+
+    decoded, peak = traced_peak(lambda: decode_audio(flac))
+
+    assert decoded.sample_rate == SAMPLE_RATE and decoded.samples.size == 1800 * SAMPLE_RATE
+    assert decoded.samples.size <= output_budget(audio.DEFAULT_MAX_SECONDS)
+    assert peak <= decoded.samples.nbytes + 2 * MIB  # at 48 kHz it was 3x that, doubling
+
+
+def test_a_header_that_lies_short_is_still_held_to_the_budget(tmp_path: Path) -> None:
+    """A FLAC declaring 10 s that holds 30 min: kept at 48 kHz while short, converted to 16 kHz
+    once it outgrows that, refused at the cap; memory follows the budget, not the rate."""
+    flac = silence_flac(tmp_path / "lies.flac", 1800, 48000, declared_seconds=10)
+
+    tracemalloc.start()
+    try:
+        with pytest.raises(AudioTooLong, match="600 s limit"):
+            decode_audio(flac, max_seconds=600)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    budget_bytes = 4 * output_budget(600)  # 38.4 MB
+    assert peak <= 2 * budget_bytes + 2 * MIB  # the 48 kHz part, then its 16 kHz copy
+
+    decoded = decode_audio(flac, max_seconds=3600)
+    assert decoded.sample_rate == SAMPLE_RATE
+    assert abs(decoded.samples.size - 1800 * SAMPLE_RATE) <= 2
+
+
+def test_converting_while_decoding_matches_device_resampling(clip_factory: ClipFactory) -> None:
+    """FFmpeg's resampler in the decoder (long audio) and torchaudio's on the device (short
+    audio) agree on speech: same length, aligned, 38 dB apart (they differ near 8 kHz); and
+    switching mid-way gives exactly what converting from the start gives."""
+    clip = clip_factory("wav", 44100, 1)
+    native = decode_audio(clip)
+    on_device = Resampler()(native).numpy()
+
+    from_start = decode_audio_parts(clip, native_seconds=0).joined()
+    switched = decode_audio_parts(clip, native_seconds=1.0).joined()
+
+    assert native.sample_rate == 44100 and from_start.sample_rate == SAMPLE_RATE
+    assert abs(from_start.samples.size - on_device.size) <= 1
+    assert snr_db(on_device, from_start.samples) > 30
+    np.testing.assert_array_equal(switched.samples, from_start.samples)
+
+
+def test_an_odd_rate_is_converted_while_decoding_and_never_gets_a_kernel(tmp_path: Path) -> None:
+    """1 s at 8,001 Hz cost ~20 CPU-s and 4 GB in a torchaudio kernel kept for good: FFmpeg's
+    resampler brings it to 16 kHz in milliseconds and the device resampler refuses the rate."""
+    wav = write_pcm_wav(tmp_path / "odd.wav", sine(1.0, 8001), 8001)
+    resampler = Resampler()
+
+    t0 = time.perf_counter()
+    decoded = decode_audio(wav)
+    waveform = resampler(decoded)
+    elapsed = time.perf_counter() - t0
+
+    assert elapsed < 1.0
+    assert decoded.sample_rate == SAMPLE_RATE and abs(decoded.samples.size - SAMPLE_RATE) <= 2
+    spectrum = np.abs(np.fft.rfft(waveform.numpy()))
+    assert np.argmax(spectrum) * SAMPLE_RATE / waveform.numel() == pytest.approx(440, abs=2)
+    assert resampler._transforms == {}
+    with pytest.raises(ValueError, match="8001 Hz"):
+        resampler.transform(8001)
+    with pytest.raises(ValueError, match="8001 Hz"):
+        resampler(DecodedAudio(np.zeros(8001, np.float32), 8001))
+    assert resampler._transforms == {}
+
+
+def test_the_resampler_cache_holds_only_the_common_rates() -> None:
+    resampler = Resampler()
+    for rate in sorted(COMMON_RATES):
+        resampler.transform(rate)
+    for rate in (8001, 12000, 44101, 64000, 192000):
+        with pytest.raises(ValueError):
+            resampler.transform(rate)
+    assert set(resampler._transforms) == COMMON_RATES and len(COMMON_RATES) == 9
+
+
+@pytest.fixture(scope="module")
+def declared_bombs(media_dir: Path) -> dict[str, Path]:
+    """Files whose headers state they are long: 3.89 h of FLAC, 2 min of Ogg/Opus."""
+    return {
+        "flac": silence_flac(media_dir / "bomb_3h53_48k.flac", 14004, 48000),
+        "opus": long_opus(media_dir / "bomb_2min.opus", 120),
+    }
+
+
+@pytest.mark.parametrize("kind,max_seconds", [("flac", 3600), ("opus", 30)])
+def test_a_declared_duration_over_the_cap_is_refused_before_decoding(
+    kind: str, max_seconds: float, declared_bombs: dict[str, Path],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A 5 h opus bomb (6.7 MB) took 41 s and 3.5 GB to reach the sample cap: a header that
+    states more than the cap refuses the file before one packet is decoded."""
+    data = declared_bombs[kind].read_bytes()
+
+    def no_decoding(*args, **kwargs):
+        raise AssertionError("decoding started")
+
+    with monkeypatch.context() as patch:
+        patch.setattr(audio, "_frames", no_decoding)
+        t0 = time.perf_counter()
+        with pytest.raises(AudioTooLong, match=f"{max_seconds} s limit .*declares"):
+            decode_audio(data, max_seconds=max_seconds)
+        assert time.perf_counter() - t0 < 0.5
+    if kind == "opus":  # under the cap it decodes (3.89 h of FLAC would take ~10 s here)
+        assert decode_audio(data, max_seconds=150).seconds == pytest.approx(120, abs=0.1)
+
+
+def test_bit_rate_estimates_never_refuse_but_stated_mp3_durations_do(tmp_path: Path) -> None:
+    """An mp3 without a Xing header gets a duration estimated from its first frames (silence, a
+    low bit rate: 38 s for 20 s of audio); only a stated one (Xing/Info) may refuse the file."""
+    mix = ["-f", "lavfi", "-i", "anullsrc=r=44100:cl=mono:d=10", "-f", "lavfi", "-i",
+           "sine=f=440:r=44100:d=10", "-filter_complex", "[0][1]concat=n=2:v=0:a=1",
+           "-c:a", "libmp3lame", "-q:a", "2"]
+    estimated = _ffmpeg([*mix, "-write_xing", "0"], tmp_path / "no_xing.mp3")
+    stated = _ffmpeg(mix, tmp_path / "xing.mp3")
+    with audio._open_source(estimated, None) as fileobj:
+        container = audio._open_container(fileobj)
+        declared = audio._declared_seconds(container, audio._audio_stream(container))
+        container.close()
+    assert declared > 30  # the estimate overshoots
+
+    assert decode_audio(estimated, max_seconds=25).seconds == pytest.approx(20, abs=0.2)
+    with pytest.raises(AudioTooLong, match="declares 20"):
+        decode_audio(stated, max_seconds=15)
+    assert decode_audio(stated, max_seconds=25).seconds == pytest.approx(20, abs=0.2)

@@ -1,0 +1,534 @@
+"""The deployment files under deploy/ (docker compose, Kubernetes, nginx), checked offline:
+
+* every YAML file parses;
+* every Kubernetes manifest validates against the official API schemas (kubernetes-validate bundles
+  them, strict: an unknown field is an error), for the oldest and the newest Kubernetes we target;
+* compose.yaml validates against the Compose Specification's JSON schema (the copy that
+  check-jsonschema vendors) with jsonschema;
+* the files agree with the code and with each other: every SENSEVOICE_* name is a Settings field
+  and every value is one Settings accepts, the container arguments parse with the app's own CLI,
+  the probe and scrape paths are routes of the app and answer the Host the kubelet and Prometheus
+  send, ports, Service selectors, Ingress backends, Secret keys and the broker URL resolve.
+
+Nothing here skips: a missing validator package fails the test (requirements-dev.txt pins them).
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import re
+from pathlib import Path
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parent.parent
+DEPLOY = ROOT / "deploy"
+K8S = DEPLOY / "k8s"
+COMPOSE = DEPLOY / "compose.yaml"
+NGINX = DEPLOY / "nginx" / "nginx.conf"
+
+PINS = {"kubernetes_validate": "kubernetes-validate==1.37.0",
+        "check_jsonschema": "check-jsonschema==0.39.0", "jsonschema": "jsonschema==4.26.0"}
+# Kubernetes versions the manifests must be valid for: the oldest we support and the newest that
+# the pinned kubernetes-validate bundles (1.25 ... 1.37 for 1.37.0)
+K8S_MIN_VERSION = "1.29"
+# manifests kept beside kustomization.yaml that it does not apply, on purpose
+NOT_APPLIED = {"secret.example.yaml", "model-cache-pvc.yaml"}
+# environment variables that are not SenseVoice settings but are set on purpose
+OTHER_ENV = {"FORWARDED_ALLOW_IPS", "POD_IP"}
+PROBE_PATHS = {"readinessProbe": "/readyz", "livenessProbe": "/healthz"}
+POD_IP = "10.1.2.3"  # stands for $(POD_IP) when values are checked
+
+
+def need(module: str):
+    """Import a validator or fail (never skip): CI must not pass by validating nothing."""
+    try:
+        return importlib.import_module(module)
+    except ImportError as e:
+        pytest.fail(f"{module} is not installed ({e}); pip install {PINS[module]} "
+                    "(requirements-dev.txt). These checks never skip.")
+
+
+def load_all(path: Path) -> list:
+    return [doc for doc in yaml.safe_load_all(path.read_text()) if doc is not None]
+
+
+def manifest_files() -> list[Path]:
+    return sorted(p for p in K8S.glob("*.yaml") if p.name != "kustomization.yaml")
+
+
+def manifests(applied_only: bool = False) -> list[dict]:
+    docs = []
+    for path in manifest_files():
+        if applied_only and path.name in NOT_APPLIED:
+            continue
+        docs += load_all(path)
+    return docs
+
+
+def by_kind(kind: str, docs=None) -> dict[str, dict]:
+    return {d["metadata"]["name"]: d for d in (docs or manifests()) if d["kind"] == kind}
+
+
+def workloads() -> dict[str, dict]:
+    return {**by_kind("Deployment"), **by_kind("StatefulSet")}
+
+
+def containers():
+    for name, w in workloads().items():
+        for c in w["spec"]["template"]["spec"]["containers"]:
+            yield name, w, c
+
+
+def compose() -> dict:
+    return yaml.safe_load(COMPOSE.read_text())
+
+
+def interpolate(value: str) -> str:
+    """Compose's ${VAR:-default} / ${VAR} with the variables unset: what `up` gets by default."""
+    return re.sub(r"\$\{[A-Za-z_][A-Za-z0-9_]*(?::?-([^}]*))?\}", lambda m: m.group(1) or "", value)
+
+
+def settings_fields() -> set[str]:
+    from pipeline.config import Settings
+
+    return set(Settings.model_fields)
+
+
+def settings_from_env(env: dict[str, str]):
+    """Settings built from these SENSEVOICE_* values: raises if one is not a valid value."""
+    from pipeline.config import Settings
+
+    return Settings(**{k[len("SENSEVOICE_"):].lower(): v for k, v in env.items()
+                       if k.startswith("SENSEVOICE_")})
+
+
+def example_secret() -> dict[str, str]:
+    (secret,) = load_all(K8S / "secret.example.yaml")
+    return secret["stringData"]
+
+
+def container_env(c: dict) -> dict[str, str]:
+    """A container's environment as the kubelet builds it: envFrom ConfigMaps first, then env
+    (values from the example Secret, $(VAR) expanded, the pod IP stood in for)."""
+    configmaps = by_kind("ConfigMap")
+    env: dict[str, str] = {}
+    for source in c.get("envFrom", []):
+        env.update(configmaps[source["configMapRef"]["name"]]["data"])
+    for var in c.get("env", []):
+        if "value" in var:
+            value = re.sub(r"\$\(([A-Za-z_][A-Za-z0-9_]*)\)", lambda m: env.get(m.group(1), m.group(0)),
+                           var["value"])
+        elif "secretKeyRef" in var["valueFrom"]:
+            value = example_secret()[var["valueFrom"]["secretKeyRef"]["key"]]
+        elif var["valueFrom"].get("fieldRef", {}).get("fieldPath") == "status.podIP":
+            value = POD_IP
+        else:
+            raise AssertionError(f"unexpected env source {var}")
+        env[var["name"]] = value
+    return env
+
+
+def cli_port(args: list[str]) -> int:
+    from app_sensevoice import parse_args
+
+    try:
+        parsed = parse_args(args)
+    except SystemExit:  # argparse: an unknown flag or a bad value
+        pytest.fail(f"the app's CLI refuses {args}")
+    assert parsed.port is not None, f"{args}: pass --port explicitly (the probes depend on it)"
+    return parsed.port
+
+
+def pod_labels(workload: dict) -> dict:
+    return workload["spec"]["template"]["metadata"]["labels"]
+
+
+def matches(selector: dict, labels: dict) -> bool:
+    return all(labels.get(k) == v for k, v in selector.items())
+
+
+# ------------------------------------------------------------------------------------- parsing
+def test_every_yaml_file_parses():
+    files = sorted(DEPLOY.rglob("*.yaml")) + sorted(DEPLOY.rglob("*.yml"))
+    names = {p.relative_to(DEPLOY).as_posix() for p in files}
+    assert {"compose.yaml", "k8s/kustomization.yaml", "k8s/api.yaml", "k8s/worker.yaml",
+            "k8s/redis.yaml", "k8s/ingress.yaml", "k8s/configmap.yaml"} <= names
+    for path in files:
+        docs = load_all(path)
+        assert docs and all(isinstance(d, dict) for d in docs), path
+
+
+def test_kustomization_applies_every_manifest_but_the_examples():
+    kust = yaml.safe_load((K8S / "kustomization.yaml").read_text())
+    assert kust["apiVersion"] == "kustomize.config.k8s.io/v1beta1" and kust["kind"] == "Kustomization"
+    assert "namespace" not in kust  # namespace-less: chosen with kubectl -n
+    resources = kust["resources"]
+    assert len(resources) == len(set(resources))
+    for name in resources:
+        assert (K8S / name).is_file(), f"kustomization.yaml lists a missing file {name}"
+    files = {p.name for p in manifest_files()}
+    assert set(resources) | NOT_APPLIED == files and not set(resources) & NOT_APPLIED
+    images = {i["name"] for i in kust["images"]}
+    assert {c["image"].split(":")[0] for _, _, c in containers() if "redis" not in c["image"]} <= images
+
+
+# ------------------------------------------------------------------------ schema validation
+def k8s_versions() -> list[str]:
+    kv = need("kubernetes_validate")
+    return [K8S_MIN_VERSION, kv.latest_version()]
+
+
+@pytest.mark.parametrize("which", ["oldest", "newest"])
+def test_kubernetes_manifests_validate_against_the_api_schemas(which):
+    kv = need("kubernetes_validate")
+    version = k8s_versions()[0 if which == "oldest" else 1]
+    assert any(v == version or v.startswith(version + ".") for v in kv.utils.all_versions()), \
+        f"kubernetes-validate {kv.__version__} bundles no Kubernetes {version} schemas"
+    docs = manifests()
+    assert len(docs) >= 12
+    errors = []
+    for doc in docs:
+        name = f"{doc.get('kind')}/{doc.get('metadata', {}).get('name')}"
+        try:
+            kv.validate(doc, version, strict=True)
+        except kv.ValidationError as e:
+            errors.append(f"{name}: {'.'.join(map(str, e.path))}: {e.message}")
+        except kv.SchemaNotFoundError as e:  # an unknown kind or apiVersion is an error too
+            errors.append(f"{name}: {e.message}")
+    assert not errors, f"Kubernetes {version}:\n" + "\n".join(errors)
+
+
+def test_kubernetes_validation_catches_mistakes():
+    """The validator is not vacuous: a misspelt field, a wrong type, an unknown kind fail."""
+    kv = need("kubernetes_validate")
+    version = kv.latest_version()
+    deployment = by_kind("Deployment")["sensevoice-api"]
+    typo = json.loads(json.dumps(deployment))
+    typo["spec"]["replica"] = 2
+    wrong_type = json.loads(json.dumps(deployment))
+    wrong_type["spec"]["template"]["spec"]["containers"][0]["ports"][0]["containerPort"] = "http"
+    for bad in (typo, wrong_type):
+        with pytest.raises(kv.ValidationError):
+            kv.validate(bad, version, strict=True)
+    with pytest.raises(kv.SchemaNotFoundError):
+        kv.validate({**deployment, "apiVersion": "apps/v1", "kind": "Deploymint"}, version, strict=True)
+
+
+def compose_validator():
+    jsonschema = need("jsonschema")
+    need("check_jsonschema")
+    from importlib.resources import files
+
+    schema = json.loads((files("check_jsonschema.builtin_schemas.vendor") / "compose-spec.json").read_text())
+    assert schema.get("title") == "Compose Specification"
+    cls = jsonschema.validators.validator_for(schema)
+    cls.check_schema(schema)
+    return cls(schema)
+
+
+def test_compose_file_validates_against_the_compose_specification():
+    validator = compose_validator()
+    errors = [f"{'.'.join(map(str, e.path))}: {e.message}" for e in validator.iter_errors(compose())]
+    assert not errors, "\n".join(errors)
+
+
+def test_compose_validation_catches_mistakes():
+    validator = compose_validator()
+    for path, value in ((("services", "api", "replica"), 2),
+                        (("services", "worker", "deploy", "resources", "reservations", "gpus"), 1),
+                        (("services", "redis", "healthcheck", "intervall"), "5s")):
+        doc = compose()
+        node = doc
+        for key in path[:-1]:
+            node = node[key]
+        node[path[-1]] = value
+        assert list(validator.iter_errors(doc)), f"{'.'.join(path)} was accepted"
+
+
+# ----------------------------------------------------------------------- agreement with the code
+def test_every_sensevoice_name_is_a_setting():
+    fields = settings_fields()
+    seen = set()
+    for path in sorted(p for p in DEPLOY.rglob("*") if p.is_file()):
+        for name in re.findall(r"\bSENSEVOICE_[A-Z0-9_]+\b", path.read_text()):
+            seen.add(name)
+            assert name[len("SENSEVOICE_"):].lower() in fields, \
+                f"{path.relative_to(ROOT)} names {name}, which is no field of pipeline.config.Settings"
+    assert {"SENSEVOICE_ROLE", "SENSEVOICE_BROKER", "SENSEVOICE_API_TOKEN",
+            "SENSEVOICE_ALLOWED_HOSTS"} <= seen
+
+
+def test_kubernetes_environments_are_valid_settings():
+    roles = {}
+    for name, _, c in containers():
+        env = container_env(c)
+        if c["image"].startswith("redis"):
+            assert not env
+            continue
+        for key in env:
+            assert key.startswith("SENSEVOICE_") or key in OTHER_ENV, f"{name}: unexpected variable {key}"
+        settings = settings_from_env(env)  # a bad value (role, a number) raises here
+        roles[name] = settings.role
+        assert settings.broker.startswith("redis://"), name
+    assert roles == {"sensevoice-api": "api", "sensevoice-worker": "worker"}
+
+
+def test_compose_environments_are_valid_settings():
+    roles = {}
+    for name, service in compose()["services"].items():
+        env = {k: interpolate(str(v)) for k, v in (service.get("environment") or {}).items()}
+        if name in ("redis", "proxy"):
+            assert not env
+            continue
+        for key in env:
+            assert key.startswith("SENSEVOICE_") or key in OTHER_ENV, f"{name}: unexpected variable {key}"
+        roles[name] = settings_from_env(env).role
+    assert roles == {"api": "api", "worker": "worker"}
+
+
+def test_container_arguments_parse_with_the_app_cli_and_match_the_ports():
+    for name, _, c in containers():
+        if c["image"].startswith("redis"):
+            continue
+        assert "command" not in c, f"{name}: keep the image's entrypoint (python app_sensevoice.py)"
+        port = cli_port(c["args"])
+        assert [p["containerPort"] for p in c["ports"]] == [port], name
+    for name in ("api", "worker"):
+        service = compose()["services"][name]
+        port = cli_port(service["command"])
+        assert f"127.0.0.1:{port}/readyz" in " ".join(service["healthcheck"]["test"]), name
+    api_port = cli_port(compose()["services"]["api"]["command"])
+    upstreams = re.findall(r"server\s+api:(\d+)\s+resolve;", NGINX.read_text())
+    assert upstreams and {int(p) for p in upstreams} == {api_port}
+    dockerfile = (ROOT / "Dockerfile").read_text()
+    assert f"SENSEVOICE_PORT={api_port}" in dockerfile and f"EXPOSE {api_port}" in dockerfile
+
+
+def test_api_and_worker_are_one_image_and_role_apart():
+    k8s_images = {c["image"] for n, _, c in containers() if n.startswith("sensevoice")}
+    assert len(k8s_images) == 1
+    services = compose()["services"]
+    assert services["api"]["image"] == services["worker"]["image"]
+    build = services["api"]["build"]
+    assert build == services["worker"]["build"] == {"context": "..", "dockerfile": "Dockerfile"}
+    assert (COMPOSE.parent / build["context"] / build["dockerfile"]).resolve() == ROOT / "Dockerfile"
+
+
+@pytest.fixture(scope="module")
+def api_client(tmp_path_factory):
+    """The app built with the api pods' own settings (from api.yaml and the example Secret), on
+    the embedded broker: this test has no Redis, and the probes' routes are the same."""
+    from fastapi.testclient import TestClient
+
+    from app_sensevoice import create_app
+
+    (c,) = [c for n, _, c in containers() if n == "sensevoice-api"]
+    settings = settings_from_env(container_env(c)).model_copy(update={
+        "role": "all", "broker": "", "ui": False, "device": "cpu",
+        "data_dir": tmp_path_factory.mktemp("data")})
+    return TestClient(create_app(settings, start=False)), settings
+
+
+def test_probe_and_scrape_paths_are_routes_that_answer_the_hosts_they_are_sent(api_client):
+    from pipeline.edge import allowed_hosts, host_allowed
+
+    client, settings = api_client
+    token = {"Authorization": f"Bearer {settings.api_token}"}
+    paths = set()
+    for name, w, c in containers():
+        if c["image"].startswith("redis"):
+            continue
+        port_names = {p["name"]: p["containerPort"] for p in c["ports"]}
+        for probe, path in PROBE_PATHS.items():
+            assert c[probe]["httpGet"]["path"] == path, f"{name}: {probe}"
+        assert c["startupProbe"]["httpGet"]["path"] in ("/readyz", "/healthz"), name
+        for probe in ("startupProbe", *PROBE_PATHS):
+            get = c[probe]["httpGet"]
+            assert get["port"] in port_names or get["port"] in port_names.values(), f"{name}: {probe}"
+            paths.add((get["path"], f"{POD_IP}:{port_names.get(get['port'], get['port'])}"))
+        annotations = w["spec"]["template"]["metadata"].get("annotations", {})
+        if annotations.get("prometheus.io/scrape") == "true":
+            assert int(annotations["prometheus.io/port"]) in port_names.values(), name
+            paths.add((annotations["prometheus.io/path"], f"{POD_IP}:{annotations['prometheus.io/port']}"))
+            # /metrics is behind the Host allow-list (the probes are not): this pod's own
+            # settings must admit its IP, which Prometheus sends as Host
+            own = settings_from_env(container_env(c)).model_copy(update={"host": "0.0.0.0"})
+            assert host_allowed(POD_IP, allowed_hosts(own)), f"{name}: Prometheus would get 400"
+    assert {p for p, _ in paths} == {"/healthz", "/readyz", "/metrics"}
+    # the same through the app built with the api pods' settings: a route that does not exist
+    # (404) or that the Host guard refuses (400) would keep a pod unready or unscraped
+    for path, host in sorted(paths):
+        r = client.get(path, headers={"Host": host, **token})
+        assert r.status_code in (200, 503), (path, host, r.status_code, r.text[:200])
+        if path != "/readyz":  # not ready: no model loaded in this test
+            assert r.status_code == 200, (path, host, r.text[:200])
+
+
+def test_the_public_host_is_allowed_and_the_limits_fit_the_app():
+    from pipeline.config import Settings
+    from pipeline.edge import allowed_hosts, host_allowed
+
+    (c,) = [c for n, _, c in containers() if n == "sensevoice-api"]
+    api = settings_from_env(container_env(c)).model_copy(update={"host": "0.0.0.0"})
+    ingresses = by_kind("Ingress")
+    hosts = {rule["host"] for i in ingresses.values() for rule in i["spec"]["rules"]}
+    assert hosts and all(host_allowed(h, allowed_hosts(api)) for h in hosts), hosts
+    for ingress in ingresses.values():
+        assert {h for t in ingress["spec"]["tls"] for h in t["hosts"]} == hosts
+
+    # every proxy in front of the app lets the largest allowed upload through (the app's own cap,
+    # 413, is max_upload_bytes plus 64 KiB for the multipart envelope)
+    need_bytes = Settings().max_upload_bytes + 64 * 1024
+
+    def mib(value: str) -> int:
+        assert value.endswith("m"), value
+        return int(value[:-1]) * 1024 * 1024
+
+    for ingress in ingresses.values():
+        annotations = ingress["metadata"]["annotations"]
+        assert mib(annotations["nginx.ingress.kubernetes.io/proxy-body-size"]) >= need_bytes
+    conf = NGINX.read_text()
+    (body,) = re.findall(r"client_max_body_size\s+(\S+);", conf)
+    assert mib(body) >= need_bytes
+
+    # behind a proxy every connection comes from the proxy: no per-address connection cap
+    assert api.max_connections_per_client == 0
+    for name in ("api",):
+        env = {k: interpolate(str(v)) for k, v in compose()["services"][name]["environment"].items()}
+        settings = settings_from_env(env).model_copy(update={"host": "0.0.0.0"})
+        assert settings.max_connections_per_client == 0
+        assert env.get("FORWARDED_ALLOW_IPS") == "*"
+        assert host_allowed("localhost", allowed_hosts(settings))
+    assert container_env(c).get("FORWARDED_ALLOW_IPS") == "*"
+
+
+def test_services_ingresses_and_autoscaler_point_at_what_exists():
+    docs = manifests(applied_only=True)
+    wl = {n: w for n, w in workloads().items()}
+    services = by_kind("Service", docs)
+    for name, w in wl.items():
+        assert matches(w["spec"]["selector"]["matchLabels"], pod_labels(w)), name
+    for name, svc in services.items():
+        targets = [w for w in wl.values() if matches(svc["spec"]["selector"], pod_labels(w))]
+        assert len(targets) == 1, f"Service {name} selects {len(targets)} workloads"
+        ports = {p.get("name"): p["containerPort"]
+                 for c in targets[0]["spec"]["template"]["spec"]["containers"] for p in c["ports"]}
+        for port in svc["spec"]["ports"]:
+            t = port["targetPort"]
+            assert t in ports or t in ports.values(), f"Service {name}: targetPort {t}"
+    assert services["sensevoice-worker"]["spec"]["clusterIP"] == "None"  # headless, for scraping
+    assert wl["redis"]["spec"]["serviceName"] in services
+    assert services[wl["redis"]["spec"]["serviceName"]]["spec"]["clusterIP"] == "None"
+    for name, ingress in by_kind("Ingress", docs).items():
+        for rule in ingress["spec"]["rules"]:
+            for p in rule["http"]["paths"]:
+                backend = p["backend"]["service"]
+                assert backend["name"] in services, f"Ingress {name}: no Service {backend['name']}"
+                svc = services[backend["name"]]
+                assert backend["port"].get("name") in {sp.get("name") for sp in svc["spec"]["ports"]} \
+                    or backend["port"].get("number") in {sp["port"] for sp in svc["spec"]["ports"]}, name
+    (hpa,) = by_kind("HorizontalPodAutoscaler", docs).values()
+    assert hpa["spec"]["scaleTargetRef"]["name"] in by_kind("Deployment", docs)
+    assert hpa["spec"]["metrics"][0]["resource"]["name"] == "cpu"
+    for pdb in by_kind("PodDisruptionBudget", docs).values():
+        assert any(matches(pdb["spec"]["selector"]["matchLabels"], pod_labels(w)) for w in wl.values())
+    (policy,) = by_kind("NetworkPolicy", docs).values()
+    assert matches(policy["spec"]["podSelector"]["matchLabels"], pod_labels(wl["redis"]))
+    allowed_from = policy["spec"]["ingress"][0]["from"][0]["podSelector"]["matchLabels"]
+    for name in ("sensevoice-api", "sensevoice-worker"):
+        assert matches(allowed_from, pod_labels(wl[name])), name
+    # env sources exist: the ConfigMap here, the Secret's keys in its example
+    configmaps = by_kind("ConfigMap", docs)
+    secret = by_kind("Secret")["sensevoice-secrets"]
+    for name, _, c in containers():
+        for source in c.get("envFrom", []):
+            assert source["configMapRef"]["name"] in configmaps, name
+        for var in c.get("env", []):
+            ref = var.get("valueFrom", {}).get("secretKeyRef")
+            if ref:
+                assert ref["name"] == secret["metadata"]["name"] and ref["key"] in secret["stringData"], name
+    assert "sensevoice-secrets" not in by_kind("Secret", docs)  # never applied from git
+
+
+def test_the_broker_url_names_the_redis_service_and_port():
+    from urllib.parse import urlsplit
+
+    url = urlsplit(by_kind("ConfigMap")["sensevoice-config"]["data"]["SENSEVOICE_BROKER"])
+    svc = by_kind("Service")[url.hostname]
+    (port,) = [p for p in svc["spec"]["ports"] if p["port"] == url.port]
+    redis = workloads()["redis"]["spec"]["template"]["spec"]["containers"][0]
+    assert port["targetPort"] in {p["name"] for p in redis["ports"]}
+    assert {p["containerPort"] for p in redis["ports"]} == {url.port}
+
+    services = compose()["services"]
+    url = urlsplit(interpolate(services["api"]["environment"]["SENSEVOICE_BROKER"]))
+    assert url.scheme == "redis" and url.hostname in services and url.port == 6379
+    assert interpolate(services["worker"]["environment"]["SENSEVOICE_BROKER"]) == url.geturl()
+
+
+def test_redis_keeps_an_append_only_file_and_never_evicts():
+    def flags(args: list[str]) -> dict[str, str]:
+        return {a[2:]: b for a, b in zip(args, args[1:]) if a.startswith("--")}
+
+    redis = compose()["services"]["redis"]
+    assert redis["image"] == "redis:7"
+    k8s_redis = workloads()["redis"]["spec"]["template"]["spec"]["containers"][0]
+    for args in (redis["command"][1:], k8s_redis["args"][1:]):
+        f = flags(args)
+        assert f["appendonly"] == "yes" and f["appendfsync"] in ("everysec", "always"), f
+        assert f["maxmemory-policy"] == "noeviction", f
+    assert any(v.endswith(":/data") for v in redis["volumes"])
+    assert "redis-cli ping" in " ".join(redis["healthcheck"]["test"])
+    sts = workloads()["redis"]
+    assert sts["spec"]["template"]["spec"]["containers"][0]["image"] == "redis:7"
+    assert sts["spec"]["volumeClaimTemplates"][0]["metadata"]["name"] in {
+        m["name"] for m in sts["spec"]["template"]["spec"]["containers"][0]["volumeMounts"]}
+
+
+def test_workers_get_one_gpu_and_time_to_load():
+    (_, _, c) = [x for x in containers() if x[0] == "sensevoice-worker"][0]
+    assert c["resources"]["limits"]["nvidia.com/gpu"] == 1
+    assert c["resources"]["requests"].get("nvidia.com/gpu", 1) == 1
+    startup = c["startupProbe"]
+    assert startup["periodSeconds"] * startup["failureThreshold"] >= 600  # minutes to load
+    args = c["args"]
+    assert args[args.index("--device") + 1] == "cuda:0"
+    mounts = {m["mountPath"] for m in c["volumeMounts"]}
+    assert "/root/.cache" in mounts
+
+    worker = compose()["services"]["worker"]
+    (device,) = worker["deploy"]["resources"]["reservations"]["devices"]
+    assert device == {"driver": "nvidia", "count": 1, "capabilities": ["gpu"]}
+    assert any(v.endswith(":/root/.cache") for v in worker["volumes"])
+    assert worker["healthcheck"]["start_period"].endswith("m")
+    for name, service in compose()["services"].items():
+        assert service["restart"] == "unless-stopped", name
+        assert "healthcheck" in service, name
+    assert compose()["services"]["api"]["deploy"]["replicas"] >= 2
+
+
+def test_nginx_makes_the_ui_sticky_and_the_api_round_robin():
+    conf = NGINX.read_text()
+    upstreams = dict(re.findall(r"upstream\s+(\w+)\s*\{([^}]*)\}", conf))
+    locations = dict(re.findall(r"location\s+([^{]+?)\s*\{([^}]*)\}", conf))
+    ui_upstream = re.search(r"proxy_pass\s+http://(\w+);", locations["/ui"]).group(1)
+    rr_upstream = re.search(r"proxy_pass\s+http://(\w+);", locations["/"]).group(1)
+    assert "hash $ui_affinity consistent;" in upstreams[ui_upstream]
+    assert "Set-Cookie" in locations["/ui"] and "proxy_buffering off;" in locations["/ui"]
+    assert not re.search(r"\b(hash|ip_hash|sticky)\b", upstreams[rr_upstream])
+    from pipeline.ui_guard import UI_PATH
+
+    assert UI_PATH == "/ui"
+    # the Host with its port and the client's address, overwritten (the app trusts both)
+    assert "proxy_set_header Host $http_host;" in conf
+    assert "proxy_set_header X-Forwarded-For $remote_addr;" in conf
+    assert compose()["services"]["proxy"]["volumes"][0].split(":")[0] == "./nginx/nginx.conf"
+    (ui,) = [i for i in by_kind("Ingress").values() if any(
+        p["path"] == UI_PATH for r in i["spec"]["rules"] for p in r["http"]["paths"])]
+    assert ui["metadata"]["annotations"]["nginx.ingress.kubernetes.io/affinity"] == "cookie"
+    for other in by_kind("Ingress").values():
+        if other["metadata"]["name"] != ui["metadata"]["name"]:
+            assert "nginx.ingress.kubernetes.io/affinity" not in other["metadata"].get("annotations", {})

@@ -209,6 +209,10 @@ class JobStore:
         )
         return bool(cur.rowcount)
 
+    def release(self, job_ids: Iterable[str]) -> None:
+        """Nothing to hand back: an embedded job stays in this store (the broker's counterpart
+        lets another worker reclaim claimed items)."""
+
     def requeue(self, job_id: str) -> bool:
         """running -> queued (e.g. after a retryable fault)."""
         cur = self._conn().execute(

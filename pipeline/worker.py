@@ -15,6 +15,7 @@ from typing import Callable, Sequence
 import torch
 
 from .engine import SenseVoiceEngine
+from .errors import BrokerUnavailable
 from .jobs import JobStore, SegmentResult
 from .metrics import Metrics
 from .richtext import parse_rich_text
@@ -80,6 +81,10 @@ class Worker(threading.Thread):
                 batch = self.scheduler.next_batch(timeout=POLL_S)
                 if batch:
                     self._run_batch(batch)
+            except BrokerUnavailable as e:  # the broker is down: its entries stay pending and
+                logger.warning("%s", e)      # are reclaimed later, never lost; wait and go on
+                self.store.release([i.job_id for i in batch])
+                time.sleep(1.0)
             except Exception as e:
                 if _is_fatal(e):  # a poisoned CUDA context: give up, let the supervisor restart
                     logger.critical("fatal device error, worker stops: %s", e)

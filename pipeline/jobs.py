@@ -257,32 +257,6 @@ class JobStore:
 
     def delete_spool(self, job_id: str) -> None:
         self.spool_path(job_id).unlink(missing_ok=True)
-        self.delete_wave(job_id)
-
-    def wave_path(self, job_id: str) -> Path:
-        return self.spool_dir / f"{job_id}.wave.npy"
-
-    def save_wave(self, job_id: str, samples: np.ndarray) -> None:
-        """The decoded 16 kHz audio of a long job, waiting on disk to be split (not in memory)."""
-        path = self.wave_path(job_id)
-        tmp = path.with_suffix(".tmp")
-        try:
-            with open(tmp, "wb") as f:
-                np.save(f, np.ascontiguousarray(samples, dtype=np.float32))
-            os.replace(tmp, path)
-        except OSError as e:
-            tmp.unlink(missing_ok=True)
-            raise storage_error(e) from None
-
-    def load_wave(self, job_id: str) -> np.ndarray | None:
-        """The saved audio, memory-mapped copy-on-write (pages are read as pieces run), or None."""
-        try:
-            return np.load(self.wave_path(job_id), mmap_mode="c")
-        except FileNotFoundError:
-            return None
-
-    def delete_wave(self, job_id: str) -> None:
-        self.wave_path(job_id).unlink(missing_ok=True)
 
     # ------------------------------------------------------------------ reads
     def get(self, job_id: str) -> Job:
@@ -344,3 +318,42 @@ def _row_to_job(r: sqlite3.Row) -> Job:
         filename=r["filename"], started_at=r["started_at"], finished_at=r["finished_at"],
         attempts=r["attempts"], result=result, error=error,
     )
+
+
+class WaveSpool:
+    """Decoded 16 kHz audio of long recordings waiting on this host's disk to be split by VAD
+    (memory-mapped, not held in memory); deleted when the job ends."""
+
+    def __init__(self, directory: str | Path):
+        self.dir = Path(directory)
+        self.dir.mkdir(parents=True, exist_ok=True)
+
+    def path(self, job_id: str) -> Path:
+        return self.dir / f"{job_id}.wave.npy"
+
+    def save(self, job_id: str, samples: np.ndarray) -> None:
+        path = self.path(job_id)
+        tmp = path.with_suffix(".tmp")
+        try:
+            with open(tmp, "wb") as f:
+                np.save(f, np.ascontiguousarray(samples, dtype=np.float32))
+            os.replace(tmp, path)
+        except OSError as e:
+            tmp.unlink(missing_ok=True)
+            raise storage_error(e) from None
+
+    def load(self, job_id: str) -> np.ndarray | None:
+        """The saved audio, memory-mapped copy-on-write (pages are read as pieces run), or None."""
+        try:
+            return np.load(self.path(job_id), mmap_mode="c")
+        except FileNotFoundError:
+            return None
+
+    def delete(self, job_id: str) -> None:
+        self.path(job_id).unlink(missing_ok=True)
+
+    def keep_only(self, job_ids: set[str]) -> None:
+        """Delete what no unfinished job needs (left by a crash between a finish and its delete)."""
+        for path in self.dir.glob("*.wave.npy"):
+            if path.name.split(".", 1)[0] not in job_ids:
+                path.unlink(missing_ok=True)

@@ -2,6 +2,15 @@
 
 submit: decode (PyAV, in the caller's thread) -> resample on the device -> spool + store (on disk)
 -> enqueue. Workers (one per device) run batches and write results to the store; get/wait read it.
+
+Two topologies of the same code (``Settings.broker``):
+
+* embedded (the default): the store is SQLite (:class:`JobStore`) and the queue is this process's
+  :class:`Scheduler`, which the workers batch from;
+* distributed (``redis://...``): store and queue are one :class:`RedisBroker`. A process with the
+  ``api`` role decodes and enqueues (no model); one with the ``worker`` role runs a :class:`Feeder`
+  that claims items into its local Scheduler, and its workers write results to the broker. Any
+  api process answers a poll of any job. ``all`` runs both roles in one process.
 """
 
 from __future__ import annotations
@@ -9,6 +18,7 @@ from __future__ import annotations
 import logging
 import os
 import secrets
+import socket
 import threading
 import time
 import uuid
@@ -26,7 +36,7 @@ from .audio import Resampler
 from .config import Settings
 from .decoder import Decoder
 from .errors import MemoryPressure, NotReady, SenseVoiceError
-from .jobs import JobStore
+from .jobs import JobStore, WaveSpool
 from .metrics import Metrics
 from .model import ModelSource, load_automodel, resolve_model
 from .scheduler import SAMPLE_RATE, Scheduler, WorkItem
@@ -36,15 +46,27 @@ logger = logging.getLogger("sensevoice.service")
 
 RECENT_JOBS = 20_000  # job snapshots kept in memory so that polls never touch the disk
 CHANNEL_NAMES = ("left", "right")  # speaker labels of a split stereo call (e.g. agent, customer)
-JANITOR_PERIOD_S = 5.0  # how often retention and the watchdog run
+JANITOR_PERIOD_S = 5.0  # how often retention runs
+JANITOR_TICK_S = 1.0  # how often the watchdog and the broker watch run
 MEMORY_READ_INTERVAL_S = 0.25  # GPU admission reads free memory at most this often per device
 LOOP_BEAT_S = 1.0  # how often the event loop proves it answers
-FATAL_EXIT_CODE = 3  # process exit status after a fatal device error or a hung worker
+FATAL_EXIT_CODE = 3
+WAIT_POLL_S = 0.02  # distributed: how often wait() reads a job from the broker  # process exit status after a fatal device error or a hung worker
 
 
 def new_job_id() -> str:
     """A full random UUID (122 random bits): unguessable."""
     return str(uuid.UUID(bytes=secrets.token_bytes(16), version=4))
+
+
+def connect_store(settings: Settings):
+    """The job store of the topology: SQLite on this host, or the Redis broker."""
+    if not settings.broker:
+        return JobStore(settings.data_dir)
+    from .broker_redis import RedisBroker
+
+    return RedisBroker(settings.broker, settings.retention_hours * 3600, settings.queue_size,
+                       settings.visibility_timeout_s, retry_after_s=settings.retry_after_s)
 
 
 def visible_devices(device: str) -> list[str]:
@@ -57,18 +79,27 @@ class TranscriptionService:
     def __init__(self, settings: Settings, source: ModelSource | None = None):
         self.settings = settings
         self.source = source
-        self.devices = visible_devices(settings.resolved_device())
-        self.store = JobStore(settings.data_dir)
+        self.distributed = bool(settings.broker)
+        self.serves_api = settings.role in ("all", "api")
+        self.serves_worker = settings.role in ("all", "worker")
+        # an api-only process holds no model: it resamples on the CPU and needs no GPU
+        self.devices = visible_devices(settings.resolved_device()) if self.serves_worker else ["cpu"]
+        self.store = connect_store(settings)
+        self.waves = WaveSpool(settings.data_dir / "waves")
+        # embedded: the queue itself; distributed: this worker process's local batch queue
         self.scheduler = Scheduler(
             settings.queue_size, settings.max_batch, settings.max_wait_ms / 1e3,
             settings.max_batch_seconds, settings.retry_after_s)
+        self.queue = self.store if self.distributed else self.scheduler  # where submits go
+        self.feeder = None
+        self.broker_error: str | None = None  # the latest broker failure (distributed), or None
         self.resampler = Resampler(self.devices[0])
         self._decode_slots = threading.BoundedSemaphore(settings.decode_concurrency or os.cpu_count() or 2)
         processes = settings.decode_processes
         self.decoder = Decoder(min(os.cpu_count() or 2, 8) if processes < 0 else processes,
                                timeout_s=settings.decode_timeout_s, **Decoder.limits(settings))
         self.metrics = Metrics(self.devices)
-        self.metrics.set_queue_depth_fn(lambda: len(self.scheduler))
+        self.metrics.set_queue_depth_fn(lambda: len(self.queue))
         self.metrics.set_jobs_by_state_fn(self.store.counts)
         self.backlog = Backlog(settings.segment_backlog_jobs, settings.segment_backlog_hours * 3600)
         self.metrics.set_backlog_fn(self.backlog.snapshot)
@@ -97,9 +128,18 @@ class TranscriptionService:
 
     @property
     def ready(self) -> bool:
-        if self.state != "ready" or not self.workers:
+        if self.state != "ready" or (self.serves_worker and not self.workers):
             return False
-        return self.unhealthy_reason() is None
+        return self.unhealthy_reason() is None and self.unready_reason() is None
+
+    def unready_reason(self) -> str | None:
+        """Why the service cannot serve right now for a reason that passes by itself (the broker
+        is unreachable), or None. Unlike :meth:`unhealthy_reason` this never ends the process."""
+        if self.broker_error:
+            return self.broker_error
+        if self.feeder is not None and self.feeder.error is not None:
+            return f"the worker cannot reach the broker: {self.feeder.error}"
+        return None
 
     def unhealthy_reason(self) -> str | None:
         """Why the service cannot serve (a dead, failed or hung worker), or None."""
@@ -128,17 +168,57 @@ class TranscriptionService:
 
     def start(self) -> None:
         """Load, warm up, recover the queue, start workers. Blocking; call from a thread."""
-        from .engine import SenseVoiceEngine
-        from .worker import Worker
-
         try:
             self.state = "loading"
             t0 = time.perf_counter()
-            if self.source is None:
-                self.source = resolve_model(self.settings)
-            am = load_automodel(self.source.path, self.devices[0])
-            self.startup["load_s"] = time.perf_counter() - t0
-            for n, dev in enumerate(self.devices):
+            if self.distributed:
+                self._check_broker()
+                for warning in self.store.config_warnings() if not self.broker_error else ():
+                    logger.warning("redis: %s", warning)
+            if self.serves_worker:
+                self._start_engines()
+            t1 = time.perf_counter()
+            if self.serves_api:
+                self.decoder.warm_up()
+            self.startup["decoder_s"] = time.perf_counter() - t1
+            if not self.distributed:
+                self._recover()
+            self.metrics.start()
+            for w in self.workers:
+                w.start()
+            if self.serves_worker and self.distributed:
+                from .broker_redis import Feeder
+
+                self.feeder = Feeder(self.store, self.scheduler,
+                                     consumer=f"{socket.gethostname()}:{os.getpid()}",
+                                     prefetch=2 * self.settings.max_batch)
+                self.feeder.start()
+            self._janitor = threading.Thread(target=self._janitor_loop, name="sensevoice-janitor",
+                                             daemon=True)
+            self._janitor.start()
+            self.startup["total_s"] = time.perf_counter() - t0
+            self.state = "ready"
+            logger.info("ready (%s role%s) on %s (model %s%s) in %.1f s", self.settings.role,
+                        ", redis broker" if self.distributed else "", ", ".join(self.devices),
+                        self.source.name if self.source else "none",
+                        ", DEMO" if self.is_demo else "", self.startup["total_s"])
+        except Exception as e:
+            self.state = "failed"
+            self.error = str(e)
+            logger.exception("start-up failed")
+            raise
+
+    def _start_engines(self) -> None:
+        """Load the model once, then one engine (graphs captured, warmed up) and worker per device."""
+        from .engine import SenseVoiceEngine
+        from .worker import Worker
+
+        t0 = time.perf_counter()
+        if self.source is None:
+            self.source = resolve_model(self.settings)
+        am = load_automodel(self.source.path, self.devices[0])
+        self.startup["load_s"] = time.perf_counter() - t0
+        for n, dev in enumerate(self.devices):
                 engine = SenseVoiceEngine.from_automodel(am, dev, self.settings.dtype,
                                                          fp32_residual=self.settings.fp32_residual)
                 if self.settings.cuda_graphs:
@@ -155,25 +235,6 @@ class TranscriptionService:
                                            metrics=self.metrics,
                                            cpu_threads=self.settings.cpu_threads,
                                            delete_audio_when_done=self.settings.delete_audio_when_done))
-            t1 = time.perf_counter()
-            self.decoder.warm_up()
-            self.startup["decoder_s"] = time.perf_counter() - t1
-            self._recover()
-            self.metrics.start()
-            for w in self.workers:
-                w.start()
-            self._janitor = threading.Thread(target=self._janitor_loop, name="sensevoice-janitor",
-                                             daemon=True)
-            self._janitor.start()
-            self.startup["total_s"] = time.perf_counter() - t0
-            self.state = "ready"
-            logger.info("ready on %s (model %s%s) in %.1f s", ", ".join(self.devices),
-                        self.source.name, ", DEMO" if self.is_demo else "", self.startup["total_s"])
-        except Exception as e:
-            self.state = "failed"
-            self.error = str(e)
-            logger.exception("start-up failed")
-            raise
 
     def start_background(self) -> threading.Thread:
         t = threading.Thread(target=self._start_quietly, name="sensevoice-startup", daemon=True)
@@ -189,6 +250,8 @@ class TranscriptionService:
     def stop(self) -> None:
         self._stopping.set()
         self._segment_pool.shutdown(wait=False, cancel_futures=True)
+        if self.feeder is not None:
+            self.feeder.stop()
         self.scheduler.close()
         for w in self.workers:
             w.stop()
@@ -196,6 +259,8 @@ class TranscriptionService:
             w.join(timeout=10)
         self.metrics.stop()
         self.decoder.close()
+        if self.distributed:
+            self.store.close()
 
     def _on_fatal(self, e: BaseException) -> None:
         self.state = "failed"
@@ -214,16 +279,32 @@ class TranscriptionService:
             forget(purged)
         return len(purged)
 
+    def _check_broker(self) -> None:
+        """Distributed: note whether the broker answers (readyz says 503 while it does not)."""
+        if self.store.ping():
+            if self.broker_error:
+                logger.info("the broker answers again")
+            self.broker_error = None
+        else:
+            if not self.broker_error:
+                logger.warning("the broker does not answer")
+            self.broker_error = "the broker (redis) does not answer"
+
     def _janitor_loop(self) -> None:
-        """Retention, and the watchdog: a fatal or hung worker ends the process (the supervisor
-        restarts it and the queue resumes from the store)."""
-        while not self._stopping.wait(JANITOR_PERIOD_S):
-            try:
-                n = self.purge_expired()
-                if n:
-                    logger.info("retention: purged %d jobs", n)
-            except Exception:
-                logger.exception("retention failed")
+        """Retention, broker watch, and the watchdog: a fatal or hung worker ends the process (the
+        supervisor restarts it and the queue resumes from the store)."""
+        ticks = 0
+        while not self._stopping.wait(JANITOR_TICK_S):
+            ticks += 1
+            if self.distributed:
+                self._check_broker()
+            if ticks % round(JANITOR_PERIOD_S / JANITOR_TICK_S) == 0:
+                try:
+                    n = self.purge_expired()
+                    if n:
+                        logger.info("retention: purged %d jobs", n)
+                except Exception:
+                    logger.exception("retention failed")
             reason = self.unhealthy_reason()
             if reason and self.settings.exit_on_fatal:
                 logger.critical("exiting for a restart: %s", reason)
@@ -234,7 +315,7 @@ class TranscriptionService:
         """A job finished (worker thread): refresh its snapshot, wake waiters."""
         self._progress.pop(job_id, None)
         if self.backlog.release(job_id):
-            self.store.delete_wave(job_id)  # pieces already queued keep their memory map
+            self.waves.delete(job_id)  # pieces already queued keep their memory map
         try:
             self._remember(self.store.get(job_id))
         except SenseVoiceError:
@@ -259,14 +340,18 @@ class TranscriptionService:
                                                 attempts=job.attempts + 1)
 
     def get_cached(self, job_id: str) -> Job | None:
-        """The job from memory, without I/O (for polling on the event loop); None if not cached."""
+        """The job from memory, without I/O (for polling on the event loop); None if not cached
+        (always, in the distributed topology: another process may have changed it)."""
+        if self.distributed:
+            return None
         with self._recent_lock:
             job = self._recent.get(job_id)
         return None if job is None else self._with_live_fields(job)
 
     def _with_live_fields(self, job: Job) -> Job:
-        """Add what only memory knows about an unfinished job: its place in the queue, progress."""
-        if job.state not in (JobState.QUEUED, JobState.RUNNING):
+        """Add what only memory knows about an unfinished job: its place in the queue, progress
+        (the broker's records carry both already)."""
+        if self.distributed or job.state not in (JobState.QUEUED, JobState.RUNNING):
             return job
         return replace(job, position=self.scheduler.position(job.id),
                        meta={**job.meta, "progress": self._progress.get(job.id)})
@@ -284,6 +369,7 @@ class TranscriptionService:
     def _recover(self) -> None:
         """Put jobs that a previous process accepted back on the queue (long ones are split again)."""
         jobs = self.store.recover()
+        self.waves.keep_only({j.id for j in jobs})
         for job in jobs:
             if self._is_long(job.audio_seconds, job.options):
                 self.store.clear_segments(job.id)
@@ -308,7 +394,7 @@ class TranscriptionService:
     def _submit(self, data: bytes, filename: str, options: TranscribeOptions, lane: Lane) -> Job:
         if self.state == "failed":
             raise NotReady(f"the service is not available: {self.error}")
-        self.scheduler.check_capacity()  # cheap early answers before decoding
+        self.queue.check_capacity()  # cheap early answers before decoding
         if options.split_channels:
             self.backlog.check()
         self._check_memory()
@@ -320,25 +406,33 @@ class TranscriptionService:
             return self._accept_long(job, data, wave)
         self.store.create(job, data)
         try:
-            self.scheduler.put(WorkItem(job.id, lane, options, int(wave.shape[-1]), audio=wave))
+            self._enqueue(WorkItem(job.id, lane, options, int(wave.shape[-1]), audio=wave))
         except SenseVoiceError:
             self.store.discard(job.id)
             raise
         self._remember(job)
-        return replace(job, position=self.scheduler.position(job.id))
+        return replace(job, position=self.queue.position(job.id))
+
+    def _enqueue(self, item: WorkItem, force: bool = False) -> None:
+        if self.distributed:
+            self.store.enqueue(item, force=force)
+        else:
+            self.scheduler.put(item, force=force)
 
     def _accept_long(self, job: Job, data: bytes, wave: torch.Tensor) -> Job:
         """Count a long job in the backlog (or BacklogFull), store it, and leave its decoded audio
         on disk for the splitter: waiting jobs hold no memory."""
+        if self.distributed:  # split now: an accepted job is in the broker as its pieces
+            return self._accept_split(job, data, wave.float().cpu())
         self.backlog.admit(job.id, job.audio_seconds)
         try:
             self.store.create(job, data)
             try:
-                self.store.save_wave(job.id, wave.float().cpu().numpy())
+                self.waves.save(job.id, wave.float().cpu().numpy())
             except SenseVoiceError:
                 self.store.discard(job.id)
                 raise
-        except SenseVoiceError:
+        except BaseException:
             self.backlog.release(job.id)
             raise
         del wave
@@ -370,38 +464,62 @@ class TranscriptionService:
                 self._segmenter = Segmenter(max_segment_s=self.settings.max_segment_s).load()
             return self._segmenter
 
-    def _split_and_enqueue(self, job: Job) -> None:
-        """Background: VAD-split a long job (per channel when asked) and queue its pieces. The
-        audio is memory-mapped from disk: pieces waiting in the queue are pages of that file."""
+    def _pieces(self, job: Job, wave: torch.Tensor) -> list[WorkItem]:
+        """VAD-split a long recording (per channel when asked) into work items in time order."""
+        channels = [(None, wave)] if wave.dim() == 1 else \
+            [(name, wave[c]) for c, name in zip(range(wave.shape[0]), CHANNEL_NAMES)]
+        spans = []
+        for k, (speaker, ch) in enumerate(channels):
+            def progress(f, k=k):
+                self._progress[job.id] = f"segmenting {(k + f) / len(channels):.0%}"
+
+            spans += [(span, speaker, ch) for span in self.segmenter().split(ch, on_progress=progress)]
+        spans.sort(key=lambda t: (t[0].start, t[1] or ""))
+        return [WorkItem(job.id, job.lane, job.options, span.end - span.start,
+                         audio=ch[span.start:span.end], piece=n, pieces=len(spans),
+                         start_s=span.start / SAMPLE_RATE, speaker=speaker)
+                for n, (span, speaker, ch) in enumerate(spans)]
+
+    def _queue_pieces(self, job: Job, items: list[WorkItem], accepted: bool = True) -> None:
+        """Queue the pieces of a long job. An ``accepted`` job's pieces all go in whatever the
+        queue holds (it is never dropped for back-pressure); one not yet accepted needs room for
+        its first piece (a full queue refuses it)."""
+        if not items:  # no speech at all: an empty transcript, not an error
+            self.store.mark_running([job.id])
+            self.store.finish(job.id, Transcript(text="", raw_text="", segments=()))
+            self._notify(job.id)
+            return
+        self._progress[job.id] = f"segment 0 of {len(items)}"
+        for n, item in enumerate(items):
+            self._enqueue(item, force=accepted or n > 0)
+
+    def _accept_split(self, job: Job, data: bytes, wave: torch.Tensor) -> Job:
+        """Distributed: split before answering, then store the job and queue its pieces, so that
+        no accepted job depends on this process staying alive (the split runs in the request's
+        thread, bounded by the uploads in flight; the queue bounds what waits)."""
+        self.queue.check_capacity()
+        items = self._pieces(job, wave)
+        self.store.create(job, data)
         try:
-            samples = self.store.load_wave(job.id)
+            self._queue_pieces(job, items, accepted=False)
+        except SenseVoiceError:
+            self.store.discard(job.id)
+            raise
+        finally:
+            self._progress.pop(job.id, None)
+        return job
+
+    def _split_and_enqueue(self, job: Job) -> None:
+        """Background: VAD-split a long job and queue its pieces. The audio is memory-mapped
+        from disk: pieces waiting in the queue are pages of that file."""
+        try:
+            samples = self.waves.load(job.id)
             if samples is None:  # recovered after a restart: decode the spooled upload again
                 decoded = self._decode(self.store.load_upload(job.id), job.options)
-                self.store.save_wave(job.id, decoded.float().cpu().numpy())
+                self.waves.save(job.id, decoded.float().cpu().numpy())
                 del decoded
-                samples = self.store.load_wave(job.id)
-            wave = torch.from_numpy(samples)
-            channels = [(None, wave)] if wave.dim() == 1 else \
-                [(name, wave[c]) for c, name in zip(range(wave.shape[0]), CHANNEL_NAMES)]
-            items = []
-            for k, (speaker, ch) in enumerate(channels):
-                def progress(f, k=k):
-                    self._progress[job.id] = f"segmenting {(k + f) / len(channels):.0%}"
-
-                for span in self.segmenter().split(ch.float().cpu(), on_progress=progress):
-                    items.append((span, speaker, ch))
-            items.sort(key=lambda t: (t[0].start, t[1] or ""))
-            if not items:  # no speech at all: an empty transcript, not an error
-                self.store.mark_running([job.id])
-                self.store.finish(job.id, Transcript(text="", raw_text="", segments=()))
-                self._notify(job.id)
-                return
-            self._progress[job.id] = f"segment 0 of {len(items)}"
-            for n, (span, speaker, ch) in enumerate(items):
-                self.scheduler.put(WorkItem(
-                    job.id, job.lane, job.options, span.end - span.start, audio=ch[span.start:span.end],
-                    piece=n, pieces=len(items), start_s=span.start / SAMPLE_RATE, speaker=speaker),
-                    force=True)  # an accepted job is never dropped for back-pressure
+                samples = self.waves.load(job.id)
+            self._queue_pieces(job, self._pieces(job, torch.from_numpy(samples)))
         except Exception as e:
             logger.exception("segmenting job %s failed", job.id)
             self.store.fail(job.id, "segmentation_failed", f"splitting the recording failed: {e}")
@@ -462,7 +580,8 @@ class TranscriptionService:
                 left = deadline - time.monotonic()
                 if job.state in (JobState.DONE, JobState.FAILED) or left <= 0:
                     return job
-                self._done.wait(min(left, 0.5))
+                # workers of other processes notify nobody here: poll the broker
+                self._done.wait(min(left, WAIT_POLL_S if self.distributed else 0.5))
 
 
 def _display_name(name: str, limit: int = 200) -> str:

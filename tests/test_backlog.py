@@ -93,7 +93,7 @@ def test_long_uploads_beyond_the_backlog_get_503_and_wait_on_disk(demo_dir, tmp_
         assert _metric(metrics, "sensevoice_backlog_jobs") == 2
         assert _metric(metrics, "sensevoice_backlog_audio_seconds") == pytest.approx(2 * seconds, abs=0.01)
         ids = [first.json()["id"], second.json()["id"]]
-        waves = [service.store.wave_path(j) for j in ids]
+        waves = [service.waves.path(j) for j in ids]
         assert all(p.exists() for p in waves)  # the waiting audio is on disk ...
         deadline = time.monotonic() + 10
         while len(held.waves) < 2 and time.monotonic() < deadline:

@@ -25,8 +25,10 @@ def create_app(settings=None, service=None, start: bool = True):
     """Build the FastAPI app. ``start`` loads the model in a background thread at server start-up."""
     from fastapi import FastAPI
 
-    from pipeline.api import FastPolls, PollBodies, UploadLimit, build_router, install_error_handlers
+    from pipeline.api import (FastPolls, PollBodies, UploadLimit, build_health_router, build_router,
+                              install_error_handlers)
     from pipeline.config import Settings
+    from pipeline.edge import HostOriginGuard, allowed_hosts
     from pipeline.service import TranscriptionService
 
     settings = settings or Settings()
@@ -49,36 +51,67 @@ def create_app(settings=None, service=None, start: bool = True):
     bodies = PollBodies()
     service.on_purge.append(bodies.forget)
     app.state.poll_bodies = bodies
+    app.include_router(build_health_router(service))
+    if not service.serves_api:  # a worker process: probes and metrics only
+        app.add_middleware(HostOriginGuard, allowed=allowed_hosts(settings))
+        return app
     app.include_router(build_router(service, bodies))
 
     if settings.ui:
         app = mount_ui(app, settings, service)
+    from pipeline.ui_guard import AccessGuard  # token on /docs; what the UI may read (ui_guard.py)
+    app.add_middleware(AccessGuard, settings=settings)
     uploads = settings.max_concurrent_uploads or max(8, 2 * (os.cpu_count() or 2))
     app.add_middleware(UploadLimit, max_bytes=settings.max_upload_bytes + 64 * 1024,
-                       max_in_flight=uploads, retry_after_s=settings.retry_after_s)
-    app.add_middleware(FastPolls, service=service, bodies=bodies)  # outermost: polls skip the rest
+                       max_in_flight=uploads, retry_after_s=settings.retry_after_s,
+                       max_per_client=settings.max_uploads_per_client,
+                       body_timeout_s=settings.body_timeout_s,
+                       min_rate_bytes_s=settings.body_min_rate_bytes_s, grace_s=settings.body_grace_s)
+    app.add_middleware(FastPolls, service=service, bodies=bodies)  # polls skip what is inside it
+    # outermost (inside only Starlette's error handler): a Host this server does not answer for or
+    # a cross-site browser request is refused before anything else runs, FastPolls included
+    app.add_middleware(HostOriginGuard, allowed=allowed_hosts(settings))
     return app
 
 
 def mount_ui(app, settings, service):
-    """The Gradio UI at /ui (/ redirects there), hardened: no file access to the data directory,
-    no internal errors shown, no monitoring route, capped uploads."""
+    """The Gradio UI at /ui (/ redirects there), hardened: its own upload directory
+    (<data_dir>/ui-uploads, 0700: the only files the UI reads, see pipeline/ui_guard.py), a login
+    whenever an API token or SENSEVOICE_UI_AUTH is set, no file access to the rest of the data
+    directory, no internal errors shown, no monitoring route, no run history, capped uploads."""
     import gradio as gr
     from fastapi.responses import RedirectResponse
 
-    from pipeline.ui import build_ui, css, head_html
+    from pipeline.ui import build_ui, css, head_html, ui_login
+    from pipeline.ui_guard import UI_PATH, prepare_upload_dir
 
     @app.get("/", include_in_schema=False)
     async def root():
-        return RedirectResponse("/ui/")
+        return RedirectResponse(UI_PATH + "/")
 
-    ui_auth = tuple(settings.ui_auth.split(":", 1)) if settings.ui_auth else None
-    return gr.mount_gradio_app(
-        app, build_ui(service), path="/ui", css=css(), head=head_html(), auth=ui_auth,
-        show_error=False, max_file_size=settings.max_upload_bytes,
-        blocked_paths=[str(settings.data_dir.resolve())], enable_monitoring=False,
-        footer_links=[], mcp_server=False, ssr_mode=False,
+    upload_dir = prepare_upload_dir(settings.data_dir)
+    # Gradio reads GRADIO_TEMP_DIR when it builds each component (its cache), when it builds the
+    # mounted app (the upload route's folder) and in some checks at request time: never the
+    # host-wide /tmp/gradio, whose files any other Gradio app on the host may have put there
+    os.environ["GRADIO_TEMP_DIR"] = upload_dir
+    blocks = build_ui(service, upload_dir)
+    data_dir = os.path.realpath(settings.data_dir)
+    blocked = {os.path.join(data_dir, name) for name in
+               ("spool", "jobs.sqlite3", "jobs.sqlite3-wal", "jobs.sqlite3-shm", "jobs.sqlite3-journal")}
+    blocked |= {e.path for e in os.scandir(data_dir) if e.name != os.path.basename(upload_dir)}
+    app = gr.mount_gradio_app(
+        app, blocks, path=UI_PATH, css=css(), head=head_html(), auth=ui_login(settings),
+        show_error=False, max_file_size=settings.max_upload_bytes, blocked_paths=sorted(blocked),
+        enable_monitoring=False, footer_links=[], mcp_server=False, ssr_mode=False,
+        run_history=False,
     )
+    # pinned on the objects too: another app built later in this process cannot move them
+    for block in [blocks, *blocks.blocks.values()]:
+        block.GRADIO_CACHE = upload_dir
+    for route in app.routes:
+        if getattr(route, "path", None) == UI_PATH and hasattr(route.app, "uploaded_file_dir"):
+            route.app.uploaded_file_dir = upload_dir
+    return app
 
 
 def parse_args(argv=None):
@@ -90,6 +123,10 @@ def parse_args(argv=None):
     ap.add_argument("--port", type=int)
     ap.add_argument("--data-dir", help="job store and spool directory")
     ap.add_argument("--api-only", action="store_true", help="serve the REST API without the UI")
+    ap.add_argument("--broker", help="redis://HOST:PORT/DB: the distributed topology (default: "
+                    "embedded, SQLite and an in-process queue)")
+    ap.add_argument("--role", choices=("all", "api", "worker"),
+                    help="api (HTTP, UI, decoding), worker (one GPU's model), all (default)")
     ap.add_argument("--supervise", action="store_true",
                     help="run the server as a child process and restart it when it exits non-zero")
     return ap.parse_args(argv)
@@ -146,6 +183,37 @@ def ignore_file_size_signal() -> None:
     signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
 
 
+def gpu_count() -> int:
+    import torch
+
+    return torch.cuda.device_count()
+
+
+def run_per_gpu(argv: list[str], settings, gpus: int) -> int:
+    """``--role worker --device cuda`` on a host with several GPUs: one worker process per GPU
+    (``--device cuda:N``, probes and metrics on ``--port`` + N: a later flag wins); SIGTERM stops them all; the first
+    non-zero exit ends the others too (the supervisor or orchestrator restarts the set)."""
+    import signal
+    import subprocess
+    import time
+
+    procs = [subprocess.Popen([sys.executable, __file__, *argv, "--device", f"cuda:{n}",
+                               "--port", str(settings.port + n)]) for n in range(gpus)]
+
+    def stop(_signum, _frame):
+        for p in procs:
+            if p.poll() is None:
+                p.terminate()
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, stop)
+    while all(p.poll() is None for p in procs):
+        time.sleep(0.5)
+    stop(None, None)
+    codes = [p.wait() for p in procs]
+    return next((c for c in codes if c not in (0, -signal.SIGTERM)), 0)
+
+
 def main(argv=None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     args = parse_args(argv)
@@ -154,32 +222,46 @@ def main(argv=None) -> int:
         rest = [a for a in (sys.argv[1:] if argv is None else argv) if a != "--supervise"]
         return supervise([sys.executable, __file__, *rest])
     from pipeline.config import Settings
+    from pipeline.edge import http_protocol
     from pipeline.errors import ModelUnavailable
     from pipeline.model import resolve_model
     from pipeline.service import TranscriptionService
 
     overrides = {k: v for k, v in {"model": args.model, "device": args.device, "host": args.host,
-                                   "port": args.port, "data_dir": args.data_dir}.items() if v is not None}
+                                   "port": args.port, "data_dir": args.data_dir,
+                                   "broker": args.broker, "role": args.role}.items() if v is not None}
     if args.demo:
         overrides["demo"] = True
     if args.api_only:
         overrides["ui"] = False
     overrides.setdefault("exit_on_fatal", True)
     settings = Settings(**overrides)
-    try:
-        source = resolve_model(settings)  # fail fast, before the server starts
-    except ModelUnavailable as e:
-        print(f"error: {e.message}", file=sys.stderr)
-        return 2
+    if settings.role == "worker" and settings.resolved_device() == "cuda":
+        gpus = gpu_count()
+        if gpus > 1:  # one worker process per GPU, each on its own port (probes, metrics)
+            return run_per_gpu(sys.argv[1:] if argv is None else argv, settings, gpus)
+    source = None
+    if settings.role != "api":  # an api process holds no model
+        try:
+            source = resolve_model(settings)  # fail fast, before the server starts
+        except ModelUnavailable as e:
+            print(f"error: {e.message}", file=sys.stderr)
+            return 2
     import uvicorn
 
     if settings.gil_switch_ms > 0:  # process-wide: set by the entry point, not by create_app
         sys.setswitchinterval(settings.gil_switch_ms / 1000)
     app = create_app(settings, TranscriptionService(settings, source))
-    print(f"SenseVoice on http://{settings.host}:{settings.port}/  (model: {source.name})", flush=True)
+    # a wildcard bind is reached as 127.0.0.1 here (its own name is not an allowed Host)
+    shown = "127.0.0.1" if settings.host in ("", "0.0.0.0", "::") else settings.host
+    shown = f"[{shown}]" if ":" in shown else shown
+    print(f"SenseVoice {settings.role} on http://{shown}:{settings.port}/  "
+          f"(model: {source.name if source else 'none, api role'})", flush=True)
     # uvloop + httptools (requirements) rather than asyncio + h11: polls stay cheap under load
+    # and the edge guards (pipeline/edge.py): a header deadline, a header size cap, connection
+    # counts per client and in all, on top of uvicorn's httptools protocol
     uvicorn.run(app, host=settings.host, port=settings.port, log_level="info", loop="uvloop",
-                http="httptools", access_log=settings.access_log)
+                http=http_protocol(settings), access_log=settings.access_log)
     return 0
 
 

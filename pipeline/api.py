@@ -6,6 +6,7 @@ event loop never blocks. Errors are JSON ``{"error": {"code", "message"}}`` with
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import logging
 import threading
@@ -21,8 +22,9 @@ from starlette.datastructures import Headers
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from .audio import read_upload
-from .errors import (AudioGone, Busy, InvalidOption, ResultNotReady, SenseVoiceError,
-                     TooManyUploads, Unauthorized, UploadTooLarge)
+from .edge import scope_client_key
+from .errors import (AudioGone, Busy, ClientUploadLimit, InvalidOption, RequestTimeout,
+                     ResultNotReady, SenseVoiceError, TooManyUploads, Unauthorized, UploadTooLarge)
 from .jobs import storage_error
 from .metrics import CONTENT_TYPE
 from .service import TranscriptionService
@@ -126,7 +128,7 @@ class FastPolls:
             path: str = scope["path"]
             job_id = path[len(self.PREFIX):] if path.startswith(self.PREFIX) else ""
             if job_id and "/" not in job_id and token_ok(Headers(scope=scope).get, self.token):
-                job = self.service.get_cached(job_id)
+                job = await self.service.poll(job_id)
                 if job is not None:
                     body = self.bodies.body(job)
                     await send({"type": "http.response.start", "status": 200, "headers": [
@@ -138,75 +140,181 @@ class FastPolls:
 
 
 class UploadLimit:
-    """ASGI middleware for request bodies: refuse one over ``max_bytes`` while it streams in (413),
-    before the multipart parser spools it anywhere; and refuse a large one at once (503 +
-    Retry-After) while ``max_in_flight`` large bodies are already being received or handled, so
-    that many slow or huge uploads at a time cannot take every thread or the memory (each upload
-    is read whole before it is decoded)."""
+    """ASGI middleware for request bodies.
+
+    * Size: a body over ``max_bytes`` is refused while it streams in (413), before the multipart
+      parser spools it anywhere.
+    * Time: a body must arrive within ``body_timeout_s``, and after ``grace_s`` at
+      ``min_rate_bytes_s`` on average (counted over the time spent waiting for the client, not
+      the time the app spends between reads); else 408 request_timeout and the connection is
+      closed. A slow client cannot hold an upload slot, a task and a connection for hours.
+    * Slots: a large body is refused at once while ``max_in_flight`` large bodies are being
+      received or handled (503 too_many_uploads) or while its client has ``max_per_client`` of
+      them (429 too_many_uploads_from_client), both with Retry-After; so that many slow or huge
+      uploads at a time cannot take every thread or the memory (each upload is read whole before
+      it is decoded), and one client cannot take every slot.
+
+    A slot is released exactly once: when the final response body message has been sent (a
+    background task after the response holds none), with the request's end as a backstop."""
 
     SMALL_BODY = 64 * 1024  # bytes; smaller bodies (forms, the UI's queue calls) are not counted
 
-    def __init__(self, app, max_bytes: int, max_in_flight: int = 0, retry_after_s: int = 2):
+    def __init__(self, app, max_bytes: int, max_in_flight: int = 0, retry_after_s: int = 2,
+                 max_per_client: int = 0, body_timeout_s: float = 0.0, min_rate_bytes_s: int = 0,
+                 grace_s: float = 0.0):
         self.app = app
         self.max_bytes = max_bytes
         self.max_in_flight = max_in_flight  # 0 = no limit
+        self.max_per_client = max_per_client  # 0 = no limit
         self.retry_after_s = retry_after_s
+        self.body_timeout_s = body_timeout_s  # 0 = none
+        self.min_rate = min_rate_bytes_s  # 0 = none
+        self.grace_s = grace_s
         self.in_flight = 0  # only touched on the event loop: no lock needed
+        self.per_client: dict[str, int] = {}
 
     async def __call__(self, scope, receive, send):
-        if scope["type"] != "http" or scope.get("method") not in ("POST", "PUT"):
+        if scope["type"] != "http":
             return await self.app(scope, receive, send)
-        declared = dict(scope.get("headers") or []).get(b"content-length", b"")
-        length = int(declared) if declared.isdigit() else None
-        too_large = domain_response(UploadTooLarge(f"upload larger than {self.max_bytes} bytes"))
+        length: int | None = 0
+        for name, value in scope["headers"]:
+            if name == b"content-length":
+                length = int(value) if value.isdigit() else None
+            elif name == b"transfer-encoding":
+                length = None  # chunked: the length is known at the end
+                break
+        if length == 0:  # no body: nothing to guard
+            return await self.app(scope, receive, send)
         if length is not None and length > self.max_bytes:
-            return await too_large(scope, receive, send)
-        large = length is None or length > self.SMALL_BODY
-        if large and self.max_in_flight and self.in_flight >= self.max_in_flight:
-            busy = domain_response(TooManyUploads(
-                f"{self.in_flight} uploads are in progress, the most this server takes at once; "
-                f"try again in {self.retry_after_s} s", retry_after=self.retry_after_s))
-            return await busy(scope, receive, send)
-        if large:
-            self.in_flight += 1
+            return await self._too_large()(scope, receive, send)
+        slot = None
+        if length is None or length > self.SMALL_BODY:
+            key = scope_client_key(scope)
+            if self.max_per_client and key is not None and self.per_client.get(key, 0) >= self.max_per_client:
+                return await domain_response(ClientUploadLimit(
+                    f"this client already has {self.per_client[key]} uploads in progress, the most "
+                    f"one client may have; try again in {self.retry_after_s} s",
+                    retry_after=self.retry_after_s))(scope, receive, send)
+            if self.max_in_flight and self.in_flight >= self.max_in_flight:
+                return await domain_response(TooManyUploads(
+                    f"{self.in_flight} uploads are in progress, the most this server takes at once; "
+                    f"try again in {self.retry_after_s} s", retry_after=self.retry_after_s))(
+                    scope, receive, send)
+            slot = _UploadSlot(self, key)
         try:
-            await self._limited(scope, receive, send, too_large)
+            await self._guarded(scope, receive, send, slot)
         finally:
-            if large:
-                self.in_flight -= 1
+            if slot is not None:
+                slot.release()  # backstop: the request ended without a final response message
 
-    async def _limited(self, scope, receive, send, too_large):
+    def _too_large(self):
+        return domain_response(UploadTooLarge(f"upload larger than {self.max_bytes} bytes"))
+
+    async def _guarded(self, scope, receive, send, slot):
+        loop = asyncio.get_running_loop()
+        start = loop.time()
         seen = 0
-        exceeded = started = False
+        waited = 0.0  # seconds spent waiting for the client's body
+        body_done = started = False
+        refusal = None  # the response that replaces the app's, once the body is refused
 
-        async def limited_receive():
-            nonlocal seen, exceeded
-            message = await receive()
+        async def final_send(message):
+            await send(message)
+            if (slot is not None and message["type"] == "http.response.body"
+                    and not message.get("more_body", False)):
+                slot.release()  # the response is sent: the slot is free
+
+        async def refuse(response):
+            nonlocal refusal, started
+            refusal = response
+            if not started:  # answer now, not when the app has unwound
+                started = True
+                await response(scope, receive, final_send)
+            raise _BodyRefused()
+
+        async def guarded_receive():
+            nonlocal seen, waited, body_done
+            if refusal is not None:
+                raise _BodyRefused()
+            if body_done:  # e.g. waiting for http.disconnect: no deadline
+                return await receive()
+            t0 = loop.time()
+            deadline = start + self.body_timeout_s if self.body_timeout_s else None
+            if self.min_rate:  # the wait left before the average falls under the minimum rate
+                rate_deadline = t0 + max(self.grace_s, seen / self.min_rate) - waited
+                deadline = rate_deadline if deadline is None else min(deadline, rate_deadline)
+            try:
+                async with asyncio.timeout_at(deadline):
+                    message = await receive()
+            except TimeoutError:
+                waited += loop.time() - t0
+                await refuse(self._timeout_response(seen, loop.time() - start))
+            waited += loop.time() - t0
             if message["type"] == "http.request":
                 seen += len(message.get("body", b""))
                 if seen > self.max_bytes:
-                    exceeded = True
-                    raise _BodyTooLarge()
+                    await refuse(self._too_large())
+                if not message.get("more_body", False):
+                    body_done = True
             return message
 
         async def guarded_send(message):
             nonlocal started
-            if exceeded:  # the app's own answer to the aborted body (e.g. a 400) is replaced
+            if refusal is not None:  # the app's own answer to the refused body is dropped
                 return
             if message["type"] == "http.response.start":
                 started = True
-            await send(message)
+            await final_send(message)
 
         try:
-            await self.app(scope, limited_receive, guarded_send)
-        except _BodyTooLarge:
-            pass
-        if exceeded and not started:
-            await too_large(scope, receive, send)
+            await self.app(scope, guarded_receive, guarded_send)
+        except Exception:
+            # the app's own error for the body it could not read (its type is the app's choice:
+            # FastAPI makes a 400 of it, others raise), already answered
+            if refusal is None:
+                raise
+
+    def _timeout_response(self, seen: int, elapsed: float):
+        if self.body_timeout_s and elapsed >= self.body_timeout_s:
+            why = f"the request body did not arrive within {self.body_timeout_s:g} s"
+        else:
+            why = (f"the request body arrived too slowly ({seen} bytes in {elapsed:.0f} s; at least "
+                   f"{self.min_rate} bytes/s are needed)")
+        response = domain_response(RequestTimeout(why))
+        response.headers["connection"] = "close"  # the rest of the body is not wanted
+        return response
 
 
-class _BodyTooLarge(Exception):
-    pass
+class _UploadSlot:
+    """One large upload's place in UploadLimit's counts (in all and per client)."""
+
+    __slots__ = ("limit", "key", "held")
+
+    def __init__(self, limit: UploadLimit, key: str | None):
+        self.limit, self.key, self.held = limit, key, True
+        limit.in_flight += 1
+        if key is not None:
+            limit.per_client[key] = limit.per_client.get(key, 0) + 1
+
+    def release(self) -> None:
+        if not self.held:  # idempotent: the final message and the backstop both call it
+            return
+        self.held = False
+        limit = self.limit
+        limit.in_flight -= 1
+        if self.key is not None:
+            n = limit.per_client.get(self.key, 0) - 1
+            if n > 0:
+                limit.per_client[self.key] = n
+            else:
+                limit.per_client.pop(self.key, None)
+
+
+class _BodyRefused(Exception):
+    """Raised into the app's receive once its request body is refused (too large, too slow)."""
+
+
+_BodyTooLarge = _BodyRefused  # the old name
 
 
 MAGIC_TYPES = ((b"RIFF", "audio/wav"), (b"fLaC", "audio/flac"), (b"OggS", "audio/ogg"),
@@ -217,7 +325,11 @@ MAGIC_TYPES = ((b"RIFF", "audio/wav"), (b"fLaC", "audio/flac"), (b"OggS", "audio
 def sniff_media_type(path) -> str:
     """A media type from the file's first bytes (the client's name and type are never trusted)."""
     with open(path, "rb") as f:
-        head = f.read(12)
+        return media_type_of(f.read(12))
+
+
+def media_type_of(head: bytes) -> str:
+    """A media type from a file's first 12 bytes."""
     for magic, media in MAGIC_TYPES:
         if head.startswith(magic):
             return media
@@ -261,9 +373,29 @@ def require_token(token: str):
     return check
 
 
+def require_token_or_link(token: str):
+    """A dependency for a job's audio and result routes: the API token, or a signed link of that
+    job that has not expired (``?exp=...&sig=...``, pipeline/links.py: the UI's player and export
+    links, which a browser cannot give an Authorization header)."""
+    from .links import link_key, verify
+
+    key = link_key(token)
+
+    async def check(request: Request, job_id: str) -> None:  # no I/O: safe on the event loop
+        if token_ok(request.headers.get, token):
+            return
+        q = request.query_params
+        if not verify(key, job_id, q.get("exp"), q.get("sig")):
+            raise Unauthorized("missing or wrong API token (send 'Authorization: Bearer <token>'), "
+                               "or an expired or invalid signed link")
+
+    return check
+
+
 def build_router(service: TranscriptionService, bodies: PollBodies) -> APIRouter:
     router = APIRouter()
     auth = [Depends(require_token(service.settings.api_token))]
+    auth_or_link = [Depends(require_token_or_link(service.settings.api_token))]
 
     @router.post("/api/jobs", status_code=202, dependencies=auth)
     def create_job(file: UploadFile = File(...), language: str = Form("auto"),
@@ -283,7 +415,7 @@ def build_router(service: TranscriptionService, bodies: PollBodies) -> APIRouter
         job = await run_in_threadpool(service.get, job_id)
         return Response(bodies.body(job), media_type="application/json")
 
-    @router.get("/api/jobs/{job_id}/result", dependencies=auth)
+    @router.get("/api/jobs/{job_id}/result", dependencies=auth_or_link)
     def get_result(job_id: str, format: str = "json", tags: bool = True, speaker: bool = True):
         from .exports import FORMATS, ExportOptions, export
 
@@ -300,19 +432,28 @@ def build_router(service: TranscriptionService, bodies: PollBodies) -> APIRouter
         return Response(body, media_type=media, headers={
             "Content-Disposition": f'attachment; filename="transcript-{job.id}.{format}"'})
 
-    @router.get("/api/jobs/{job_id}/audio", dependencies=auth)
+    @router.get("/api/jobs/{job_id}/audio", dependencies=auth_or_link)
     def get_audio(job_id: str):
         """The recording as uploaded, while it is retained (for the review player)."""
         service.get(job_id)  # 404 / 410 first
+        headers = {"Cache-Control": "private, max-age=3600", "X-Content-Type-Options": "nosniff"}
+        if service.distributed:  # the upload lives in the broker, readable from any api process
+            data = service.store.load_upload(job_id)
+            return Response(data, media_type=media_type_of(data[:12]), headers=headers)
         path = service.store.spool_path(job_id)
         if not path.exists():
             raise AudioGone(f"the audio of job {job_id} is no longer kept")
-        return FileResponse(path, media_type=sniff_media_type(path),
-                            headers={"Cache-Control": "private, max-age=3600",
-                                     "X-Content-Type-Options": "nosniff"})
+        return FileResponse(path, media_type=sniff_media_type(path), headers=headers)
 
-    @router.get("/metrics")
-    def metrics():
+    return router
+
+
+def build_health_router(service: TranscriptionService) -> APIRouter:
+    """Probes and metrics: every role serves them (a worker process serves only them)."""
+    router = APIRouter()
+
+    @router.get("/metrics", dependencies=[Depends(require_token(service.settings.api_token))])
+    def metrics():  # Prometheus sends the bearer token
         return Response(service.metrics.render(), media_type=CONTENT_TYPE)
 
     @router.get("/healthz")
@@ -323,7 +464,8 @@ def build_router(service: TranscriptionService, bodies: PollBodies) -> APIRouter
     async def readyz():
         body = {"ready": service.ready, "state": service.state, "model": _model_name(service),
                 "demo": service.is_demo, "devices": service.devices}
-        reason = service.error or (service.unhealthy_reason() if service.state == "ready" else None)
+        reason = service.error or (service.unhealthy_reason() or service.unready_reason()
+                                   if service.state == "ready" else None)
         if reason:
             body["error"] = reason
         return JSONResponse(body, status_code=200 if service.ready else 503)

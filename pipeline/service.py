@@ -339,6 +339,17 @@ class TranscriptionService:
                     self._recent[jid] = replace(job, state=JobState.RUNNING, started_at=now,
                                                 attempts=job.attempts + 1)
 
+    async def poll(self, job_id: str) -> Job | None:
+        """A poll on the event loop: the in-memory snapshot (embedded), or the broker read with
+        its asyncio client (distributed); None when only the route can answer (not cached, or an
+        error to report)."""
+        if not self.distributed:
+            return self.get_cached(job_id)
+        try:
+            return await self.store.aget(job_id)
+        except SenseVoiceError:
+            return None
+
     def get_cached(self, job_id: str) -> Job | None:
         """The job from memory, without I/O (for polling on the event loop); None if not cached
         (always, in the distributed topology: another process may have changed it)."""

@@ -6,6 +6,7 @@ where static/richtext.js renders badges and chips (escaping every piece of text)
 
 from __future__ import annotations
 
+import hmac
 import json
 import logging
 from pathlib import Path
@@ -13,23 +14,29 @@ from pathlib import Path
 import gradio as gr
 
 from .api import job_json
-from .audio import read_upload
 from .errors import Busy, SenseVoiceError
+from .links import job_links
 from .service import TranscriptionService
 from .types import LANGUAGES, Job, JobState, Lane, TranscribeOptions
+from .ui_guard import UploadSweeper, prepare_upload_dir, read_own_upload
 
 logger = logging.getLogger("sensevoice.ui")
 
 STATIC = Path(__file__).resolve().parent.parent / "static"
 RENDER_JS = "(raw) => { window.SenseVoiceRich && window.SenseVoiceRich.renderInto('sv-result', raw || ''); return []; }"
-# the review view: player (server copy, else the page's own upload), timeline, segment table, exports
+# the review view: player (server copy, else the page's own upload), timeline, segment table, exports;
+# the server copy and the exports through the job's links (signed when an API token is set)
 REVIEW_JS = """(j) => {
   if (!window.SenseVoiceReview) return [];
   const page = document.querySelector('#sv-audio audio');
-  let id = '';
-  try { id = j ? JSON.parse(j).id : ''; } catch (e) { id = ''; }
+  let job = null;
+  try { job = j ? JSON.parse(j) : null; } catch (e) { job = null; }
+  const id = job && job.id ? String(job.id) : '';
+  const own = (u) => typeof u === 'string' && u.charAt(0) === '/' && u.charAt(1) !== '/' &&
+    u.charAt(1) !== '\\\\' ? u : '';
+  const links = job && job.links ? job.links : {};
   window.SenseVoiceReview.renderInto('sv-review', j || '', {
-    audioUrl: id ? '/api/jobs/' + encodeURIComponent(id) + '/audio' : '',
+    audioUrl: own(links.audio) || (id ? '/api/jobs/' + encodeURIComponent(id) + '/audio' : ''),
     fallbackAudioUrl: page ? page.src : ''});
   return [];
 }"""
@@ -64,16 +71,38 @@ def status_line(job: Job) -> str:
     return f"failed: {err}"
 
 
-def build_ui(service: TranscriptionService) -> gr.Blocks:
+def ui_login(settings):
+    """Gradio's ``auth`` for the UI: SENSEVOICE_UI_AUTH's user:password when set; else, when an API
+    token is set, any user name with the token as password; else None (no login, loopback use)."""
+    if settings.ui_auth:
+        user, sep, password = settings.ui_auth.partition(":")
+        if not (user and sep and password):  # never a login with an empty password
+            raise ValueError("SENSEVOICE_UI_AUTH must be 'user:password' (both non-empty)")
+        return (user, password)
+    token = settings.api_token
+    if not token:
+        return None
+
+    def check(_username: str, password: str) -> bool:
+        return hmac.compare_digest(str(password).encode(), token.encode())
+
+    return check
+
+
+def build_ui(service: TranscriptionService, upload_dir: str | None = None) -> gr.Blocks:
+    """The UI; it reads audio only from ``upload_dir``, this server's Gradio upload directory
+    (default <data_dir>/ui-uploads; mount_ui points Gradio's upload route there)."""
     settings = service.settings
+    upload_dir = upload_dir or prepare_upload_dir(settings.data_dir)
 
     def submit(path: str | None, language: str, use_itn: bool, split_channels: bool):
         idle = gr.Timer(active=False)
         if not path:
             return "", "error: choose or record an audio file first", "", "", idle
         try:
-            with open(path, "rb") as f:
-                data = read_upload(f, settings.max_upload_bytes)
+            # only a file Gradio received in this server's upload directory (checked again here:
+            # AccessGuard refused any other path before Gradio saw the request)
+            path, data = read_own_upload(path, upload_dir, settings.max_upload_bytes)
             options = TranscribeOptions(language=language, use_itn=use_itn,
                                         split_channels=split_channels)
             job = service.submit(data, filename=Path(path).name, options=options,
@@ -94,13 +123,21 @@ def build_ui(service: TranscriptionService) -> gr.Blocks:
             return f"error: {e.message}", "", "", gr.Timer(active=False)
         finished = job.state in (JobState.DONE, JobState.FAILED)
         raw = job.result.raw_text if job.result else ""
-        review = json.dumps(job_json(job), ensure_ascii=False) if job.result else ""
+        review = ""
+        if job.result:
+            body = job_json(job)
+            body["links"] = job_links(job, settings.api_token, settings.retention_hours)
+            review = json.dumps(body, ensure_ascii=False)
         return f"{status_line(job)} — job {job.id}", raw, review, gr.Timer(active=not finished)
 
     # Gradio's upload cache holds the page's copy of each recording (the player's fallback): a
-    # submitted one is deleted with its job (service.own_file); this sweep catches the rest
-    # (uploads never submitted, copies from before a restart)
+    # submitted one is deleted with its job (service.own_file); Gradio's delete_cache sweep catches
+    # the uploads of this process never submitted, and UploadSweeper (run by the service's janitor)
+    # the ones from before a restart
     retention_s = max(int(settings.retention_hours * 3600), 60)
+    sweeper = UploadSweeper(upload_dir, retention_s, every_s=min(retention_s, 3600))
+    sweeper.sweep()
+    service.on_purge.append(sweeper)
     with gr.Blocks(title="SenseVoice", delete_cache=(min(retention_s, 3600), retention_s)) as demo:
         gr.Markdown("## SenseVoice speech recognition\nUpload or record audio (or a video); "
                     "the transcript shows language, emotion and audio events.")

@@ -17,6 +17,8 @@
  *   opts = { audioUrl,          // the server's copy of the audio
  *            fallbackAudioUrl,  // used once if audioUrl fails (e.g. the user's own upload)
  *            exportBase }       // default '/api/jobs': links go to {base}/{id}/result?format=..
+ *                               //   unless job.links.result (a path on this server, signed when
+ *                               //   the server has an API token) is given: {links.result}&format=..
  *
  * Emoji, labels and colours come from window.SenseVoiceRich.TAGS (static/richtext.js), the one
  * table; without it the view degrades to plain labels. Styles: static/review.css (next to
@@ -644,9 +646,15 @@
       var ex = el('div', 'sv-exports');
       ex.appendChild(el('span', 'sv-sum-heading', 'Download'));
       var base = str(opts.exportBase || '/api/jobs').replace(/\/+$/, '');
+      // the job's own result link (signed when the server has an API token), if it is a path on
+      // this server; else {base}/{id}/result
+      var own = job.links && typeof job.links.result === 'string' ? job.links.result : '';
+      if (own.charAt(0) !== '/' || own.charAt(1) === '/' || own.charAt(1) === '\\') own = '';
       FORMATS.forEach(function (f) {
         var a = el('a', 'sv-export', f[1]);
-        a.href = base + '/' + encodeURIComponent(String(job.id)) + '/result?format=' + f[0];
+        a.href = own
+          ? own + (own.indexOf('?') < 0 ? '?' : '&') + 'format=' + f[0]
+          : base + '/' + encodeURIComponent(String(job.id)) + '/result?format=' + f[0];
         a.setAttribute('download', 'transcript-' + String(job.id) + '.' + f[0]);
         a.setAttribute('data-format', f[0]);
         a.rel = 'noopener';

@@ -99,7 +99,11 @@ class LiveServer:
         self.app = create_app(settings)
         self.service = self.app.state.service
         self.url = f"http://127.0.0.1:{settings.port}"
-        config = uvicorn.Config(self.app, host="127.0.0.1", port=settings.port, log_level="warning")
+        from pipeline.edge import http_protocol
+
+        # the connection guards main() runs with (header deadline, connection limits)
+        config = uvicorn.Config(self.app, host="127.0.0.1", port=settings.port, log_level="warning",
+                                http=http_protocol(settings))
         self.server = uvicorn.Server(config)
         self.thread = threading.Thread(target=self.server.run, daemon=True)
 

@@ -321,7 +321,7 @@ def test_streaming_byte_cap_refuses_without_content_length(guarded):
     head = (b'--x\r\nContent-Disposition: form-data; name="file"; filename="a.wav"\r\n'
             b"Content-Type: audio/wav\r\n\r\n")
     with socket.create_connection((host, port), timeout=15) as sock:
-        sock.sendall(b"POST /api/jobs HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n"
+        sock.sendall(b"POST /api/jobs HTTP/1.1\r\nHost: 127.0.0.1\r\nTransfer-Encoding: chunked\r\n"
                      b"Content-Type: multipart/form-data; boundary=x\r\n\r\n")
         for chunk in [head] + [b"\0" * 65536] * 16:  # 1 MB > the 400 kB cap; never terminated
             sock.sendall(b"%x\r\n%s\r\n" % (len(chunk), chunk))
@@ -345,7 +345,7 @@ def test_uploads_in_flight_are_bounded(demo_dir, tmp_path, clip_factory):
     large = clip_factory("wav", 44100, 2)  # ~0.5 MB: a counted upload
     try:
         slow = socket.create_connection(("127.0.0.1", server.settings.port), timeout=15)
-        slow.sendall(b"POST /api/jobs HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n"
+        slow.sendall(b"POST /api/jobs HTTP/1.1\r\nHost: 127.0.0.1\r\nTransfer-Encoding: chunked\r\n"
                      b"Content-Type: multipart/form-data; boundary=x\r\n\r\n5\r\n--x\r\n\r\n")
         time.sleep(0.5)  # the server has started on it
         t = time.monotonic()

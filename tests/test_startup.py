@@ -33,7 +33,7 @@ def test_api_only_serves_the_api_without_importing_gradio(tmp_path):
         "import sys; from fastapi.testclient import TestClient; from app_sensevoice import create_app;"
         "from pipeline.config import Settings;"
         f"app = create_app(Settings(ui=False, data_dir={str(tmp_path)!r}), start=False);"
-        "c = TestClient(app);"
+        "c = TestClient(app, base_url='http://127.0.0.1');"  # an allowed Host
         "assert c.get('/healthz').status_code == 200;"
         "assert c.get('/ui/').status_code == 404;"
         "assert c.get('/api/jobs/nope').status_code == 404;"

@@ -1,0 +1,63 @@
+"""Signed per-job links: how the UI's review player and export links reach the REST API when an
+API token is set (a browser cannot add an Authorization header to <audio src> or <a href>).
+
+A link carries ``exp`` (unix seconds, when the job's retention ends) and ``sig`` = base64url of
+HMAC-SHA256(key, "<job id>\\n<exp>"), where ``key`` = HMAC-SHA256(API token, a fixed label): the token
+itself never leaves the server, and a changed token voids every link. A valid link opens only that
+job's GET ``/api/jobs/{id}/audio`` and ``/api/jobs/{id}/result`` (pipeline/api.py), until ``exp``.
+Without a token the links are the plain routes (which are then open anyway).
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import hmac
+import math
+import time
+from urllib.parse import quote
+
+KEY_LABEL = b"sensevoice/ui-job-links/v1"
+MAX_SIG_CHARS = 64  # a real one is 43; longer input is refused before any hashing
+
+
+def link_key(token: str) -> bytes:
+    """The signing key derived from the API token (empty without one: nothing is signed)."""
+    if not token:
+        return b""
+    return hmac.new(token.encode(), KEY_LABEL, hashlib.sha256).digest()
+
+
+def sign(key: bytes, job_id: str, exp: int) -> str:
+    mac = hmac.new(key, f"{job_id}\n{int(exp)}".encode(), hashlib.sha256).digest()
+    return base64.urlsafe_b64encode(mac).rstrip(b"=").decode("ascii")
+
+
+def verify(key: bytes, job_id: str, exp: str | None, sig: str | None,
+           now: float | None = None) -> bool:
+    """True when ``sig`` signs (job_id, exp) under ``key`` and ``exp`` has not passed."""
+    if not key or not exp or not sig or len(sig) > MAX_SIG_CHARS or len(exp) > 12:
+        return False
+    if not exp.isdigit():
+        return False
+    if int(exp) < (time.time() if now is None else now):
+        return False
+    return hmac.compare_digest(sign(key, job_id, int(exp)).encode(), sig.encode("utf-8", "replace"))
+
+
+def expiry(job, retention_hours: float, now: float | None = None) -> int:
+    """When the job's retention ends (its audio and result are purged then anyway)."""
+    finished = job.finished_at if job.finished_at is not None else (time.time() if now is None else now)
+    return int(math.ceil(finished + max(retention_hours, 0.0) * 3600))
+
+
+def job_links(job, token: str, retention_hours: float, now: float | None = None) -> dict:
+    """The audio and result URLs of ``job`` for the UI (signed when a token is set). The result
+    URL takes ``&format=...`` (and the other export options) appended."""
+    base = f"/api/jobs/{quote(job.id, safe='')}"
+    key = link_key(token)
+    if not key:
+        return {"audio": base + "/audio", "result": base + "/result"}
+    exp = expiry(job, retention_hours, now)
+    query = f"?exp={exp}&sig={sign(key, job.id, exp)}"
+    return {"audio": base + "/audio" + query, "result": base + "/result" + query}

@@ -1,0 +1,148 @@
+"""The distributed topology end to end on loopback: a real redis-server, two api processes and a
+worker process (each `python app_sensevoice.py` with its role). Submit on one api, poll on the
+other; kill -9 the worker in the middle of the work, start a new one: every accepted job finishes,
+once. Redis down: readyz 503 and submits answer 503 broker_unavailable; back up: served again
+without a restart."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+import redis
+
+from tests.conftest import ROOT, free_port
+from tests.redis_server import RedisServer
+from tests.test_reliability import wait_ready
+
+VISIBILITY_S = 3.0  # a dead worker's items are claimed again after this long
+
+
+class Role:
+    """One `app_sensevoice.py` process of the topology."""
+
+    def __init__(self, role: str, broker: str, data_dir: Path, model_dir: Path, log: Path,
+                 **env: str):
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        cmd = [sys.executable, str(ROOT / "app_sensevoice.py"), "--model", str(model_dir),
+               "--device", "cpu", "--port", str(self.port), "--data-dir", str(data_dir),
+               "--api-only"]
+        self.log = open(log, "wb")
+        self.proc = subprocess.Popen(cmd, cwd=ROOT, stdout=self.log, stderr=self.log, env={
+            **os.environ, "SENSEVOICE_ROLE": role, "SENSEVOICE_BROKER": broker,
+            "SENSEVOICE_VISIBILITY_TIMEOUT_S": str(VISIBILITY_S), "SENSEVOICE_MAX_BATCH": "4",
+            **env})
+
+    def ready(self) -> "Role":
+        wait_ready(self.url, self.proc)
+        return self
+
+    def kill(self) -> None:
+        os.kill(self.proc.pid, signal.SIGKILL)
+        self.proc.wait(10)
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(15)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+        self.log.close()
+
+
+@pytest.fixture
+def cluster(demo_dir, tmp_path):
+    redis_server = RedisServer(tmp_path / "redis").start()
+    started: list[Role] = []
+
+    def role(name: str, **env) -> Role:
+        r = Role(name, redis_server.url, tmp_path / f"data-{len(started)}", demo_dir,
+                 tmp_path / f"{name}-{len(started)}.log", **env)
+        started.append(r)
+        return r
+
+    yield redis_server, role
+    for r in started:
+        r.stop()
+    redis_server.stop()
+
+
+def _submit(url: str, clip: Path) -> httpx.Response:
+    with open(clip, "rb") as f:
+        return httpx.post(url + "/api/jobs", files={"file": ("clip.wav", f)}, timeout=60)
+
+
+def test_two_apis_and_a_worker_finish_every_job_once_through_a_worker_kill(cluster, clip_factory,
+                                                                            tmp_path):
+    redis_server, role = cluster
+    api1, api2, worker = role("api"), role("api"), role("worker")
+    api1.ready(), api2.ready(), worker.ready()
+    clip = clip_factory("wav", 16000, 1)
+
+    first = _submit(api1.url, clip)
+    assert first.status_code == 202, first.text
+    jid = first.json()["id"]
+    deadline = time.monotonic() + 60
+    while (job := httpx.get(f"{api2.url}/api/jobs/{jid}").json())["status"] != "done":
+        assert time.monotonic() < deadline, job
+        time.sleep(0.05)
+    assert job["result"]["text"]  # polled on the other api process
+
+    worker.kill()  # the work below waits, then a dead worker holds some of it
+    ids = [jid]
+    for n in range(24):
+        r = _submit((api1 if n % 2 else api2).url, clip)
+        assert r.status_code == 202, r.text
+        ids.append(r.json()["id"])
+    worker2 = role("worker").ready()
+    time.sleep(0.3)
+    worker2.kill()  # mid-work: it claimed items and had not finished them all
+    worker3 = role("worker").ready()  # reclaims the dead one's items after the visibility timeout
+
+    deadline = time.monotonic() + 120
+    states: dict[str, str] = {}
+    while time.monotonic() < deadline:
+        states = {j: httpx.get(f"{api1.url}/api/jobs/{j}").json()["status"] for j in ids}
+        if set(states.values()) == {"done"}:
+            break
+        time.sleep(0.2)
+    assert set(states.values()) == {"done"}, states
+    r = redis.Redis.from_url(redis_server.url)
+    counts = {k.decode(): int(v) for k, v in r.hgetall("sv:counts").items()}
+    assert counts.get("done") == len(ids)  # each result written once
+    assert sum(r.xlen(s) for s in r.scan_iter("sv:queue:*")) == 0  # nothing left queued
+    assert worker3.proc.poll() is None
+
+
+def test_redis_outage_gives_503_and_service_resumes_without_restart(cluster, clip_factory):
+    redis_server, role = cluster
+    api, worker = role("api"), role("worker")
+    api.ready(), worker.ready()
+    clip = clip_factory("wav", 16000, 1)
+    redis_server.kill()
+    deadline = time.monotonic() + 15
+    while httpx.get(api.url + "/readyz").status_code != 503:
+        assert time.monotonic() < deadline
+        time.sleep(0.2)
+    r = _submit(api.url, clip)
+    assert r.status_code == 503 and r.json()["error"]["code"] == "broker_unavailable"
+    assert "Retry-After" in r.headers
+    assert api.proc.poll() is None and worker.proc.poll() is None  # nobody exited
+    redis_server.restart()
+    api.ready()
+    worker.ready()
+    r = _submit(api.url, clip)
+    assert r.status_code == 202, r.text
+    jid = r.json()["id"]
+    deadline = time.monotonic() + 60
+    while httpx.get(f"{api.url}/api/jobs/{jid}").json()["status"] != "done":
+        assert time.monotonic() < deadline
+        time.sleep(0.1)

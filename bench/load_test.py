@@ -7,7 +7,10 @@ poll latency percentiles.
     python bench/load_test.py --url http://127.0.0.1:7860 [--submitters 8] [--seconds 20] [--pollers 200]
     python bench/load_test.py --demo ...      # starts its own server with the demo model (CPU)
     python bench/load_test.py --serve "--model DIR --device cuda --api-only" ...   # any server args
-Prints a table last; writes $OUT/load.json (or a temp dir).
+    python bench/load_test.py --url http://127.0.0.1:7001,http://127.0.0.1:7002 --client-processes 4 ...
+A comma-separated --url spreads submitters and pollers over several api processes (a client-side
+balancer); --client-processes runs the submitters in that many processes (one event loop each), so
+that the load generator is not the limit. Prints a table last; writes $OUT/load.json (or a temp dir).
 """
 
 from __future__ import annotations
@@ -32,7 +35,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-CLIP_SECONDS = (1.0, 3.0, 7.0, 15.0)  # mixed lengths
+CLIP_SECONDS = (1.0, 3.0, 7.0, 15.0)  # mixed lengths (--clips changes them)
 
 
 def wav_bytes(seconds: float, seed: int) -> bytes:
@@ -63,7 +66,7 @@ class PollerProcess:
     cheap per request as wrk), so that the client's own cost does not show up as server latency.
     Job ids arrive over a queue as they are accepted; ``join`` returns the poll latencies (seconds)."""
 
-    def __init__(self, url: str, pollers: int, seconds: float):
+    def __init__(self, url: list[str], pollers: int, seconds: float):
         import multiprocessing as mp
 
         ctx = mp.get_context("spawn")
@@ -84,7 +87,7 @@ class PollerProcess:
         return latencies
 
 
-def _poll_main(url: str, pollers: int, seconds: float, ids_q, out_q) -> None:
+def _poll_main(urls: list[str], pollers: int, seconds: float, ids_q, out_q) -> None:
     import threading
     from urllib.parse import urlsplit
 
@@ -100,12 +103,12 @@ def _poll_main(url: str, pollers: int, seconds: float, ids_q, out_q) -> None:
             ids.append(job_id)
 
     threading.Thread(target=feed, daemon=True).start()
-    u = urlsplit(url)
-    host, port = u.hostname, u.port or 80
+    targets = [(urlsplit(u).hostname, urlsplit(u).port or 80) for u in urls]
     latencies: list[float] = []
     stop = time.monotonic() + seconds
 
     async def poller(k: int):
+        host, port = targets[k % len(targets)]
         reader, writer = await asyncio.open_connection(host, port)
         await asyncio.sleep(k * 0.5 / max(pollers, 1))  # spread the 2 Hz ticks
         tick = time.monotonic()
@@ -153,19 +156,51 @@ class Report:
     throughput_jobs_per_s: float = 0.0
 
 
-async def run(url: str, submitters: int, seconds: float, pollers: int, finish_timeout: float) -> Report:
+def merge(parts: list[tuple[Report, list[float], list[float]]], seconds: float) -> Report:
+    """One report from the parts run by several client processes (percentiles of all samples)."""
+    rep = Report(sum(p[0].submitters for p in parts), sum(p[0].pollers for p in parts), seconds)
+    for part, _, _ in parts:
+        for name in ("accepted", "rejected", "completed", "failed", "lost", "polls", "transport_errors"):
+            setattr(rep, name, getattr(rep, name) + getattr(part, name))
+        for code, n in part.rejected_codes.items():
+            rep.rejected_codes[code] = rep.rejected_codes.get(code, 0) + n
+    lat = [x for _, xs, _ in parts for x in xs]
+    poll_lat = [x for _, _, xs in parts for x in xs]
+    rep.latency_ms = {"p50": pct(lat, 50), "p95": pct(lat, 95), "p99": pct(lat, 99)}
+    rep.poll_latency_ms = {"p50": pct(poll_lat, 50), "p95": pct(poll_lat, 95), "p99": pct(poll_lat, 99)}
+    rep.throughput_jobs_per_s = round(rep.completed / seconds, 1)
+    return rep
+
+
+def _run_part(urls: list[str], submitters: int, seconds: float, pollers: int,
+              finish_timeout: float, offset: int, clip_s: tuple[float, ...]):
+    """One client process's share (spawned by --client-processes)."""
+    try:
+        import uvloop
+        uvloop.install()
+    except ImportError:
+        pass
+    return asyncio.run(run(urls, submitters, seconds, pollers, finish_timeout, offset, clip_s))
+
+
+async def run(urls: list[str], submitters: int, seconds: float, pollers: int,
+              finish_timeout: float, offset: int = 0, clip_s: tuple[float, ...] = CLIP_SECONDS,
+              ) -> tuple[Report, list[float], list[float]]:
     rep = Report(submitters, pollers, seconds)
-    clips = {s: wav_bytes(s, i) for i, s in enumerate(CLIP_SECONDS)}
+    clips = {s: wav_bytes(s, i) for i, s in enumerate(clip_s)}
     submitted: dict[str, float] = {}
     done_at: dict[str, float] = {}
     stop = time.monotonic() + seconds
     limits = httpx.Limits(max_connections=submitters + pollers + 8)
-    async with httpx.AsyncClient(base_url=url, timeout=60, limits=limits) as client:
+    clients = [httpx.AsyncClient(base_url=u, timeout=60, limits=limits) for u in urls]
+    client = clients[0]  # for the final polls: any api process answers any job
+    try:
 
         async def submitter(k: int):
-            rng = random.Random(k)
+            client = clients[(offset + k) % len(clients)]
+            rng = random.Random(offset + k)
             while time.monotonic() < stop:
-                secs = rng.choice(CLIP_SECONDS)
+                secs = rng.choice(clip_s)
                 t = time.monotonic()
                 try:
                     r = await client.post("/api/jobs", files={"file": (f"c{secs}.wav", clips[secs])})
@@ -182,7 +217,7 @@ async def run(url: str, submitters: int, seconds: float, pollers: int, finish_ti
                     rep.rejected_codes[code] = rep.rejected_codes.get(code, 0) + 1
                     await asyncio.sleep(float(r.headers.get("retry-after", "0.2")))
 
-        polling = PollerProcess(url, pollers, seconds)
+        polling = PollerProcess(urls, pollers, seconds)
         try:
             await asyncio.gather(*[submitter(k) for k in range(submitters)])
         finally:
@@ -208,14 +243,14 @@ async def run(url: str, submitters: int, seconds: float, pollers: int, finish_ti
             if pending:
                 await asyncio.sleep(0.2)
         rep.lost = len(pending)
+    finally:
+        for c in clients:
+            await c.aclose()
     # latency: submit (client clock) to finished_at (server clock, same host)
     wall_offset = time.time() - time.monotonic()
     lat = [done_at[j] - (submitted[j] + wall_offset) for j in done_at]
-    rep.latency_ms = {"p50": pct(lat, 50), "p95": pct(lat, 95), "p99": pct(lat, 99)}
-    rep.poll_latency_ms = {"p50": pct(poll_lat, 50), "p95": pct(poll_lat, 95), "p99": pct(poll_lat, 99)}
     rep.polls = len(poll_lat)
-    rep.throughput_jobs_per_s = round(rep.completed / seconds, 1)
-    return rep
+    return rep, lat, list(poll_lat)
 
 
 def start_server(args: list[str], port: int, data_dir: str, log_path: Path):
@@ -260,6 +295,9 @@ def main() -> int:
     ap.add_argument("--seconds", type=float, default=20)
     ap.add_argument("--pollers", type=int, default=200)
     ap.add_argument("--finish-timeout", type=float, default=300)
+    ap.add_argument("--clips", default="1,3,7,15", help="clip lengths in seconds, mixed")
+    ap.add_argument("--client-processes", type=int, default=1,
+                    help="processes the submitters (and pollers) are split over")
     args = ap.parse_args()
     proc = None
     url = args.url
@@ -269,8 +307,23 @@ def main() -> int:
     if serve:
         proc, url = start_server(serve.split(), args.port, tempfile.mkdtemp(prefix="load-"),
                                  out / "server.log")
+    urls = url.split(",")
+    n = max(1, args.client_processes)
+    clip_s = tuple(float(c) for c in args.clips.split(","))
     try:
-        rep = asyncio.run(run(url, args.submitters, args.seconds, args.pollers, args.finish_timeout))
+        if n == 1:
+            parts = [asyncio.run(run(urls, args.submitters, args.seconds, args.pollers,
+                                     args.finish_timeout, 0, clip_s))]
+        else:
+            import multiprocessing as mp
+            from concurrent.futures import ProcessPoolExecutor
+
+            with ProcessPoolExecutor(n, mp_context=mp.get_context("spawn")) as pool:
+                futures = [pool.submit(_run_part, urls, args.submitters // n + (k < args.submitters % n),
+                                       args.seconds, args.pollers // n + (k < args.pollers % n),
+                                       args.finish_timeout, k * 1000, clip_s) for k in range(n)]
+                parts = [f.result() for f in futures]
+        rep = merge(parts, args.seconds)
     finally:
         if proc:
             proc.terminate()

@@ -40,7 +40,8 @@ import time
 import orjson
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-from .errors import CrossSiteRequest, HostNotAllowed, SenseVoiceError
+from .errors import (CrossSiteRequest, HeadersTooLarge, HostNotAllowed, RequestTimeout,
+                     SenseVoiceError)
 
 logger = logging.getLogger("sensevoice.edge")
 
@@ -169,17 +170,18 @@ class ConnectionLimits:
                 self.by_client.pop(key, None)
 
 
-def _raw_response(status: int, reason: str, code: str, message: str) -> bytes:
-    body = orjson.dumps({"error": {"code": code, "message": message}})
+def _raw_response(e: SenseVoiceError, reason: str) -> bytes:
+    """A domain error as raw HTTP bytes, for answers the protocol sends before any app runs."""
+    body = orjson.dumps({"error": {"code": e.code, "message": e.message}})
     return (b"HTTP/1.1 %d %s\r\ncontent-type: application/json\r\ncontent-length: %d\r\n"
-            b"connection: close\r\n\r\n" % (status, reason.encode(), len(body))) + body
+            b"connection: close\r\n\r\n" % (e.status, reason.encode(), len(body))) + body
 
 
 HEADER_TIMEOUT_RESPONSE = _raw_response(
-    408, "Request Timeout", "request_timeout", "the request headers did not arrive in time")
+    RequestTimeout("the request headers did not arrive in time"), "Request Timeout")
 HEADERS_TOO_LARGE_RESPONSE = _raw_response(
-    431, "Request Header Fields Too Large", "headers_too_large",
-    f"the request line and headers are larger than {MAX_HEADER_BYTES} bytes")
+    HeadersTooLarge(f"the request line and headers are larger than {MAX_HEADER_BYTES} bytes"),
+    "Request Header Fields Too Large")
 
 
 # ---------------------------------------------------------------------------- connection guard

@@ -193,6 +193,13 @@ class RequestTimeout(SenseVoiceError):
     code = "request_timeout"
 
 
+class HeadersTooLarge(SenseVoiceError):
+    """The request line and headers are larger than the server reads."""
+
+    status = 431
+    code = "headers_too_large"
+
+
 class HostNotAllowed(SenseVoiceError):
     """The Host header names a host this server does not answer for (DNS-rebinding defence)."""
 

@@ -2,6 +2,9 @@
 #   docker run --gpus all -p 7860:7860 -v sv-data:/data -v sv-models:/root/.cache --restart unless-stopped sensevoice
 # The torch wheel from PyPI bundles its CUDA runtime; the host needs only the NVIDIA driver and
 # the NVIDIA container toolkit. PyAV bundles FFmpeg: no ffmpeg binary is needed.
+# Reached by another name than localhost (a LAN address, a DNS name)? Add
+#   -e SENSEVOICE_ALLOWED_HOSTS=your.host.name  (and -e SENSEVOICE_API_TOKEN=... when exposed)
+# or requests get 400 host_not_allowed (DNS-rebinding defence). Distributed topology: deploy/.
 FROM python:3.11-slim
 
 ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1 \

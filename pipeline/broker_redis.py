@@ -821,6 +821,12 @@ class RedisBroker:
     def __len__(self) -> int:
         return sum(self.queue_depth().values())
 
+    @_translated
+    def live_workers(self) -> int:
+        """Worker processes whose feeder beat within the visibility timeout (each beat sets a key
+        that expires after it): a worker that died drops out of this count."""
+        return sum(1 for _ in self._r.scan_iter(match=f"{self.prefix}:alive:*", count=1000))
+
     def _queue_full(self, depth: int) -> QueueFull:
         return QueueFull(f"the server is busy ({depth} jobs waiting); try again in "
                          f"{self.retry_after_s} s", retry_after=self.retry_after_s)
@@ -932,6 +938,9 @@ class RedisBroker:
         from. Call it more often than the visibility timeout. An entry held longer than
         ``max_hold_s`` is no longer renewed (the process lost track of it: another worker will
         reclaim it). Returns the number of entries renewed."""
+        # liveness for the metrics: XINFO CONSUMERS' idle time (Redis 7.0) does not move while a
+        # consumer's blocking reads find nothing, so an idle live worker would look dead
+        self._r.set(f"{self.prefix}:alive:{consumer}", b"1", px=_ms(self.visibility_timeout_s))
         now = time.monotonic()
         with self._lock:
             mine = {v: h for v, h in self._held.items() if h[0] == consumer}

@@ -186,6 +186,8 @@ class Metrics:
         self._queue_depth_fn: Callable[[], int] | None = None
         self._jobs_fn: Callable[[], dict[str, int]] | None = None
         self._backlog_fn: Callable[[], tuple[int, float]] | None = None
+        self._lanes_fn: Callable[[], dict] | None = None
+        self._workers_fn: Callable[[], int] | None = None
         self._gpus = GpuSampler(self.devices, nvml_interval_s, nvml=nvml)
 
     # ------------------------------------------------------------------ updates
@@ -224,6 +226,14 @@ class Metrics:
     def set_jobs_by_state_fn(self, fn: Callable[[], dict[str, int]]) -> None:
         self._jobs_fn = fn
 
+    def set_lanes_fn(self, fn: Callable[[], dict]) -> None:
+        """``fn() -> {lane: items waiting}`` (cluster-wide in the distributed topology)."""
+        self._lanes_fn = fn
+
+    def set_workers_fn(self, fn: Callable[[], int]) -> None:
+        """``fn() -> worker processes alive`` (distributed: one that died drops out)."""
+        self._workers_fn = fn
+
     def set_backlog_fn(self, fn: Callable[[], tuple[int, float]]) -> None:
         """``fn() -> (jobs, audio seconds)`` of long recordings accepted and not yet finished."""
         self._backlog_fn = fn
@@ -234,6 +244,16 @@ class Metrics:
         if depth is not None:
             out += _header(f"{PREFIX}queue_depth", "gauge", "Jobs waiting in the queue.")
             out.append(_sample(f"{PREFIX}queue_depth", (), int(depth)))
+        lanes = _call(self._lanes_fn, "queue depth per lane")
+        if lanes is not None:
+            out += _header(f"{PREFIX}queue_depth_lane", "gauge", "Jobs waiting in the queue, by lane.")
+            out += [_sample(f"{PREFIX}queue_depth_lane", [("lane", _text(k))],
+                            int(n)) for k, n in sorted(lanes.items())]
+        workers = _call(self._workers_fn, "live workers")
+        if workers is not None:
+            out += _header(f"{PREFIX}workers_alive", "gauge",
+                           "Worker processes that claimed work within the visibility timeout.")
+            out.append(_sample(f"{PREFIX}workers_alive", (), int(workers)))
         backlog = _call(self._backlog_fn, "backlog")
         if backlog is not None:
             out += _header(f"{PREFIX}backlog_jobs", "gauge",

@@ -61,6 +61,11 @@ class Scheduler:
         with self._cond:
             return len(self._items)
 
+    def queue_depth(self) -> dict[Lane, int]:
+        """Items waiting per lane."""
+        with self._cond:
+            return {lane: sum(1 for i in self._items if i.lane == lane) for lane in Lane}
+
     def check_capacity(self) -> None:
         """Raise QueueFull now if a put would be refused (a cheap answer before any work)."""
         with self._cond:

@@ -100,6 +100,9 @@ class TranscriptionService:
                                timeout_s=settings.decode_timeout_s, **Decoder.limits(settings))
         self.metrics = Metrics(self.devices)
         self.metrics.set_queue_depth_fn(lambda: len(self.queue))
+        self.metrics.set_lanes_fn(self.queue.queue_depth)
+        if self.distributed:
+            self.metrics.set_workers_fn(self.store.live_workers)
         self.metrics.set_jobs_by_state_fn(self.store.counts)
         self.backlog = Backlog(settings.segment_backlog_jobs, settings.segment_backlog_hours * 3600)
         self.metrics.set_backlog_fn(self.backlog.snapshot)

@@ -95,6 +95,9 @@ def test_two_apis_and_a_worker_finish_every_job_once_through_a_worker_kill(clust
         assert time.monotonic() < deadline, job
         time.sleep(0.05)
     assert job["result"]["text"]  # polled on the other api process
+    metrics = httpx.get(api2.url + "/metrics").text
+    assert "sensevoice_workers_alive 1" in metrics  # from Redis: any api process sees the workers
+    assert 'sensevoice_queue_depth_lane{lane="bulk"} 0' in metrics
 
     worker.kill()  # the work below waits, then a dead worker holds some of it
     ids = [jid]
@@ -120,6 +123,11 @@ def test_two_apis_and_a_worker_finish_every_job_once_through_a_worker_kill(clust
     assert counts.get("done") == len(ids)  # each result written once
     assert sum(r.xlen(s) for s in r.scan_iter("sv:queue:*")) == 0  # nothing left queued
     assert worker3.proc.poll() is None
+    # the killed workers drop out of the count once idle past the visibility timeout
+    deadline = time.monotonic() + VISIBILITY_S + 5
+    while "sensevoice_workers_alive 1\n" not in (text := httpx.get(api1.url + "/metrics").text):
+        assert time.monotonic() < deadline, [ln for ln in text.splitlines() if "workers" in ln]
+        time.sleep(0.2)
 
 
 def test_redis_outage_gives_503_and_service_resumes_without_restart(cluster, clip_factory):

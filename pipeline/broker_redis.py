@@ -70,7 +70,7 @@ import logging
 import threading
 import time
 from dataclasses import replace
-from typing import Iterable
+from typing import Callable, Iterable
 from urllib.parse import urlsplit, urlunsplit
 
 import numpy as np
@@ -93,6 +93,7 @@ from .types import Job, JobError, JobState, Lane, TranscribeOptions, Transcript,
 logger = logging.getLogger("sensevoice.broker")
 
 GROUP = "workers"  # the consumer group of every lane's stream
+MEMORY_REPORT_S = 1.0  # how often a worker reports its free GPU memory
 POSITION_SCAN_MAX = 64  # queue entries a position read scans at most (polls run it)
 LANES = tuple(sorted(Lane))  # priority order: Lane.INTERACTIVE first
 TOMBSTONE_S = 30 * 86400.0
@@ -822,6 +823,19 @@ class RedisBroker:
         return sum(self.queue_depth().values())
 
     @_translated
+    def report_free_memory(self, consumer: str, ratio: float) -> None:
+        """A worker's free GPU memory share, for admission by the api processes (expires after
+        the visibility timeout with the worker)."""
+        self._r.set(f"{self.prefix}:gpu:{consumer}", repr(float(ratio)).encode(),
+                    px=_ms(self.visibility_timeout_s))
+
+    @_translated
+    def free_memory_ratios(self) -> list[float]:
+        """The free GPU memory shares the live workers reported."""
+        keys = list(self._r.scan_iter(match=f"{self.prefix}:gpu:*", count=1000))
+        return [float(v) for v in self._r.mget(keys) if v is not None] if keys else []
+
+    @_translated
     def live_workers(self) -> int:
         """Worker processes whose feeder beat within the visibility timeout (each beat sets a key
         that expires after it): a worker that died drops out of this count."""
@@ -1023,7 +1037,8 @@ class Feeder(threading.Thread):
     A broker outage is logged and waited out; the feeder never dies of it."""
 
     def __init__(self, broker: RedisBroker, scheduler: Scheduler, consumer: str,
-                 prefetch: int = 64, block_ms: int = 1000, error_backoff_s: float = 1.0):
+                 prefetch: int = 64, block_ms: int = 1000, error_backoff_s: float = 1.0,
+                 free_memory: Callable[[], float | None] = lambda: None):
         super().__init__(name=f"sensevoice-feeder-{consumer}", daemon=True)
         self.broker = broker
         self.scheduler = scheduler
@@ -1034,6 +1049,7 @@ class Feeder(threading.Thread):
         self.heartbeat_every_s = vt / 3
         self.reclaim_every_s = vt / 2
         self.error_backoff_s = error_backoff_s
+        self.free_memory = free_memory  # () -> free share of this worker's GPU memory, or None
         self.error: BaseException | None = None  # the latest failure (None once it works again)
         self.heartbeat = time.monotonic()
         self._stop_event = threading.Event()
@@ -1042,7 +1058,7 @@ class Feeder(threading.Thread):
         self._stop_event.set()
 
     def run(self) -> None:
-        next_beat = next_reclaim = 0.0
+        next_beat = next_reclaim = next_report = 0.0
         while not self._stop_event.is_set():
             try:
                 now = time.monotonic()
@@ -1050,6 +1066,11 @@ class Feeder(threading.Thread):
                 if now >= next_beat:
                     self.broker.heartbeat(self.consumer)
                     next_beat = now + self.heartbeat_every_s
+                if now >= next_report:  # free GPU memory, for the api processes' admission
+                    ratio = self.free_memory()
+                    if ratio is not None:
+                        self.broker.report_free_memory(self.consumer, ratio)
+                    next_report = now + MEMORY_REPORT_S
                 if now >= next_reclaim:
                     for item in self.broker.reclaim(self.consumer):
                         self.scheduler.put(item, force=True)

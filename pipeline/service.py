@@ -119,7 +119,8 @@ class TranscriptionService:
         self._recent_lock = threading.Lock()
         self._owned_files: dict[str, list[Path]] = {}  # job id -> intermediate copies to delete with it
         self.on_purge: list[Callable[[list[str]], None]] = []  # caches that must forget purged jobs
-        self._free_memory: dict[str, tuple[float, float]] = {}  # device -> (read at, free ratio)
+        # device (or "cluster") -> (read at, free ratio or the workers' ratios)
+        self._free_memory: dict[str, tuple[float, object]] = {}
         self._stopping = threading.Event()
         self._janitor: threading.Thread | None = None
         self.loop_heartbeat: float | None = None  # monotonic; set by the event loop once it runs
@@ -194,7 +195,8 @@ class TranscriptionService:
 
                 self.feeder = Feeder(self.store, self.scheduler,
                                      consumer=f"{socket.gethostname()}:{os.getpid()}",
-                                     prefetch=2 * self.settings.max_batch)
+                                     prefetch=2 * self.settings.max_batch,
+                                     free_memory=self._local_free_memory)
                 self.feeder.start()
             self._janitor = threading.Thread(target=self._janitor_loop, name="sensevoice-janitor",
                                              daemon=True)
@@ -546,13 +548,29 @@ class TranscriptionService:
         return self._progress.get(job_id)
 
     def _check_memory(self) -> None:
-        """GPU admission control: refuse new work while every device is short of free memory."""
+        """GPU admission control: refuse new work while every device is short of free memory
+        (distributed: every live worker's GPU, as the workers report it through the broker)."""
         if self.settings.min_free_memory_ratio <= 0:
             return
-        ratios = [r for d in self.devices if (r := self.free_memory_ratio(d)) is not None]
+        ratios = self._cluster_free_memory() if self.distributed else \
+            [r for d in self.devices if (r := self.free_memory_ratio(d)) is not None]
         if ratios and max(ratios) < self.settings.min_free_memory_ratio:
             raise MemoryPressure(
                 f"the GPU is short of memory ({max(ratios):.0%} free); try again in a few seconds")
+
+    def _local_free_memory(self) -> float | None:
+        """The best free share among this process's GPUs (what its feeder reports), or None."""
+        ratios = [r for d in self.devices if (r := self.free_memory_ratio(d)) is not None]
+        return max(ratios) if ratios else None
+
+    def _cluster_free_memory(self) -> list[float]:
+        """The workers' reported free GPU memory shares, read at most every
+        ``MEMORY_READ_INTERVAL_S`` (not a Redis scan per submit)."""
+        now = time.monotonic()
+        last = self._free_memory.get("cluster")
+        if last is None or now - last[0] > MEMORY_READ_INTERVAL_S:
+            last = self._free_memory["cluster"] = (now, self.store.free_memory_ratios())
+        return last[1]
 
     def free_memory_ratio(self, device: str) -> float | None:
         """Free share of a CUDA device's memory (as the driver sees it, all processes); None for CPU.

@@ -572,3 +572,24 @@ def test_feeder_rides_out_an_outage(redis_server):  # noqa: F811
         worker.stop()
         feeder.join(5)
         worker.join(5)
+
+
+def test_workers_report_free_gpu_memory_and_liveness(redis_server):  # noqa: F811
+    """A worker's feeder reports its free GPU memory share (for the api processes' admission) and
+    its liveness; both expire with the worker."""
+    broker = RedisBroker(redis_server.url, retention_s=60, queue_size=100, visibility_timeout_s=1.0)
+    sched = Scheduler(100, max_batch=8, max_wait_s=0.005)
+    feeder = Feeder(broker, sched, "gpu-0", prefetch=8, block_ms=50, free_memory=lambda: 0.42)
+    feeder.start()
+    try:
+        deadline = time.monotonic() + 5
+        while broker.free_memory_ratios() != [0.42] and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert broker.free_memory_ratios() == [0.42] and broker.live_workers() == 1
+    finally:
+        feeder.stop()
+        feeder.join(5)
+    deadline = time.monotonic() + 5  # the worker is gone: its reports expire
+    while broker.live_workers() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert broker.live_workers() == 0 and broker.free_memory_ratios() == []

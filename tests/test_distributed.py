@@ -154,3 +154,22 @@ def test_redis_outage_gives_503_and_service_resumes_without_restart(cluster, cli
     while httpx.get(f"{api.url}/api/jobs/{jid}").json()["status"] != "done":
         assert time.monotonic() < deadline
         time.sleep(0.1)
+
+
+def test_gpu_memory_admission_across_the_cluster(cluster, clip_factory):
+    """The api process (no GPU) refuses new work while every live worker reports its GPU short of
+    memory (workers report through Redis; here the reports are written as a worker would), and
+    takes it again once one reports room."""
+    redis_server, role = cluster
+    api = role("api", SENSEVOICE_MIN_FREE_MEMORY_RATIO="0.15").ready()
+    clip = clip_factory("wav", 16000, 1)
+    r = redis.Redis.from_url(redis_server.url)
+    r.set("sv:gpu:host-a:1", b"0.05", px=60_000)
+    r.set("sv:gpu:host-b:2", b"0.10", px=60_000)
+    time.sleep(0.5)  # the api reads the reports at most every 0.25 s
+    refused = _submit(api.url, clip)
+    assert refused.status_code == 503 and refused.json()["error"]["code"] == "gpu_memory_low"
+    assert "Retry-After" in refused.headers
+    r.set("sv:gpu:host-b:2", b"0.60", px=60_000)
+    time.sleep(0.5)
+    assert _submit(api.url, clip).status_code == 202

@@ -25,8 +25,7 @@ def create_app(settings=None, service=None, start: bool = True):
     """Build the FastAPI app. ``start`` loads the model in a background thread at server start-up."""
     from fastapi import FastAPI
 
-    from pipeline.api import (FastPolls, PollBodies, UploadLimit, build_health_router, build_router,
-                              install_error_handlers)
+    from pipeline.api import PollBodies, build_health_router, install_error_handlers
     from pipeline.config import Settings
     from pipeline.edge import HostOriginGuard, allowed_hosts
     from pipeline.service import TranscriptionService
@@ -52,15 +51,23 @@ def create_app(settings=None, service=None, start: bool = True):
     service.on_purge.append(bodies.forget)
     app.state.poll_bodies = bodies
     app.include_router(build_health_router(service))
-    if not service.serves_api:  # a worker process: probes and metrics only
-        app.add_middleware(HostOriginGuard, allowed=allowed_hosts(settings))
-        return app
-    app.include_router(build_router(service, bodies))
+    if service.serves_api:  # a worker process serves probes and metrics only
+        app = add_api(app, settings, service, bodies)
+    # outermost (inside only Starlette's error handler): a Host this server does not answer for or
+    # a cross-site browser request is refused before anything else runs, FastPolls included
+    app.add_middleware(HostOriginGuard, allowed=allowed_hosts(settings))
+    return app
 
+
+def add_api(app, settings, service, bodies):
+    """The job routes, the UI and the request guards inside the Host/Origin check."""
+    from pipeline.api import FastPolls, UploadLimit, build_router
+    from pipeline.ui_guard import AccessGuard
+
+    app.include_router(build_router(service, bodies))
     if settings.ui:
         app = mount_ui(app, settings, service)
-    from pipeline.ui_guard import AccessGuard  # token on /docs; what the UI may read (ui_guard.py)
-    app.add_middleware(AccessGuard, settings=settings)
+    app.add_middleware(AccessGuard, settings=settings)  # token on /docs; what the UI may read
     uploads = settings.max_concurrent_uploads or max(8, 2 * (os.cpu_count() or 2))
     app.add_middleware(UploadLimit, max_bytes=settings.max_upload_bytes + 64 * 1024,
                        max_in_flight=uploads, retry_after_s=settings.retry_after_s,
@@ -68,9 +75,6 @@ def create_app(settings=None, service=None, start: bool = True):
                        body_timeout_s=settings.body_timeout_s,
                        min_rate_bytes_s=settings.body_min_rate_bytes_s, grace_s=settings.body_grace_s)
     app.add_middleware(FastPolls, service=service, bodies=bodies)  # polls skip what is inside it
-    # outermost (inside only Starlette's error handler): a Host this server does not answer for or
-    # a cross-site browser request is refused before anything else runs, FastPolls included
-    app.add_middleware(HostOriginGuard, allowed=allowed_hosts(settings))
     return app
 
 
@@ -191,8 +195,8 @@ def gpu_count() -> int:
 
 def run_per_gpu(argv: list[str], settings, gpus: int) -> int:
     """``--role worker --device cuda`` on a host with several GPUs: one worker process per GPU
-    (``--device cuda:N``, probes and metrics on ``--port`` + N: a later flag wins); SIGTERM stops them all; the first
-    non-zero exit ends the others too (the supervisor or orchestrator restarts the set)."""
+    (``--device cuda:N``, probes and metrics on ``--port`` + N: a later flag wins); SIGTERM stops
+    them all; the first non-zero exit ends the others too (the orchestrator restarts the set)."""
     import signal
     import subprocess
     import time

@@ -122,6 +122,17 @@ local function ack_all(entries, group)
   for i = 2, #e, 2 do ack_entry(e[i], group) end
   redis.call('DEL', entries)
 end
+-- a job that just ended (done or failed): KEYS[k .. k+5] = job, entries, audio, segs, upload,
+-- tomb. Its entries are acked and deleted, its audio and pieces deleted, the record and upload
+-- kept for the retention, the tombstone beyond it.
+local function close_job(k, ttl, tomb_ttl, group)
+  redis.call('HDEL', KEYS[k], 'progress')
+  ack_all(KEYS[k + 1], group)
+  redis.call('DEL', KEYS[k + 2], KEYS[k + 3])
+  redis.call('PEXPIRE', KEYS[k], ttl)
+  redis.call('PEXPIRE', KEYS[k + 4], ttl)
+  redis.call('PEXPIRE', KEYS[k + 5], tomb_ttl)
+end
 """
 
 # ARGV: L, limit (-1 = force), lane, piece, pieces, audio, ttl_ms, fields...
@@ -189,12 +200,7 @@ for j = 1, n do
   out[j] = 0
   if st == 'running' then
     redis.call('HSET', job, 'state', 'done', 'finished_at', ARGV[3], 'result', ARGV[4 + 2 * j])
-    redis.call('HDEL', job, 'progress')
-    ack_all(KEYS[b + 2], ARGV[2])
-    redis.call('DEL', KEYS[b + 3], KEYS[b + 4])
-    redis.call('PEXPIRE', job, ARGV[4])
-    redis.call('PEXPIRE', KEYS[b + 5], ARGV[4])
-    redis.call('PEXPIRE', KEYS[b + 6], ARGV[5])
+    close_job(b + 1, ARGV[4], ARGV[5], ARGV[2])
     redis.call('HINCRBY', KEYS[1], 'running', -1)
     redis.call('HINCRBY', KEYS[1], 'done', 1)
     out[j] = 1
@@ -214,12 +220,7 @@ ack_list(ARGV[8], ARGV[2])
 if st ~= 'queued' and st ~= 'running' then return 0 end
 redis.call('HSET', job, 'state', 'failed', 'finished_at', ARGV[3], 'error_code', ARGV[6],
            'error_message', ARGV[7])
-redis.call('HDEL', job, 'progress')
-ack_all(KEYS[L + 3], ARGV[2])
-redis.call('DEL', KEYS[L + 4], KEYS[L + 5])
-redis.call('PEXPIRE', job, ARGV[4])
-redis.call('PEXPIRE', KEYS[L + 6], ARGV[4])
-redis.call('PEXPIRE', KEYS[L + 7], ARGV[5])
+close_job(L + 2, ARGV[4], ARGV[5], ARGV[2])
 redis.call('HINCRBY', KEYS[1], st, -1)
 redis.call('HINCRBY', KEYS[1], 'failed', 1)
 return 1
@@ -850,6 +851,10 @@ class RedisBroker:
         depth = len(self)
         if depth >= self.queue_size:
             raise self._queue_full(depth)
+
+    def put(self, item: WorkItem, force: bool = False) -> None:
+        """The Scheduler's name for :meth:`enqueue`: the service queues through either."""
+        self.enqueue(item, force=force)
 
     @_translated
     def enqueue(self, item: WorkItem, force: bool = False) -> None:

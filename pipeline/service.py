@@ -28,7 +28,6 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from pathlib import Path
 
-import numpy as np
 import torch
 
 from .admission import Backlog
@@ -50,8 +49,8 @@ JANITOR_PERIOD_S = 5.0  # how often retention runs
 JANITOR_TICK_S = 1.0  # how often the watchdog and the broker watch run
 MEMORY_READ_INTERVAL_S = 0.25  # GPU admission reads free memory at most this often per device
 LOOP_BEAT_S = 1.0  # how often the event loop proves it answers
-FATAL_EXIT_CODE = 3
-WAIT_POLL_S = 0.02  # distributed: how often wait() reads a job from the broker  # process exit status after a fatal device error or a hung worker
+FATAL_EXIT_CODE = 3  # process exit status after a fatal device error or a hung worker
+WAIT_POLL_S = 0.02  # distributed: how often wait() reads a job from the broker
 
 
 def new_job_id() -> str:
@@ -224,22 +223,22 @@ class TranscriptionService:
         am = load_automodel(self.source.path, self.devices[0])
         self.startup["load_s"] = time.perf_counter() - t0
         for n, dev in enumerate(self.devices):
-                engine = SenseVoiceEngine.from_automodel(am, dev, self.settings.dtype,
-                                                         fp32_residual=self.settings.fp32_residual)
-                if self.settings.cuda_graphs:
-                    sizes = [int(b) for b in self.settings.graph_batch_sizes.split(",") if b.strip()]
-                    engine.capture_graphs(sizes, self.settings.graph_max_seconds)
-                engine.warmup()
-                self.startup.update({f"{k}_s[{dev}]": v for k, v in engine.startup_seconds.items()})
-                self.workers.append(Worker(f"sensevoice-worker-{n}", engine, self.scheduler,
-                                           self.store, load_audio=self._load_spooled(dev),
-                                           on_done=self._notify, on_fatal=self._on_fatal,
-                                           on_running=self._mark_running_cached,
-                                           on_progress=self._piece_progress,
-                                           queue_timeout_s=self.settings.queue_timeout_s,
-                                           metrics=self.metrics,
-                                           cpu_threads=self.settings.cpu_threads,
-                                           delete_audio_when_done=self.settings.delete_audio_when_done))
+            engine = SenseVoiceEngine.from_automodel(am, dev, self.settings.dtype,
+                                                     fp32_residual=self.settings.fp32_residual)
+            if self.settings.cuda_graphs:
+                sizes = [int(b) for b in self.settings.graph_batch_sizes.split(",") if b.strip()]
+                engine.capture_graphs(sizes, self.settings.graph_max_seconds)
+            engine.warmup()
+            self.startup.update({f"{k}_s[{dev}]": v for k, v in engine.startup_seconds.items()})
+            self.workers.append(Worker(f"sensevoice-worker-{n}", engine, self.scheduler,
+                                       self.store, load_audio=self._load_spooled(dev),
+                                       on_done=self._notify, on_fatal=self._on_fatal,
+                                       on_running=self._mark_running_cached,
+                                       on_progress=self._piece_progress,
+                                       queue_timeout_s=self.settings.queue_timeout_s,
+                                       metrics=self.metrics,
+                                       cpu_threads=self.settings.cpu_threads,
+                                       delete_audio_when_done=self.settings.delete_audio_when_done))
 
     def start_background(self) -> threading.Thread:
         t = threading.Thread(target=self._start_quietly, name="sensevoice-startup", daemon=True)
@@ -422,18 +421,12 @@ class TranscriptionService:
             return self._accept_long(job, data, wave)
         self.store.create(job, data)
         try:
-            self._enqueue(WorkItem(job.id, lane, options, int(wave.shape[-1]), audio=wave))
+            self.queue.put(WorkItem(job.id, lane, options, int(wave.shape[-1]), audio=wave))
         except SenseVoiceError:
             self.store.discard(job.id)
             raise
         self._remember(job)
         return replace(job, position=self.queue.position(job.id))
-
-    def _enqueue(self, item: WorkItem, force: bool = False) -> None:
-        if self.distributed:
-            self.store.enqueue(item, force=force)
-        else:
-            self.scheduler.put(item, force=force)
 
     def _accept_long(self, job: Job, data: bytes, wave: torch.Tensor) -> Job:
         """Count a long job in the backlog (or BacklogFull), store it, and leave its decoded audio
@@ -507,7 +500,7 @@ class TranscriptionService:
             return
         self._progress[job.id] = f"segment 0 of {len(items)}"
         for n, item in enumerate(items):
-            self._enqueue(item, force=accepted or n > 0)
+            self.queue.put(item, force=accepted or n > 0)
 
     def _accept_split(self, job: Job, data: bytes, wave: torch.Tensor) -> Job:
         """Distributed: split before answering, then store the job and queue its pieces, so that
@@ -552,16 +545,18 @@ class TranscriptionService:
         (distributed: every live worker's GPU, as the workers report it through the broker)."""
         if self.settings.min_free_memory_ratio <= 0:
             return
-        ratios = self._cluster_free_memory() if self.distributed else \
-            [r for d in self.devices if (r := self.free_memory_ratio(d)) is not None]
+        ratios = self._cluster_free_memory() if self.distributed else self._local_free_ratios()
         if ratios and max(ratios) < self.settings.min_free_memory_ratio:
             raise MemoryPressure(
                 f"the GPU is short of memory ({max(ratios):.0%} free); try again in a few seconds")
 
+    def _local_free_ratios(self) -> list[float]:
+        """Free memory shares of this process's GPUs (none on a CPU)."""
+        return [r for d in self.devices if (r := self.free_memory_ratio(d)) is not None]
+
     def _local_free_memory(self) -> float | None:
         """The best free share among this process's GPUs (what its feeder reports), or None."""
-        ratios = [r for d in self.devices if (r := self.free_memory_ratio(d)) is not None]
-        return max(ratios) if ratios else None
+        return max(self._local_free_ratios(), default=None)
 
     def _cluster_free_memory(self) -> list[float]:
         """The workers' reported free GPU memory shares, read at most every

@@ -39,7 +39,7 @@ def main() -> int:
     ap.add_argument("--model", help="model dir (default: the demo model, built if needed)")
     ap.add_argument("--env", action="append", default=[])
     args = ap.parse_args()
-    from pipeline.testing import ensure_model_dir
+    from pipeline.model.demo import ensure_model_dir
     from tests.conftest import MODEL_CACHE, free_port
     from tests.media import silence_flac
 

@@ -25,7 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import av  # noqa: E402
 import numpy as np  # noqa: E402
 
-from pipeline.audio import _audio_stream, _open_container, decode_audio  # noqa: E402
+from pipeline.audio.decode import _audio_stream, _open_container, decode_audio  # noqa: E402
 
 FORMATS = {"mp3": ["-c:a", "libmp3lame", "-b:a", "128k"], "opus": ["-c:a", "libopus", "-b:a", "32k"],
            "m4a": ["-c:a", "aac", "-b:a", "128k"]}

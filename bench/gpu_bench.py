@@ -116,7 +116,7 @@ class Bench:
 
     # ------------------------------------------------------------------ set-up
     def setup(self):
-        from pipeline.testing import build_model_dir
+        from pipeline.model.demo import build_model_dir
 
         m = R["meta"]
         m.update(torch=torch.__version__, python=sys.version.split()[0], argv=sys.argv,
@@ -130,7 +130,7 @@ class Bench:
             m["build_s"] = round(info.seconds, 1)
             m["params"] = info.params
         t = time.perf_counter()
-        from pipeline.model import load_automodel
+        from pipeline.model.loading import load_automodel
 
         self.am = load_automodel(model_dir, str(self.dev))
         m["automodel_load_s"] = round(time.perf_counter() - t, 1)
@@ -142,7 +142,7 @@ class Bench:
 
     def engine(self, dtype: str, graphs: bool, batches=(1, 2, 4, 8, 16, 32, 64, 128),
                fp32_residual: bool = False):
-        from pipeline.engine import SenseVoiceEngine
+        from pipeline.model.engine import SenseVoiceEngine
 
         t = time.perf_counter()
         e = SenseVoiceEngine.from_automodel(self.am, str(self.dev), dtype, fp32_residual=fp32_residual)
@@ -154,8 +154,8 @@ class Bench:
 
     # ------------------------------------------------------------------ fidelity
     def fidelity(self):
-        from pipeline.engine import N_QUERIES
-        from pipeline.types import TranscribeOptions as O
+        from pipeline.model.engine import N_QUERIES
+        from pipeline.domain.types import TranscribeOptions as O
 
         F = R.setdefault("fidelity", {})
         am, m = self.am, self.am.model
@@ -215,7 +215,7 @@ class Bench:
         log("fp32 same features", F)
 
         # (c) fp32 end to end vs AutoModel.generate, with logit margins of any disagreement
-        from pipeline.model import reference_generate
+        from pipeline.model.loading import reference_generate
 
         n_e2e = min(64, n_clips)
         agree, margins = [], []
@@ -310,10 +310,10 @@ class Bench:
 
     # ------------------------------------------------------------------ engine through the worker
     def serving(self):
-        from pipeline.jobs import JobStore
-        from pipeline.scheduler import Scheduler, WorkItem
-        from pipeline.types import Job, JobState, Lane, TranscribeOptions
-        from pipeline.worker import Worker
+        from pipeline.serving.broker_sqlite import JobStore
+        from pipeline.serving.scheduler import Scheduler, WorkItem
+        from pipeline.domain.types import Job, JobState, Lane, TranscribeOptions
+        from pipeline.serving.worker import Worker
 
         S = R.setdefault("engine", {})
         t = time.perf_counter()
@@ -324,7 +324,7 @@ class Bench:
         S["startup"] = st
         log("engine start-up", st)
         if self.cuda:  # captured graphs must give what the same code gives eagerly
-            from pipeline.types import TranscribeOptions as O
+            from pipeline.domain.types import TranscribeOptions as O
 
             waves = [torch.from_numpy(c).to(self.dev) for c in self.clips10[:5] + self.clips3[:2]]
             o = [O("auto", True)] * len(waves)
@@ -492,11 +492,11 @@ class Bench:
     # ------------------------------------------------------------------ one-hour recording
     def long_audio(self):
         """A 1-hour recording: silero-vad segments (CPU) -> pieces through the real worker/queue."""
-        from pipeline.jobs import JobStore
-        from pipeline.scheduler import Scheduler, WorkItem
-        from pipeline.types import Job, JobState, Lane, TranscribeOptions
-        from pipeline.vad import Segmenter
-        from pipeline.worker import Worker
+        from pipeline.serving.broker_sqlite import JobStore
+        from pipeline.serving.scheduler import Scheduler, WorkItem
+        from pipeline.domain.types import Job, JobState, Lane, TranscribeOptions
+        from pipeline.audio.vad import Segmenter
+        from pipeline.serving.worker import Worker
 
         L = R.setdefault("long_audio", {})
         minutes = self.args.long_minutes

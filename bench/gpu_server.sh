@@ -6,7 +6,7 @@ OUT=${OUT:-$(mktemp -d)}
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
   .whl-gpu/*.whl && export PYTHONPATH=/tmp/site || exit 1
 model=/tmp/sensevoice-full
-[ -f $model/model.pt ] || python3 -m pipeline.testing.build_model --variant full --out $model >"$OUT/build.log" 2>&1 \
+[ -f $model/model.pt ] || python3 -m pipeline.model.demo.build_model --variant full --out $model >"$OUT/build.log" 2>&1 \
   || { tail -20 "$OUT/build.log"; exit 1; }
 port=7871
 url="http://127.0.0.1:$port"

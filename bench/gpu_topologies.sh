@@ -17,7 +17,7 @@ export LD_LIBRARY_PATH=/tmp/redis/usr/lib/x86_64-linux-gnu:${LD_LIBRARY_PATH:-}
 REDIS=/tmp/redis/usr/bin/redis-check-rdb  # redis-server is this binary under another name
 ln -sf $REDIS /tmp/redis/redis-server
 model=/tmp/sensevoice-full
-[ -f $model/model.pt ] || python3 -m pipeline.testing.build_model --variant full --out $model >"$OUT/build.log" 2>&1 \
+[ -f $model/model.pt ] || python3 -m pipeline.model.demo.build_model --variant full --out $model >"$OUT/build.log" 2>&1 \
   || { tail -20 "$OUT/build.log"; exit 1; }
 # the load generator is one client address with ~270 connections: lift the per-client limits
 export SENSEVOICE_GRAPH_MAX_SECONDS=16 SENSEVOICE_QUEUE_SIZE=4096 \

@@ -105,8 +105,8 @@ def run_one(path: Path) -> dict:
     """In this process: the server's decode step on ``path``; costs as a dict."""
     import torch  # noqa: F401 - the server has it loaded
 
-    from pipeline.audio import Resampler
-    from pipeline.decoder import Decoder
+    from pipeline.audio.decode import Resampler
+    from pipeline.audio.decoder_pool import Decoder
 
     decoder = Decoder(1, timeout_s=600.0)
     resampler = Resampler("cpu")

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""What slow and idle clients cost the server (pipeline/edge.py, UploadLimit): starts the real app
+"""What slow and idle clients cost the server (pipeline/web/edge.py, UploadLimit): starts the real app
 (``app_sensevoice.py``, uvloop + the edge protocol, the demo model on CPU) on loopback, runs one
 attack at a time with raw sockets from several loopback source addresses (127.0.x.y stand for
 distinct clients), and reports for each:
@@ -47,7 +47,7 @@ HOST = "127.0.0.1"
 
 # ---------------------------------------------------------------------------- the server
 def demo_model() -> str:
-    from pipeline.testing import ensure_model_dir
+    from pipeline.model.demo import ensure_model_dir
 
     cache = Path(os.environ.get("SENSEVOICE_TEST_CACHE", ROOT / ".cache" / "test-models"))
     return str(ensure_model_dir("demo", cache_root=cache))
@@ -346,7 +346,7 @@ def main() -> int:
                     out = asyncio.run(attack_headers(proc, url, args.connections, 1))
                 elif attack == "flood":
                     from pipeline.config import Settings
-                    from pipeline.edge import connection_limit
+                    from pipeline.web.edge import connection_limit
 
                     settings = Settings(**{k[len("SENSEVOICE_"):].lower(): v
                                            for k, v in env.items() if k.startswith("SENSEVOICE_")})

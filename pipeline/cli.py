@@ -13,11 +13,11 @@ import sys
 import tempfile
 from pathlib import Path
 
-from .config import Settings
-from .errors import SenseVoiceError
-from .exports import FORMATS, export
-from .service import TranscriptionService
-from .types import JobState, Lane, TranscribeOptions
+from pipeline.config import Settings
+from pipeline.domain.errors import SenseVoiceError
+from pipeline.domain.exports import FORMATS, export
+from pipeline.serving.runtime import build_runtime
+from pipeline.domain.types import JobState, Lane, TranscribeOptions
 
 logger = logging.getLogger("sensevoice.cli")
 
@@ -45,7 +45,7 @@ def main(argv=None) -> int:
                         cuda_graphs=False, **overrides)
     options = TranscribeOptions(language=args.language, use_itn=not args.no_itn,
                                 split_channels=args.split_channels)
-    service = TranscriptionService(settings)
+    service = build_runtime(settings).service
     try:
         service.start()
     except SenseVoiceError as e:

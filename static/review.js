@@ -10,7 +10,7 @@
  *     formatTime(seconds)                  // "mm:ss.s" ("h:mm:ss.s" from one hour)
  *   };
  *
- *   job  = the API's job JSON (pipeline/api.py job_json):
+ *   job  = the API's job JSON (pipeline/web/api.py job_json):
  *          { id, status, filename, audio_seconds,
  *            result: { text, raw_text, segments: [{ language, emotion, events, itn, text,
  *                                                   start, end, speaker }] } }

@@ -16,7 +16,7 @@
  *     escapeHtml(s)
  *   };
  *
- * parse() mirrors pipeline/richtext.py parse_rich_text() exactly (same tag pattern, same
+ * parse() mirrors pipeline/domain/richtext.py parse_rich_text() exactly (same tag pattern, same
  * segmentation rule, same trimmed whitespace); tests/test_richtext_js.py checks the parity.
  *
  * Safety: the DOM is built with createElement + textContent only. No markup is ever built from
@@ -27,7 +27,7 @@
 
   // A tag is <|name|>, name = one or more chars other than < > | ASCII controls and space.
   var TAG_RE = /<\|([^<>|\x00-\x20\x7f]+)\|>/g;
-  // Same set as WHITESPACE in pipeline/richtext.py.
+  // Same set as WHITESPACE in pipeline/domain/richtext.py.
   var WS = '[ \t\n\r\f\v\u00a0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000\ufeff]';
   var TRIM_RE = new RegExp('^' + WS + '+|' + WS + '+$', 'g');
   var NO_SPEECH = 'No speech detected';
@@ -128,7 +128,7 @@
       .replace(/`/g, '&#96;');
   }
 
-  // ---- parsing (mirror of pipeline/richtext.py) ----
+  // ---- parsing (mirror of pipeline/domain/richtext.py) ----
 
   function newSeg() {
     return { slots: Object.create(null), events: [], parts: [], hasText: false };

@@ -37,28 +37,28 @@ def pytest_collection_modifyitems(config, items):
 
 @pytest.fixture(scope="session")
 def tiny_dir() -> Path:
-    from pipeline.testing import ensure_model_dir
+    from pipeline.model.demo import ensure_model_dir
 
     return Path(ensure_model_dir("tiny", cache_root=MODEL_CACHE))
 
 
 @pytest.fixture(scope="session")
 def demo_dir() -> Path:
-    from pipeline.testing import ensure_model_dir
+    from pipeline.model.demo import ensure_model_dir
 
     return Path(ensure_model_dir("demo", cache_root=MODEL_CACHE))
 
 
 @pytest.fixture(scope="session")
 def tiny_am(tiny_dir):
-    from pipeline.model import load_automodel
+    from pipeline.model.loading import load_automodel
 
     return load_automodel(tiny_dir, "cpu")
 
 
 @pytest.fixture(scope="session")
 def demo_am(demo_dir):
-    from pipeline.model import load_automodel
+    from pipeline.model.loading import load_automodel
 
     return load_automodel(demo_dir, "cpu")
 
@@ -99,7 +99,7 @@ class LiveServer:
         self.app = create_app(settings)
         self.service = self.app.state.service
         self.url = f"http://127.0.0.1:{settings.port}"
-        from pipeline.edge import http_protocol
+        from pipeline.web.edge import http_protocol
 
         # the connection guards main() runs with (header deadline, connection limits)
         config = uvicorn.Config(self.app, host="127.0.0.1", port=settings.port, log_level="warning",

@@ -1,5 +1,5 @@
 """Decoder targets for fault injection: they run inside the decoder processes (importable there
-as ``"tests.decoder_faults:NAME"``), in place of ``pipeline.audio:decode_audio_parts``."""
+as ``"tests.decoder_faults:NAME"``), in place of ``pipeline.audio.decode:decode_audio_parts``."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ import time
 
 import numpy as np
 
-from pipeline import decode_worker
-from pipeline.audio import DecodedAudio, decode_audio
+from pipeline.audio import decode_worker
+from pipeline.audio.decode import DecodedAudio, decode_audio
 
 
 def crash_on_marker(data: bytes, **kwargs):

@@ -18,11 +18,11 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import app_sensevoice  # noqa: E402
-from pipeline.engine import SenseVoiceEngine  # noqa: E402
+from pipeline.model.engine import SenseVoiceEngine  # noqa: E402
 
 
 def freeze_on_request() -> None:
-    from pipeline.api import FastPolls
+    from pipeline.web.api import FastPolls
 
     clean = FastPolls.__call__
 

@@ -233,8 +233,8 @@ def test_one_hour_recording_on_cpu_with_bounded_memory(demo_dir, tmp_path, long_
 
     import numpy as np
 
-    from pipeline.service import TranscriptionService
-    from pipeline.types import JobState, Lane, TranscribeOptions
+    from pipeline.serving.runtime import build_runtime
+    from pipeline.domain.types import JobState, Lane, TranscribeOptions
     from tests.conftest import make_settings
 
     with wave.open(str(long_call)) as w:
@@ -250,7 +250,7 @@ def test_one_hour_recording_on_cpu_with_bounded_memory(demo_dir, tmp_path, long_
         w.writeframes(hour.tobytes())
     data = path.read_bytes()
     del hour, mono, stereo
-    service = TranscriptionService(make_settings(demo_dir, tmp_path / "d"))
+    service = build_runtime(make_settings(demo_dir, tmp_path / "d")).service
     service.start()
     try:
         before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB

@@ -1,4 +1,4 @@
-"""pipeline.audio on real media: formats, rates, layouts, hostile uploads, caps, resampling.
+"""pipeline.audio.decode on real media: formats, rates, layouts, hostile uploads, caps, resampling.
 
 Run alone with ``python -m pytest -q -p tests.fixtures_media tests/test_audio.py``.
 """
@@ -19,8 +19,8 @@ import numpy as np
 import pytest
 import torch
 
-from pipeline import audio
-from pipeline.audio import (
+from pipeline.audio import decode as audio
+from pipeline.audio.decode import (
     COMMON_RATES,
     DecodedAudio,
     Resampler,
@@ -29,14 +29,14 @@ from pipeline.audio import (
     load_audio_16k,
     output_budget,
 )
-from pipeline.errors import (
+from pipeline.domain.errors import (
     AudioDecodeError,
     AudioTooLong,
     EmptyAudio,
     NoAudioStream,
     UploadTooLarge,
 )
-from pipeline.types import SAMPLE_RATE
+from pipeline.domain.types import SAMPLE_RATE
 from tests.fixtures_media import ClipFactory, source_speech
 from tests.media import (
     FORMATS,

@@ -11,8 +11,8 @@ import time
 import httpx
 import pytest
 
-from pipeline.admission import Backlog
-from pipeline.errors import BacklogFull
+from pipeline.serving.admission import Backlog
+from pipeline.domain.errors import BacklogFull
 from tests.conftest import LiveServer, make_settings
 from tests.test_api import submit, wait_done
 

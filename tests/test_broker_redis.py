@@ -14,13 +14,13 @@ import pytest
 import redis
 import torch
 
-from pipeline.broker_redis import Feeder, RedisBroker, redact_url
-from pipeline.engine import EngineOutput
-from pipeline.errors import AudioGone, BrokerUnavailable, JobGone, JobNotFound, QueueFull
-from pipeline.jobs import SegmentResult
-from pipeline.scheduler import Scheduler, WorkItem
-from pipeline.types import Job, JobState, Lane, TranscribeOptions, Transcript, Word
-from pipeline.worker import Worker
+from pipeline.serving.broker_redis import Feeder, RedisBroker, redact_url
+from pipeline.model.engine import EngineOutput
+from pipeline.domain.errors import AudioGone, BrokerUnavailable, JobGone, JobNotFound, QueueFull
+from pipeline.serving.broker_sqlite import SegmentResult
+from pipeline.serving.scheduler import Scheduler, WorkItem
+from pipeline.domain.types import Job, JobState, Lane, TranscribeOptions, Transcript, Word
+from pipeline.serving.worker import Worker
 from tests.redis_server import redis_server, redis_url  # noqa: F401  (fixtures)
 
 OPTS = TranscribeOptions(language="en", use_itn=False)

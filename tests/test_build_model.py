@@ -1,4 +1,4 @@
-"""Tests for pipeline.testing.build_model (offline SenseVoiceSmall model directories).
+"""Tests for pipeline.model.demo.build_model (offline SenseVoiceSmall model directories).
 
 Only tiny-architecture directories are built (about 1 s each once funasr is
 imported); the full variant is checked through its config and a meta-device
@@ -20,8 +20,8 @@ import numpy as np
 import pytest
 import yaml
 
-from pipeline.testing import build_model as bm
-from pipeline.testing import VARIANTS, build_model_dir, ensure_model_dir, is_demo_model
+from pipeline.model.demo import build_model as bm
+from pipeline.model.demo import VARIANTS, build_model_dir, ensure_model_dir, is_demo_model
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 REFERENCE_DIR = Path("/work/shared/reference")
@@ -106,15 +106,15 @@ def speech(tmp_path_factory) -> np.ndarray:
 # ----------------------------------------------------------------- module surface
 def test_import_is_light():
     code = ("import sys, pipeline; before = set(sys.modules)\n"
-            "import pipeline.testing.build_model\n"
-            "from pipeline.testing import build_model_dir, VARIANTS\n"
+            "import pipeline.model.demo.build_model\n"
+            "from pipeline.model.demo import build_model_dir, VARIANTS\n"
             "heavy = {'torch', 'funasr', 'sentencepiece'} & (set(sys.modules) - before)\n"
             "assert not heavy, heavy\n")
     subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, check=True)
 
 
 def test_reexports_and_variants():
-    import pipeline.testing as pt
+    import pipeline.model.demo as pt
 
     assert VARIANTS == ("tiny", "full", "demo")
     assert pt.ensure_model_dir is bm.ensure_model_dir

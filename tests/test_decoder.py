@@ -18,9 +18,9 @@ import httpx
 import numpy as np
 import pytest
 
-from pipeline.audio import decode_audio
-from pipeline.decoder import DEFAULT_TARGET, Decoder, default_memory_limit
-from pipeline.errors import (
+from pipeline.audio.decode import decode_audio
+from pipeline.audio.decoder_pool import DEFAULT_TARGET, Decoder, default_memory_limit
+from pipeline.domain.errors import (
     AudioTooLong,
     DecoderCrashed,
     DecoderOutOfMemory,
@@ -274,7 +274,7 @@ def test_close_leaves_no_decoder_even_a_busy_one(good):
 SERVER_SCRIPT = textwrap.dedent("""
     import os, sys, threading, time
     sys.path.insert(0, sys.argv[1])
-    from pipeline.decoder import Decoder
+    from pipeline.audio.decoder_pool import Decoder
     decoder = Decoder(2, target="tests.decoder_faults:hang_on_marker")
     decoder.warm_up()
     good = open(sys.argv[2], "rb").read()
@@ -303,7 +303,7 @@ def test_no_decoder_outlives_its_server(end, clip_factory):
                     for pid in (task / "children").read_text().split()]
         assert sorted(children) == sorted(pids)  # the decoders, and nothing else
         for pid in pids:
-            assert b"pipeline.decode_worker" in Path(f"/proc/{pid}/cmdline").read_bytes()
+            assert b"pipeline.audio.decode_worker" in Path(f"/proc/{pid}/cmdline").read_bytes()
         if end == "exit3":
             server.stdin.write("exit3\n")
             server.stdin.flush()

@@ -333,7 +333,7 @@ def api_client(tmp_path_factory):
 
 
 def test_probe_and_scrape_paths_are_routes_that_answer_the_hosts_they_are_sent(api_client):
-    from pipeline.edge import allowed_hosts, host_allowed
+    from pipeline.web.edge import allowed_hosts, host_allowed
 
     client, settings = api_client
     token = {"Authorization": f"Bearer {settings.api_token}"}
@@ -369,7 +369,7 @@ def test_probe_and_scrape_paths_are_routes_that_answer_the_hosts_they_are_sent(a
 
 def test_the_public_host_is_allowed_and_the_limits_fit_the_app():
     from pipeline.config import Settings
-    from pipeline.edge import allowed_hosts, host_allowed
+    from pipeline.web.edge import allowed_hosts, host_allowed
 
     (c,) = [c for n, _, c in containers() if n == "sensevoice-api"]
     api = settings_from_env(container_env(c)).model_copy(update={"host": "0.0.0.0"})
@@ -519,7 +519,7 @@ def test_nginx_makes_the_ui_sticky_and_the_api_round_robin():
     assert "hash $ui_affinity consistent;" in upstreams[ui_upstream]
     assert "Set-Cookie" in locations["/ui"] and "proxy_buffering off;" in locations["/ui"]
     assert not re.search(r"\b(hash|ip_hash|sticky)\b", upstreams[rr_upstream])
-    from pipeline.ui_guard import UI_PATH
+    from pipeline.web.ui_guard import UI_PATH
 
     assert UI_PATH == "/ui"
     # the Host with its port and the client's address, overwritten (the app trusts both)

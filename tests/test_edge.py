@@ -1,4 +1,4 @@
-"""Edge guards (pipeline/edge.py, UploadLimit in pipeline/api.py): each attack is made on a real
+"""Edge guards (pipeline/web/edge.py, UploadLimit in pipeline/web/api.py): each attack is made on a real
 server on loopback with raw sockets, with the protocol class main() runs (uvloop + httptools +
 EdgeHttpProtocol). Other loopback addresses (127.0.0.2, ...) stand for other clients."""
 
@@ -13,8 +13,8 @@ import time
 import httpx
 import pytest
 
-from pipeline.api import UploadLimit
-from pipeline.edge import (ConnectionLimits, allowed_hosts, client_key, connection_limit,
+from pipeline.web.api import UploadLimit
+from pipeline.web.edge import (ConnectionLimits, allowed_hosts, client_key, connection_limit,
                            host_allowed, http_protocol, same_origin, split_host)
 from tests.conftest import LiveServer, make_settings
 from tests.test_api import wait_done

@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 import torch
 
-from pipeline.audio import decode_audio
-from pipeline.engine import N_QUERIES, SenseVoiceEngine
-from pipeline.model import reference_generate
-from pipeline.types import TranscribeOptions
+from pipeline.audio.decode import decode_audio
+from pipeline.model.engine import N_QUERIES, SenseVoiceEngine
+from pipeline.model.loading import reference_generate
+from pipeline.domain.types import TranscribeOptions
 
 OPTS = [
     TranscribeOptions("auto", True),

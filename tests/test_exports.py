@@ -1,4 +1,4 @@
-"""pipeline.exports: every format parsed back by a small strict parser written here."""
+"""pipeline.domain.exports: every format parsed back by a small strict parser written here."""
 
 from __future__ import annotations
 
@@ -10,10 +10,10 @@ import re
 
 import pytest
 
-from pipeline.errors import InvalidOption
-from pipeline.exports import FORMATS, MEDIA_TYPES, ExportOptions, export
-from pipeline.richtext import to_transcript
-from pipeline.types import Segment, Transcript
+from pipeline.domain.errors import InvalidOption
+from pipeline.domain.exports import FORMATS, MEDIA_TYPES, ExportOptions, export
+from pipeline.domain.richtext import to_transcript
+from pipeline.domain.types import Segment, Transcript
 
 CLOCK = r"(\d{2,}):([0-5]\d):([0-5]\d)"  # HH:MM:SS, hours may pass 99
 SRT_TIME = re.compile(rf"^{CLOCK},(\d{{3}}) --> {CLOCK},(\d{{3}})$")

@@ -1,4 +1,4 @@
-"""pipeline.features.BatchedFrontend against funasr's WavFrontend (dither 0), item by item.
+"""pipeline.model.features.BatchedFrontend against funasr's WavFrontend (dither 0), item by item.
 
 Audio: real synthetic speech (espeak-ng -> ffmpeg 16 kHz mono), white noise, a pure tone and
 digital silence, cut to lengths that cover short clips, long clips and every interesting
@@ -19,8 +19,8 @@ import numpy as np
 import pytest
 import torch
 
-from pipeline import features as feat
-from pipeline.features import (
+from pipeline.model import features as feat
+from pipeline.model.features import (
     FEAT_DIM,
     FRAME_LENGTH,
     FRAME_SHIFT,

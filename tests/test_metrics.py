@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from pipeline.metrics import CONTENT_TYPE, LATENCY_BUCKETS, Metrics, nvml_ids
+from pipeline.serving.metrics import CONTENT_TYPE, LATENCY_BUCKETS, Metrics, nvml_ids
 
 
 # ---------------------------------------------------------------------- a tiny 0.0.4 parser
@@ -232,7 +232,7 @@ def test_counters_increase():
 
 
 def test_enum_labels_become_lower_case_names():
-    from pipeline.types import Lane
+    from pipeline.domain.types import Lane
 
     m = Metrics([])
     m.request_success(Lane.INTERACTIVE)

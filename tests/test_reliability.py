@@ -16,11 +16,11 @@ import httpx
 import pytest
 import torch
 
-from pipeline.engine import EngineOutput
-from pipeline.jobs import JobStore
-from pipeline.scheduler import Scheduler, WorkItem
-from pipeline.types import Job, JobState, Lane, TranscribeOptions
-from pipeline.worker import Worker
+from pipeline.model.engine import EngineOutput
+from pipeline.serving.broker_sqlite import JobStore
+from pipeline.serving.scheduler import Scheduler, WorkItem
+from pipeline.domain.types import Job, JobState, Lane, TranscribeOptions
+from pipeline.serving.worker import Worker
 from tests.conftest import ROOT, LiveServer, free_port, make_settings
 from tests.test_api import submit, wait_done
 
@@ -131,7 +131,7 @@ def test_queue_timeout_fails_a_job_that_waited_too_long(tmp_path):
 
 
 def test_duplicate_result_write_is_refused(tmp_path):
-    from pipeline.types import Transcript
+    from pipeline.domain.types import Transcript
 
     store = JobStore(tmp_path / "s")
     jid = str(uuid.uuid4())
@@ -156,7 +156,7 @@ def test_restart_recovers_queued_running_and_poison_jobs(demo_dir, tmp_path, cli
                          time.time(), 3.0), b"garbage, not audio" if k == "poison" else good)
     for k in ("running", "third", "done"):
         store.mark_running([ids[k]])
-    from pipeline.types import Transcript
+    from pipeline.domain.types import Transcript
 
     store.finish(ids["done"], Transcript("kept", "<|en|>kept"))
     for _ in range(2):  # two earlier crashes while running

@@ -1,4 +1,4 @@
-"""pipeline.richtext: SenseVoice rich text -> typed segments."""
+"""pipeline.domain.richtext: SenseVoice rich text -> typed segments."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from pipeline.richtext import (
+from pipeline.domain.richtext import (
     EMOTIONS,
     EVENTS,
     ITN_TAGS,
@@ -19,7 +19,7 @@ from pipeline.richtext import (
     plain_text,
     to_transcript,
 )
-from pipeline.types import Segment, Transcript
+from pipeline.domain.types import Segment, Transcript
 
 
 def seg(language="", emotion="", events=(), itn="", text="", start=None, end=None) -> Segment:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.richtext import EMOTIONS, EVENTS, ITN_TAGS, LANGUAGES, WHITESPACE, parse_rich_text
+from pipeline.domain.richtext import EMOTIONS, EVENTS, ITN_TAGS, LANGUAGES, WHITESPACE, parse_rich_text
 
 CHROMIUM = Path("/usr/bin/chromium")
 ROOT = Path(__file__).resolve().parent.parent
@@ -340,7 +340,7 @@ def test_render_into_gradio_like_block_keeps_its_children(page):
     assert page.locator("#blk div.sv-seg").count() == 2
 
 
-# ---- parse parity with pipeline/richtext.py ----
+# ---- parse parity with pipeline/domain/richtext.py ----
 
 _PIECES = [
     "<|", "|>", "<", ">", "|", " ", "\n", "\u3000", "\x1c", "\x85", "\ufeff", "\u2028", "a",

@@ -11,10 +11,10 @@ import uuid
 
 import torch
 
-from pipeline.jobs import JobStore
-from pipeline.scheduler import Scheduler, WorkItem
-from pipeline.types import Job, JobState, Lane, TranscribeOptions
-from pipeline.worker import Worker
+from pipeline.serving.broker_sqlite import JobStore
+from pipeline.serving.scheduler import Scheduler, WorkItem
+from pipeline.domain.types import Job, JobState, Lane, TranscribeOptions
+from pipeline.serving.worker import Worker
 from tests.test_reliability import FakeEngine
 
 OPTS = TranscribeOptions()

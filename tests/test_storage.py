@@ -18,9 +18,9 @@ import httpx
 import numpy as np
 import pytest
 
-from pipeline.errors import StorageFull
-from pipeline.jobs import JobStore
-from pipeline.types import Job, JobState, Lane, TranscribeOptions
+from pipeline.domain.errors import StorageFull
+from pipeline.serving.broker_sqlite import JobStore
+from pipeline.domain.types import Job, JobState, Lane, TranscribeOptions
 from tests.conftest import ROOT, free_port
 from tests.test_reliability import wait_ready
 
@@ -43,9 +43,9 @@ def test_spool_write_past_the_file_size_limit_is_507_and_leaves_nothing(tmp_path
     script = textwrap.dedent(f"""
         import json, resource, signal, sys, time, uuid
         sys.path.insert(0, {str(ROOT)!r})
-        from pipeline.errors import SenseVoiceError
-        from pipeline.jobs import JobStore
-        from pipeline.types import Job, JobState, Lane, TranscribeOptions
+        from pipeline.domain.errors import SenseVoiceError
+        from pipeline.serving.broker_sqlite import JobStore
+        from pipeline.domain.types import Job, JobState, Lane, TranscribeOptions
         store = JobStore({str(tmp_path / "data")!r})
         signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
         resource.setrlimit(resource.RLIMIT_FSIZE, ({FSIZE_LIMIT}, {FSIZE_LIMIT}))

@@ -22,8 +22,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from pipeline.links import job_links, link_key, sign
-from pipeline.ui_guard import JSON_BODY_CAP, UPLOAD_DIR_NAME, own_upload, read_own_upload
+from pipeline.web.links import job_links, link_key, sign
+from pipeline.web.ui_guard import JSON_BODY_CAP, UPLOAD_DIR_NAME, own_upload, read_own_upload
 from tests.conftest import LiveServer, make_settings
 from tests.test_api import submit, wait_done
 
@@ -294,7 +294,7 @@ def test_read_own_upload(tmp_path):
     fifo = Path(root, "abc", "fifo.wav")
     os.mkfifo(fifo)
     (Path(root) / "link.wav").symlink_to(ok)
-    from pipeline.errors import PathRefused, UploadTooLarge
+    from pipeline.domain.errors import PathRefused, UploadTooLarge
 
     t = time.monotonic()
     for bad in (str(fifo), str(Path(root) / "link.wav"), str(ok.parent), root, "/dev/zero",
@@ -541,7 +541,7 @@ def test_review_js_export_links_use_the_jobs_own_link(browser, result, expected)
 
 def test_upload_sweeper_deletes_old_uploads_and_never_follows_links(tmp_path):
     """Uploads from before a restart (Gradio's own sweep forgets them) go after the retention."""
-    from pipeline.ui_guard import UploadSweeper, prepare_upload_dir
+    from pipeline.web.ui_guard import UploadSweeper, prepare_upload_dir
 
     root = prepare_upload_dir(tmp_path / "data")
     assert stat.S_IMODE(os.stat(root).st_mode) == 0o700
@@ -561,7 +561,7 @@ def test_upload_sweeper_deletes_old_uploads_and_never_follows_links(tmp_path):
 def test_a_ui_login_without_a_password_is_a_configuration_error(ui_auth):
     from types import SimpleNamespace
 
-    from pipeline.ui import ui_login
+    from pipeline.web.ui import ui_login
 
     with pytest.raises(ValueError):
         ui_login(SimpleNamespace(ui_auth=ui_auth, api_token=TOKEN))
@@ -572,7 +572,7 @@ def test_a_ui_login_without_a_password_is_a_configuration_error(ui_auth):
 
 def test_many_files_in_one_request_are_refused(ui_server):
     """Each path costs a few syscalls on the event loop: a request names at most MAX_FILES."""
-    from pipeline.ui_guard import MAX_FILES
+    from pipeline.web.ui_guard import MAX_FILES
 
     r = httpx.post(ui_server.url + "/ui/gradio_api/upload", timeout=10,
                    files={"files": ("many.wav", b"RIFF....WAVE")})

@@ -1,4 +1,4 @@
-"""pipeline.vad on synthetic long audio: espeak-ng phrases, silences and sine chords, placed at
+"""pipeline.audio.vad on synthetic long audio: espeak-ng phrases, silences and sine chords, placed at
 known times."""
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 import torch
 
-from pipeline.vad import MAX_SEGMENT_S, SAMPLE_RATE, Segmenter, Span
+from pipeline.audio.vad import MAX_SEGMENT_S, SAMPLE_RATE, Segmenter, Span
 from tests.media import speech_wav
 
 SR = SAMPLE_RATE
@@ -201,7 +201,7 @@ def test_scores_match_silero_reference(segmenter, phrases):
 
 def test_lanes_agree_with_one_pass(segmenter, phrases, monkeypatch):
     """Batched lanes (here 6 or more) find the same spans as one pass, edges within 0.1 s."""
-    from pipeline import vad
+    from pipeline.audio import vad
 
     rng = np.random.default_rng(5)
     parts = [
@@ -276,7 +276,7 @@ def test_loading_keeps_torch_thread_count():
     scoring thread keeps its 1 (torch would otherwise reset it lazily to the default)."""
     code = (
         "import threading, torch; torch.set_num_threads(3)\n"
-        "from pipeline.vad import Segmenter\n"
+        "from pipeline.audio.vad import Segmenter\n"
         "import numpy as np\n"
         "seg = Segmenter()\n"
         "seg.split(np.zeros(16000, dtype=np.float32))\n"

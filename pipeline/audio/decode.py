@@ -43,7 +43,7 @@ if TYPE_CHECKING:  # torch is imported where resampling happens: decoder process
     import torch
     import torchaudio
 
-from .errors import (
+from pipeline.domain.errors import (
     AudioDecodeError,
     AudioTooLong,
     DecoderOutOfMemory,
@@ -51,7 +51,7 @@ from .errors import (
     NoAudioStream,
     UploadTooLarge,
 )
-from .types import SAMPLE_RATE
+from pipeline.domain.types import SAMPLE_RATE
 
 logger = logging.getLogger("sensevoice.audio")
 

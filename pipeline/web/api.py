@@ -21,14 +21,14 @@ from fastapi.responses import FileResponse, JSONResponse, Response
 from starlette.datastructures import Headers
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from .audio import read_upload
-from .edge import scope_client_key
-from .errors import (AudioGone, Busy, ClientUploadLimit, InvalidOption, RequestTimeout,
+from pipeline.audio.decode import read_upload
+from pipeline.web.edge import scope_client_key
+from pipeline.domain.errors import (AudioGone, Busy, ClientUploadLimit, InvalidOption, RequestTimeout,
                      ResultNotReady, SenseVoiceError, TooManyUploads, Unauthorized, UploadTooLarge)
-from .jobs import storage_error
-from .metrics import CONTENT_TYPE
-from .service import TranscriptionService
-from .types import Job, JobState, Lane, TranscribeOptions
+from pipeline.serving.broker_sqlite import storage_error
+from pipeline.serving.metrics import CONTENT_TYPE
+from pipeline.serving.service import TranscriptionService
+from pipeline.domain.types import Job, JobState, Lane, TranscribeOptions
 
 logger = logging.getLogger("sensevoice.api")
 
@@ -375,9 +375,9 @@ def require_token(token: str):
 
 def require_token_or_link(token: str):
     """A dependency for a job's audio and result routes: the API token, or a signed link of that
-    job that has not expired (``?exp=...&sig=...``, pipeline/links.py: the UI's player and export
+    job that has not expired (``?exp=...&sig=...``, pipeline/web/links.py: the UI's player and export
     links, which a browser cannot give an Authorization header)."""
-    from .links import link_key, verify
+    from pipeline.web.links import link_key, verify
 
     key = link_key(token)
 
@@ -417,7 +417,7 @@ def build_router(service: TranscriptionService, bodies: PollBodies) -> APIRouter
 
     @router.get("/api/jobs/{job_id}/result", dependencies=auth_or_link)
     def get_result(job_id: str, format: str = "json", tags: bool = True, speaker: bool = True):
-        from .exports import FORMATS, ExportOptions, export
+        from pipeline.domain.exports import FORMATS, ExportOptions, export
 
         if format not in FORMATS:
             raise InvalidOption(f"unknown format {format!r}; choose one of {', '.join(FORMATS)}")

@@ -35,7 +35,7 @@ class TranscribeOptions:
     word_timestamps: bool = False  # per-word times from the CTC alignment (60 ms frames)
 
     def __post_init__(self) -> None:
-        from .errors import InvalidOption
+        from pipeline.domain.errors import InvalidOption
 
         if self.language not in LANGUAGES:
             raise InvalidOption(

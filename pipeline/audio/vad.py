@@ -53,7 +53,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from .types import SAMPLE_RATE  # 16000 Hz, the only rate accepted (silero's and SenseVoice's)
+from pipeline.domain.types import SAMPLE_RATE  # 16000 Hz, the only rate accepted (silero's and SenseVoice's)
 
 logger = logging.getLogger("sensevoice.vad")
 
@@ -120,7 +120,7 @@ def _load_net() -> Any:
     net = getattr(wrapper, "_model", None)
     if net is None:
         raise RuntimeError(
-            "silero-vad's JIT model has no '_model' submodule; pipeline/vad.py was written "
+            "silero-vad's JIT model has no '_model' submodule; pipeline/audio/vad.py was written "
             "against silero-vad 6.2.3 (see requirements.txt)"
         )
     return net

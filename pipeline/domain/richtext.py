@@ -25,7 +25,7 @@ import re
 from collections.abc import Sequence
 from dataclasses import replace
 
-from .types import Segment, Transcript
+from pipeline.domain.types import Segment, Transcript
 
 logger = logging.getLogger("sensevoice.richtext")
 

@@ -85,10 +85,10 @@ from redis.retry import Retry
 
 import torch
 
-from .errors import AudioGone, BrokerUnavailable, JobGone, JobNotFound, QueueFull
-from .jobs import SegmentResult, _dump_options
-from .scheduler import Scheduler, WorkItem
-from .types import Job, JobError, JobState, Lane, TranscribeOptions, Transcript, Word
+from pipeline.domain.errors import AudioGone, BrokerUnavailable, JobGone, JobNotFound, QueueFull
+from pipeline.serving.broker_sqlite import SegmentResult, _dump_options
+from pipeline.serving.scheduler import Scheduler, WorkItem
+from pipeline.domain.types import Job, JobError, JobState, Lane, TranscribeOptions, Transcript, Word
 
 logger = logging.getLogger("sensevoice.broker")
 

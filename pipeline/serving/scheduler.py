@@ -21,8 +21,8 @@ from typing import Optional
 
 import torch
 
-from .errors import QueueFull
-from .types import Lane, TranscribeOptions
+from pipeline.domain.errors import QueueFull
+from pipeline.domain.types import Lane, TranscribeOptions
 
 SAMPLE_RATE = 16_000  # Hz
 

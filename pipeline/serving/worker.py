@@ -14,13 +14,13 @@ from typing import Callable, Sequence
 
 import torch
 
-from .engine import SenseVoiceEngine
-from .errors import BrokerUnavailable
-from .jobs import JobStore, SegmentResult
-from .metrics import Metrics
-from .richtext import parse_rich_text
-from .types import Transcript
-from .scheduler import SAMPLE_RATE, Scheduler, WorkItem
+from pipeline.model.engine import SenseVoiceEngine
+from pipeline.domain.errors import BrokerUnavailable
+from pipeline.serving.broker_sqlite import JobStore, SegmentResult
+from pipeline.serving.metrics import Metrics
+from pipeline.domain.richtext import parse_rich_text
+from pipeline.domain.types import Transcript
+from pipeline.serving.scheduler import SAMPLE_RATE, Scheduler, WorkItem
 
 logger = logging.getLogger("sensevoice.worker")
 

@@ -29,8 +29,8 @@ sentencepiece) happen inside the functions that need them.
 
 CLI::
 
-    python -m pipeline.testing.build_model --variant full --out DIR
-    python -m pipeline.testing.build_model --variant demo          # into the cache
+    python -m pipeline.model.demo.build_model --variant full --out DIR
+    python -m pipeline.model.demo.build_model --variant demo          # into the cache
 """
 
 from __future__ import annotations
@@ -493,7 +493,7 @@ def _readme(variant: str, seed: int, params: int) -> str:
     kind = "hand-set" if variant in RIGGED else "random"
     return (f"# SYNTHETIC SenseVoiceSmall ({variant})\n\n"
             f"Weights are {kind} (seed {seed}), {params:,} parameters, built locally by "
-            "pipeline.testing.build_model. Transcripts are meaningless: this directory is "
+            "pipeline.model.demo.build_model. Transcripts are meaningless: this directory is "
             "only for offline tests and demos.\n")
 
 
@@ -600,12 +600,12 @@ def ensure_model_dir(variant: str = "tiny", cache_root: str | Path | None = None
 
 # ----------------------------------------------------------------- CLI
 def main(argv: list[str] | None = None) -> int:
-    """``python -m pipeline.testing.build_model --variant full --out DIR``.
+    """``python -m pipeline.model.demo.build_model --variant full --out DIR``.
 
     Without ``--out`` the directory is built in (or taken from) the cache.
     Prints a JSON summary.
     """
-    ap = argparse.ArgumentParser(prog="python -m pipeline.testing.build_model",
+    ap = argparse.ArgumentParser(prog="python -m pipeline.model.demo.build_model",
                                  description=__doc__.split("\n\n")[0])
     ap.add_argument("--variant", choices=VARIANTS, default="tiny")
     ap.add_argument("--out", help="target directory (default: the cache, see --cache-root)")

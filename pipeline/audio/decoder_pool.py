@@ -6,9 +6,9 @@ the time, and HTTP throughput stopped at ~66 jobs/s with the GPU mostly idle). I
 it runs in parallel, and a decoder that crashes or hangs on a hostile file costs that upload and
 that one process, never the server nor the other uploads.
 
-Each decoder is a child started with ``python -m pipeline.decode_worker`` (PyAV and numpy only:
+Each decoder is a child started with ``python -m pipeline.audio.decode_worker`` (PyAV and numpy only:
 no torch, no CUDA, no threads of the server) that serves one upload at a time over its stdin and
-stdout with fixed binary headers and raw float32 samples (:mod:`pipeline.decode_worker`): no
+stdout with fixed binary headers and raw float32 samples (:mod:`pipeline.audio.decode_worker`): no
 pickle, so a decoder taken over by a crafted file cannot run code in the server through its reply,
 and the server checks every header field (rate, sample count within the 16 kHz budget, error
 code) before it allocates or reads on. This replaced a ``ProcessPoolExecutor`` on a forkserver,
@@ -47,7 +47,7 @@ from queue import SimpleQueue
 
 import numpy as np
 
-from .audio import (
+from pipeline.audio.decode import (
     COMMON_RATES,
     DEFAULT_MAX_SECONDS,
     DecodedAudio,
@@ -55,7 +55,7 @@ from .audio import (
     _check_size,
     output_budget,
 )
-from .decode_worker import (
+from pipeline.audio.decode_worker import (
     ERRORS,
     HELLO,
     HELLO_MAGIC,
@@ -69,12 +69,12 @@ from .decode_worker import (
     STATUS_OK,
     resolve_target,
 )
-from .errors import DecoderCrashed, DecoderOutOfMemory, DecodeTimeout
+from pipeline.domain.errors import DecoderCrashed, DecoderOutOfMemory, DecodeTimeout
 
 logger = logging.getLogger("sensevoice.decoder")
 
-ROOT = Path(__file__).resolve().parent.parent  # on the decoders' PYTHONPATH
-DEFAULT_TARGET = "pipeline.audio:decode_audio_parts"
+ROOT = Path(__file__).resolve().parents[2]  # on the decoders' PYTHONPATH
+DEFAULT_TARGET = "pipeline.audio.decode:decode_audio_parts"
 DEFAULT_MAX_UPLOAD_BYTES = 200 * 1024 * 1024  # the default of Settings.max_upload_bytes
 TASKS_PER_PROCESS = 500  # a decoder process is replaced after this many files (bounds any leak)
 START_TIMEOUT_S = 60.0  # s, for a new decoder to import PyAV and numpy and say hello
@@ -426,7 +426,7 @@ class Decoder:
         env = {**os.environ, "OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1",
                "MKL_NUM_THREADS": "1", "MALLOC_ARENA_MAX": "2"}  # address space: no idle pools
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
-        argv = [sys.executable, "-m", "pipeline.decode_worker",
+        argv = [sys.executable, "-m", "pipeline.audio.decode_worker",
                 "--memory", str(self.memory_limit), "--parent", str(os.getpid())]
         try:
             child = _Child(spawner.spawn(argv, env))

@@ -1,6 +1,6 @@
-"""A decoder process: ``python -m pipeline.decode_worker --memory BYTES --parent PID``.
+"""A decoder process: ``python -m pipeline.audio.decode_worker --memory BYTES --parent PID``.
 
-Started by :class:`pipeline.decoder.Decoder`; decodes one upload at a time, read from stdin, and
+Started by :class:`pipeline.audio.decoder_pool.Decoder`; decodes one upload at a time, read from stdin, and
 answers on stdout. Nothing is pickled either way: a decoder that a crafted file took over could
 otherwise hand the server a pickle that runs code when loaded. Frames, all little-endian:
 
@@ -33,7 +33,7 @@ import sys
 from collections.abc import Callable
 from typing import BinaryIO
 
-from .errors import (
+from pipeline.domain.errors import (
     AudioDecodeError,
     AudioTooLong,
     DecoderCrashed,
@@ -157,7 +157,7 @@ def _audio_reply(result: object) -> tuple[bytes, tuple]:
     """The header and the float32 parts for a :class:`DecodedParts` or :class:`DecodedAudio`."""
     import numpy as np
 
-    from .audio import DecodedAudio, DecodedParts
+    from pipeline.audio.decode import DecodedAudio, DecodedParts
 
     if isinstance(result, DecodedParts):
         parts = result.parts
@@ -223,7 +223,7 @@ def serve(requests: BinaryIO, reply_fd: int) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="pipeline.decode_worker")
+    parser = argparse.ArgumentParser(prog="pipeline.audio.decode_worker")
     parser.add_argument("--memory", type=int, default=0, help="address-space limit, bytes")
     parser.add_argument("--parent", type=int, required=True, help="the server's pid")
     args = parser.parse_args(argv)
@@ -233,7 +233,7 @@ def main(argv: list[str] | None = None) -> int:
     global REPLY_FD
     REPLY_FD = reply_fd = os.dup(1)
     os.dup2(2, 1)  # a stray print goes to stderr, never into a reply
-    import pipeline.audio  # noqa: F401 - PyAV and numpy now, not on the first upload
+    import pipeline.audio.decode  # noqa: F401 - PyAV and numpy now, not on the first upload
 
     _write_all(reply_fd, HELLO.pack(HELLO_MAGIC, os.getpid()))
     with open(0, "rb", buffering=1 << 16, closefd=False) as requests:
@@ -242,7 +242,7 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     # run the importable module, not this ``__main__`` copy, so that REPLY_FD is set where
-    # ``import pipeline.decode_worker`` finds it
-    from pipeline.decode_worker import main as _main
+    # ``import pipeline.audio.decode_worker`` finds it
+    from pipeline.audio.decode_worker import main as _main
 
     sys.exit(_main())

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import threading
 
-from .errors import BacklogFull
+from pipeline.domain.errors import BacklogFull
 
 
 class Backlog:

@@ -1,7 +1,7 @@
 """Test helpers: offline SenseVoiceSmall model directories (see :mod:`.build_model`).
 
 Names are re-exported lazily (PEP 562) so that ``python -m
-pipeline.testing.build_model`` does not import the module twice.
+pipeline.model.demo.build_model`` does not import the module twice.
 """
 
 from __future__ import annotations

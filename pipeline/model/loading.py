@@ -13,13 +13,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Sequence
 
-from .errors import ModelUnavailable
+from pipeline.domain.errors import ModelUnavailable
 
 if TYPE_CHECKING:
     import numpy as np
 
-    from .config import Settings
-    from .types import TranscribeOptions
+    from pipeline.config import Settings
+    from pipeline.domain.types import TranscribeOptions
 
 logger = logging.getLogger("sensevoice.model")
 
@@ -58,7 +58,7 @@ def hub_reachable(timeout_s: float) -> bool:
 def resolve_model(settings: "Settings") -> ModelSource:
     """Turn ``--model``/``--demo`` into a local directory, failing fast with a clear message."""
     if settings.demo:
-        from .testing import ensure_model_dir
+        from pipeline.model.demo import ensure_model_dir
 
         path = ensure_model_dir("demo", cache_root=Path(settings.cache_dir) / "models")
         return ModelSource(path=Path(path), name="demo", is_demo=True)
@@ -69,7 +69,7 @@ def resolve_model(settings: "Settings") -> ModelSource:
             raise ModelUnavailable(
                 f"{path} is not a SenseVoiceSmall model directory (missing: {', '.join(missing)})"
             )
-        from .testing import is_demo_model
+        from pipeline.model.demo import is_demo_model
 
         return ModelSource(path=path, name=settings.model, is_demo=is_demo_model(path))
     for cached in _hub_cache_candidates(settings.model):

@@ -22,8 +22,8 @@ from typing import Iterable, Iterator
 
 import numpy as np
 
-from .errors import JobGone, JobNotFound, SenseVoiceError, StorageError, StorageFull
-from .types import Job, JobError, JobState, Lane, TranscribeOptions, Transcript, Word
+from pipeline.domain.errors import JobGone, JobNotFound, SenseVoiceError, StorageError, StorageFull
+from pipeline.domain.types import Job, JobError, JobState, Lane, TranscribeOptions, Transcript, Word
 
 logger = logging.getLogger("sensevoice.jobs")
 

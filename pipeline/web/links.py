@@ -4,7 +4,7 @@ API token is set (a browser cannot add an Authorization header to <audio src> or
 A link carries ``exp`` (unix seconds, when the job's retention ends) and ``sig`` = base64url of
 HMAC-SHA256(key, "<job id>\\n<exp>"), where ``key`` = HMAC-SHA256(API token, a fixed label): the token
 itself never leaves the server, and a changed token voids every link. A valid link opens only that
-job's GET ``/api/jobs/{id}/audio`` and ``/api/jobs/{id}/result`` (pipeline/api.py), until ``exp``.
+job's GET ``/api/jobs/{id}/audio`` and ``/api/jobs/{id}/result`` (pipeline/web/api.py), until ``exp``.
 Without a token the links are the plain routes (which are then open anyway).
 """
 

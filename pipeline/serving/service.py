@@ -30,16 +30,16 @@ from pathlib import Path
 
 import torch
 
-from .admission import Backlog
-from .audio import Resampler
-from .config import Settings
-from .decoder import Decoder
-from .errors import MemoryPressure, NotReady, SenseVoiceError
-from .jobs import JobStore, WaveSpool
-from .metrics import Metrics
-from .model import ModelSource, load_automodel, resolve_model
-from .scheduler import SAMPLE_RATE, Scheduler, WorkItem
-from .types import Job, JobState, Lane, TranscribeOptions, Transcript
+from pipeline.serving.admission import Backlog
+from pipeline.audio.decode import Resampler
+from pipeline.config import Settings
+from pipeline.audio.decoder_pool import Decoder
+from pipeline.domain.errors import MemoryPressure, NotReady, SenseVoiceError
+from pipeline.serving.broker_sqlite import JobStore, WaveSpool
+from pipeline.serving.metrics import Metrics
+from pipeline.model.loading import ModelSource, load_automodel, resolve_model
+from pipeline.serving.scheduler import SAMPLE_RATE, Scheduler, WorkItem
+from pipeline.domain.types import Job, JobState, Lane, TranscribeOptions, Transcript
 
 logger = logging.getLogger("sensevoice.service")
 
@@ -62,7 +62,7 @@ def connect_store(settings: Settings):
     """The job store of the topology: SQLite on this host, or the Redis broker."""
     if not settings.broker:
         return JobStore(settings.data_dir)
-    from .broker_redis import RedisBroker
+    from pipeline.serving.broker_redis import RedisBroker
 
     return RedisBroker(settings.broker, settings.retention_hours * 3600, settings.queue_size,
                        settings.visibility_timeout_s, retry_after_s=settings.retry_after_s)
@@ -190,7 +190,7 @@ class TranscriptionService:
             for w in self.workers:
                 w.start()
             if self.serves_worker and self.distributed:
-                from .broker_redis import Feeder
+                from pipeline.serving.broker_redis import Feeder
 
                 self.feeder = Feeder(self.store, self.scheduler,
                                      consumer=f"{socket.gethostname()}:{os.getpid()}",
@@ -214,8 +214,8 @@ class TranscriptionService:
 
     def _start_engines(self) -> None:
         """Load the model once, then one engine (graphs captured, warmed up) and worker per device."""
-        from .engine import SenseVoiceEngine
-        from .worker import Worker
+        from pipeline.model.engine import SenseVoiceEngine
+        from pipeline.serving.worker import Worker
 
         t0 = time.perf_counter()
         if self.source is None:
@@ -466,7 +466,7 @@ class TranscriptionService:
         return seconds > self.settings.segment_threshold_s or options.split_channels
 
     def segmenter(self):
-        from .vad import Segmenter
+        from pipeline.audio.vad import Segmenter
 
         with self._segmenter_lock:
             if self._segmenter is None:

@@ -13,16 +13,16 @@ from pathlib import Path
 
 import gradio as gr
 
-from .api import job_json
-from .errors import Busy, SenseVoiceError
-from .links import job_links
-from .service import TranscriptionService
-from .types import LANGUAGES, Job, JobState, Lane, TranscribeOptions
-from .ui_guard import UploadSweeper, prepare_upload_dir, read_own_upload
+from pipeline.web.api import job_json
+from pipeline.domain.errors import Busy, SenseVoiceError
+from pipeline.web.links import job_links
+from pipeline.serving.service import TranscriptionService
+from pipeline.domain.types import LANGUAGES, Job, JobState, Lane, TranscribeOptions
+from pipeline.web.ui_guard import UploadSweeper, prepare_upload_dir, read_own_upload
 
 logger = logging.getLogger("sensevoice.ui")
 
-STATIC = Path(__file__).resolve().parent.parent / "static"
+STATIC = Path(__file__).resolve().parents[2] / "static"
 RENDER_JS = "(raw) => { window.SenseVoiceRich && window.SenseVoiceRich.renderInto('sv-result', raw || ''); return []; }"
 # the review view: player (server copy, else the page's own upload), timeline, segment table, exports;
 # the server copy and the exports through the job's links (signed when an API token is set)

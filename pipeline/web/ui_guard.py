@@ -30,8 +30,8 @@ from pathlib import Path
 from starlette.datastructures import Headers
 from starlette.responses import JSONResponse
 
-from .audio import read_upload
-from .errors import InvalidOption, PathRefused, SenseVoiceError, Unauthorized, UploadTooLarge
+from pipeline.audio.decode import read_upload
+from pipeline.domain.errors import InvalidOption, PathRefused, SenseVoiceError, Unauthorized, UploadTooLarge
 
 logger = logging.getLogger("sensevoice.ui")
 
@@ -203,7 +203,7 @@ class AccessGuard:
         if settings is not None and settings.ui:
             upload_dir = prepare_upload_dir(settings.data_dir)
         self.upload_dir = upload_dir
-        from .api import token_ok  # (api.py imports nothing from here: no cycle at run time)
+        from pipeline.web.api import token_ok  # (api.py imports nothing from here: no cycle at run time)
 
         self._token_ok = token_ok
 

@@ -40,8 +40,8 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from .errors import InvalidOption
-from .types import Segment, Transcript
+from pipeline.domain.errors import InvalidOption
+from pipeline.domain.types import Segment, Transcript
 
 FORMATS = ("txt", "json", "srt", "vtt")
 MEDIA_TYPES = {

@@ -6,7 +6,7 @@ positional encodings -> CTC head -> greedy decode on the device. Only token ids 
 
 On CUDA the encoder+CTC+argmax core is captured as one CUDA graph per (batch bucket, length bucket)
 at start-up; anything outside the captured buckets, and every CPU run, executes the same code eagerly.
-The weights are funasr's own modules (loaded by ``pipeline.model``), used read-only.
+The weights are funasr's own modules (loaded by ``pipeline.model.loading``), used read-only.
 """
 
 from __future__ import annotations
@@ -20,8 +20,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from .features import BatchedFrontend, num_lfr_frames
-from .types import TranscribeOptions, Word
+from pipeline.model.features import BatchedFrontend, num_lfr_frames
+from pipeline.domain.types import TranscribeOptions, Word
 
 logger = logging.getLogger("sensevoice.engine")
 

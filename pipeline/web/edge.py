@@ -27,7 +27,7 @@ Request level (``HostOriginGuard``, ASGI middleware in front of everything else,
   Requests without either header (curl, scripts, the python clients) pass.
 
 Request bodies (deadline, minimum rate, per-client upload slots) are guarded by
-``pipeline.api.UploadLimit``, which reads the same settings.
+``pipeline.web.api.UploadLimit``, which reads the same settings.
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ import time
 import orjson
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-from .errors import (CrossSiteRequest, HeadersTooLarge, HostNotAllowed, RequestTimeout,
+from pipeline.domain.errors import (CrossSiteRequest, HeadersTooLarge, HostNotAllowed, RequestTimeout,
                      SenseVoiceError)
 
 logger = logging.getLogger("sensevoice.edge")

@@ -1,0 +1,1 @@
+"""Audio: decoding (PyAV in bounded child processes), resampling, voice activity detection."""

@@ -1,0 +1,1 @@
+"""Domain: no torch, no web: types, errors, the rich-text vocabulary, exports."""

@@ -1,0 +1,1 @@
+"""Model: loading (funasr, hub, local directory), features, the batched engine, demo model directories."""

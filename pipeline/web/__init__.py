@@ -1,0 +1,1 @@
+"""Web: the FastAPI app, REST routes, edge protections, the Gradio UI."""

@@ -102,6 +102,11 @@ class Settings(BaseSettings):
     role: Literal["all", "api", "worker"] = Field(
         "all", description="What this process runs: 'api' (HTTP, UI, decoding; no model), 'worker' "
         "(one GPU's model and batching; probes and metrics on --port), 'all' (both, the default).")
+    shared_dir: str = Field(
+        "", description="Distributed topology: a directory every api and worker process sees (on "
+        "one host: /dev/shm/sensevoice). Decoded audio and uploads travel as files there and Redis "
+        "holds only their names; empty: they travel inside Redis (any hosts). Not fsynced: a host "
+        "crash fails the queued jobs whose audio was there (audio_lost), never silently.")
     visibility_timeout_s: float = Field(
         60.0, gt=0, description="Distributed topology: a job claimed by a worker and not finished in "
         "this long (the worker died) is claimed again by another; after 3 claims it fails.")

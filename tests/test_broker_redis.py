@@ -31,10 +31,16 @@ def new_job(lane: Lane = Lane.BULK, seconds: float = 1.0, options: TranscribeOpt
                filename="call.wav")
 
 
+def pcm_like(n: int) -> torch.Tensor:
+    """Audio as decoding gives it from a 16-bit source: k / 32768 (what the broker's 16-bit PCM
+    carries exactly)."""
+    return torch.randint(-32768, 32768, (n,), dtype=torch.int32).float() / 32768
+
+
 def item_for(job: Job, n: int = 1600, **kw) -> WorkItem:
     audio = kw.pop("audio", None)
     if audio is None:
-        audio = torch.randn(n, dtype=torch.float32)
+        audio = pcm_like(n)
     return WorkItem(job.id, job.lane, job.options, int(audio.shape[0]), audio=audio, **kw)
 
 
@@ -116,7 +122,7 @@ def test_discard_forgets_a_job_that_was_never_accepted(broker, redis_url):  # no
 def test_enqueue_claim_finish_round_trip(broker, redis_url):  # noqa: F811
     job = new_job(Lane.INTERACTIVE, options=TranscribeOptions(language="zh", word_timestamps=True))
     broker.create(job, b"raw")
-    audio = torch.randn(12345, dtype=torch.float32)
+    audio = pcm_like(12345)
     broker.enqueue(item_for(job, audio=audio, speaker="left", start_s=1.5))
     assert broker.queue_depth() == {Lane.INTERACTIVE: 1, Lane.BULK: 0} and len(broker) == 1
     time.sleep(0.2)
@@ -196,6 +202,20 @@ def test_queue_size_bounds_the_cluster_queue(redis_url):  # noqa: F811
     assert len(b) == 2
     b.check_capacity()
     submit(other)
+
+
+def test_audio_travels_as_16_bit_pcm(broker, redis_url):  # noqa: F811
+    """Half the bytes of float32 through Redis's one thread; exact for 16-bit sources (above),
+    within half a step for any other audio, clipped to [-1, 1]."""
+    job = new_job()
+    broker.create(job, b"raw")
+    audio = torch.rand(16000) * 2.4 - 1.2  # beyond full scale on both sides
+    broker.enqueue(item_for(job, audio=audio))
+    stored = admin(redis_url).hget(f"sv:audio:{job.id}", "0")
+    assert stored[:1] == b"S" and len(stored) == 1 + 2 * 16000
+    (item,) = broker.claim("w1", 8, 0)
+    clipped = audio.clamp(-1.0, 32767 / 32768)
+    assert torch.max(torch.abs(item.audio - clipped)) <= 0.5 / 32768 + 1e-9
 
 
 def test_enqueue_for_unknown_or_finished_job(broker):
@@ -593,3 +613,65 @@ def test_workers_report_free_gpu_memory_and_liveness(redis_server):  # noqa: F81
     while broker.live_workers() and time.monotonic() < deadline:
         time.sleep(0.05)
     assert broker.live_workers() == 0 and broker.free_memory_ratios() == []
+
+
+# ---------------------------------------------------------------------------- shared directory
+def test_shared_dir_keeps_the_bytes_out_of_redis(redis_url, tmp_path):  # noqa: F811
+    """With a shared directory, Redis holds file names; the files live as long as their values:
+    a finished job's audio file goes with it, an upload file once its record expired."""
+    shared = tmp_path / "shm"
+    b = RedisBroker(redis_url, retention_s=60, queue_size=100, shared_dir=shared)
+    worker_side = RedisBroker(redis_url, retention_s=60, queue_size=100, shared_dir=shared)
+    r = admin(redis_url)
+    try:
+        job, sent = submit(b, n=16000)
+        audio_value = r.hget(f"sv:audio:{job.id}", "0")
+        upload_value = r.get(f"sv:upload:{job.id}")
+        assert audio_value == b"F" + f"{job.id}.audio.0".encode()  # a name, not 32 KB of audio
+        assert upload_value == b"F" + f"{job.id}.upload".encode()
+        assert sorted(p.name for p in shared.iterdir()) == [f"{job.id}.audio.0", f"{job.id}.upload"]
+        (item,) = worker_side.claim("w1", 8, 0)
+        assert torch.equal(item.audio, sent.audio)
+        assert worker_side.mark_running([job.id]) == {job.id}
+        assert worker_side.finish(job.id, Transcript("hi", "hi"))
+        assert [p.name for p in shared.iterdir()] == [f"{job.id}.upload"]  # audio gone with the job
+        assert b.load_upload(job.id) == b"upload-" + job.id.encode()  # any api process reads it
+
+        # the record expires (TTL): the janitor's sweep removes the orphaned upload file
+        r.delete(f"sv:upload:{job.id}")
+        assert b.payloads.sweep(b._still_stored, min_age_s=0) == 1
+        assert list(shared.iterdir()) == []
+
+        # a file whose value never reached Redis (its writer died): swept once old enough
+        orphan = shared / f"{uuid.uuid4()}.audio.0"
+        orphan.write_bytes(b"S\x00\x00")
+        assert b.payloads.sweep(b._still_stored) == 0  # young: its command may still come
+        assert b.payloads.sweep(b._still_stored, min_age_s=0) == 1 and not orphan.exists()
+    finally:
+        b.close()
+        worker_side.close()
+
+
+def test_a_missing_shared_file_fails_its_job_clearly(redis_url, tmp_path):  # noqa: F811
+    b = RedisBroker(redis_url, retention_s=60, queue_size=100, shared_dir=tmp_path / "shm")
+    try:
+        job, _ = submit(b)
+        (tmp_path / "shm" / f"{job.id}.audio.0").unlink()  # e.g. /dev/shm lost in a host crash
+        assert b.claim("w1", 8, 0) == []
+        got = b.get(job.id)
+        assert got.state is JobState.FAILED and got.error.code == "audio_lost"
+        assert len(b) == 0
+    finally:
+        b.close()
+
+
+def test_a_process_without_the_shared_dir_says_so(redis_url, tmp_path):  # noqa: F811
+    writer = RedisBroker(redis_url, retention_s=60, queue_size=100, shared_dir=tmp_path / "shm")
+    reader = RedisBroker(redis_url, retention_s=60, queue_size=100)
+    try:
+        job, _ = submit(writer)
+        with pytest.raises(ValueError, match="set the same shared_dir on every process"):
+            reader.load_upload(job.id)
+    finally:
+        writer.close()
+        reader.close()

@@ -80,10 +80,14 @@ def _submit(url: str, clip: Path) -> httpx.Response:
         return httpx.post(url + "/api/jobs", files={"file": ("clip.wav", f)}, timeout=60)
 
 
+@pytest.mark.parametrize("shared", [False, True], ids=["audio-in-redis", "shared-dir"])
 def test_two_apis_and_a_worker_finish_every_job_once_through_a_worker_kill(cluster, clip_factory,
-                                                                            tmp_path):
+                                                                            tmp_path, shared):
+    """Audio inside Redis, or (one host) in a shared directory with Redis holding file names."""
     redis_server, role = cluster
-    api1, api2, worker = role("api"), role("api"), role("worker")
+    shm = tmp_path / "shm"
+    env = {"SENSEVOICE_SHARED_DIR": str(shm)} if shared else {}
+    api1, api2, worker = role("api", **env), role("api", **env), role("worker", **env)
     api1.ready(), api2.ready(), worker.ready()
     clip = clip_factory("wav", 16000, 1)
 
@@ -105,10 +109,10 @@ def test_two_apis_and_a_worker_finish_every_job_once_through_a_worker_kill(clust
         r = _submit((api1 if n % 2 else api2).url, clip)
         assert r.status_code == 202, r.text
         ids.append(r.json()["id"])
-    worker2 = role("worker").ready()
+    worker2 = role("worker", **env).ready()
     time.sleep(0.3)
     worker2.kill()  # mid-work: it claimed items and had not finished them all
-    worker3 = role("worker").ready()  # reclaims the dead one's items after the visibility timeout
+    worker3 = role("worker", **env).ready()  # reclaims the dead one's items after the visibility timeout
 
     deadline = time.monotonic() + 120
     states: dict[str, str] = {}
@@ -123,6 +127,10 @@ def test_two_apis_and_a_worker_finish_every_job_once_through_a_worker_kill(clust
     assert counts.get("done") == len(ids)  # each result written once
     assert sum(r.xlen(s) for s in r.scan_iter("sv:queue:*")) == 0  # nothing left queued
     assert worker3.proc.poll() is None
+    if shared:  # every job's audio file went with its job; the uploads stay for the player
+        assert sorted(p.name for p in shm.iterdir()) == sorted(f"{j}.upload" for j in ids)
+        assert all(len(v) < 64 for v in (r.get(f"sv:upload:{j}") for j in ids))
+        assert httpx.get(f"{api2.url}/api/jobs/{ids[3]}/audio").content == clip.read_bytes()
     # the killed workers drop out of the count once idle past the visibility timeout
     deadline = time.monotonic() + VISIBILITY_S + 5
     while "sensevoice_workers_alive 1\n" not in (text := httpx.get(api1.url + "/metrics").text):

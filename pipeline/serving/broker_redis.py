@@ -12,9 +12,11 @@ Key layout (``P`` = prefix, default ``sv``; ``ID`` = job id)::
     P:job:ID       hash    the Job: id state lane options(JSON) filename audio_seconds created_at
                            started_at finished_at attempts result(JSON) error_code error_message
                            pieces (set by enqueue) progress (while unfinished)
-    P:upload:ID    string  the original upload bytes (review player, GET /api/jobs/{id}/audio)
+    P:upload:ID    string  the original upload (review player, GET /api/jobs/{id}/audio): b"B" + its
+                           bytes, or b"F" + the name of its file in the shared directory
     P:tomb:ID      string  "1": the id existed (after P:job:ID expired it answers 410, not 404)
-    P:audio:ID     hash    piece -> 16 kHz little-endian float32 samples of that piece
+    P:audio:ID     hash    piece -> that piece's 16 kHz audio: b"S" + 16-bit PCM, or b"F" + the name
+                           of its file in the shared directory (pipeline/serving/payloads.py)
     P:entries:ID   hash    piece -> "<lane>:<stream entry id>" (so any process can ack a job)
     P:segs:ID      hash    piece -> JSON [start_s, end_s, speaker, raw_text, words] (long jobs)
     P:queue:<lane> stream  one entry per WorkItem; consumer group ``workers``; lanes
@@ -53,7 +55,8 @@ lose up to ~1 s of accepted jobs and transitions; with ``appendfsync always`` no
 write). Without AOF (RDB snapshots only) a crash loses everything since the last snapshot. Redis must
 run with ``maxmemory-policy noeviction``: an evicting Redis drops accepted jobs silently
 (``config_warnings()`` reports these settings). Decoded audio is held in Redis until its job
-finishes (16 kHz float32: 230 MB per hour of audio), uploads for the retention period.
+finishes (16 kHz 16-bit PCM: 115 MB per hour of audio), uploads for the retention period; with a
+shared directory (``Settings.shared_dir``) both are files there and Redis holds their names.
 
 Errors: every connection error, timeout, "loading", read-only replica, OOM or MISCONF reply is
 raised as errors.BrokerUnavailable (503 broker_unavailable + Retry-After), naming the URL without its
@@ -67,13 +70,13 @@ import asyncio
 import functools
 import json
 import logging
+import os
 import threading
 import time
 from dataclasses import replace
 from typing import Callable, Iterable
 from urllib.parse import urlsplit, urlunsplit
 
-import numpy as np
 import redis
 import redis.asyncio as aredis
 from redis.backoff import ExponentialBackoff
@@ -83,10 +86,10 @@ from redis.exceptions import (BusyLoadingError, ConnectionError as RedisConnecti
 from redis.asyncio.retry import Retry as AsyncRetry
 from redis.retry import Retry
 
-import torch
 
 from pipeline.domain.errors import AudioGone, BrokerUnavailable, JobGone, JobNotFound, QueueFull
 from pipeline.serving.broker_sqlite import SegmentResult, _dump_options
+from pipeline.serving.payloads import Payloads
 from pipeline.serving.scheduler import Scheduler, WorkItem
 from pipeline.domain.types import Job, JobError, JobState, Lane, TranscribeOptions, Transcript, Word
 
@@ -99,6 +102,7 @@ LANES = tuple(sorted(Lane))  # priority order: Lane.INTERACTIVE first
 TOMBSTONE_S = 30 * 86400.0
 PENDING_MARGIN_S = 86400.0
 RECLAIM_SCAN = 100  # pending entries looked at per lane per reclaim call
+SWEEP_PERIOD_S = 60.0  # how often the janitor looks for shared files whose values are gone
 UNAVAILABLE = (RedisConnectionError, RedisTimeoutError, BusyLoadingError, ReadOnlyError,
                OutOfMemoryError)
 
@@ -378,18 +382,6 @@ def _ms(seconds: float) -> int:
     return max(1, int(seconds * 1000))
 
 
-def audio_bytes(audio: torch.Tensor) -> bytes:
-    """A 1-D wave (CPU or CUDA, any float dtype) as little-endian float32 bytes."""
-    a = audio.detach()
-    if a.dim() != 1:
-        raise ValueError(f"a work item's audio must be 1-D, got shape {tuple(a.shape)}")
-    return a.to("cpu", torch.float32).contiguous().numpy().astype("<f4", copy=False).tobytes()
-
-
-def audio_tensor(data: bytes) -> torch.Tensor:
-    return torch.from_numpy(np.frombuffer(data, dtype="<f4").astype(np.float32, copy=True))
-
-
 def _job_from_hash(h: dict, job_id: str) -> Job:
     g = lambda k: h.get(k.encode())  # noqa: E731
     state = JobState(_s(g("state")))
@@ -448,8 +440,11 @@ class RedisBroker:
                  visibility_timeout_s: float = 60.0, max_attempts: int = 3, retry_after_s: int = 2,
                  prefix: str = "sv", *, pending_margin_s: float = PENDING_MARGIN_S,
                  tombstone_s: float = TOMBSTONE_S, socket_timeout_s: float = 5.0,
-                 max_hold_s: float = 900.0):
+                 max_hold_s: float = 900.0, shared_dir: str | os.PathLike | None = None):
         self.url = url
+        # audio and uploads: inline in Redis, or files in a directory all processes share
+        self.payloads = Payloads(shared_dir)
+        self._swept_at = 0.0
         self.safe_url = redact_url(url)
         self.retention_s = retention_s
         self.queue_size = queue_size
@@ -596,7 +591,7 @@ class RedisBroker:
         pipe = self._r.pipeline(transaction=True)
         pipe.hset(self._k("job", job.id), mapping=record)
         pipe.pexpire(self._k("job", job.id), ttl)
-        pipe.set(self._k("upload", job.id), upload, px=ttl)
+        pipe.set(self._k("upload", job.id), self.payloads.upload(job.id, upload), px=ttl)
         pipe.set(self._k("tomb", job.id), b"1", px=ttl + _ms(self.tombstone_s))
         pipe.hincrby(self._counts, JobState.QUEUED.value, 1)
         pipe.execute()
@@ -683,6 +678,7 @@ class RedisBroker:
         with self._lock:
             self._reclaimed.difference_update(jid for jid, _ in results)
         self._release(jid for jid, _ in results)
+        self.payloads.delete_audio(written)
         return written
 
     @_translated
@@ -696,6 +692,8 @@ class RedisBroker:
             [GROUP, repr(time.time()), self._ttl_done_ms, self._ttl_tomb_ms, code, message,
              self._held_values(job_id)]))
         self._release([job_id])
+        if failed:
+            self.payloads.delete_audio([job_id])
         return failed
 
     @_translated
@@ -715,14 +713,34 @@ class RedisBroker:
                               self._k("tomb", job_id), self._k("audio", job_id),
                               self._k("entries", job_id), self._k("segs", job_id)], [GROUP])
         self._release([job_id])
+        self.payloads.delete_audio([job_id])
+        self.payloads.delete_upload(job_id)
 
     @_translated
     def delete_spool(self, job_id: str) -> None:
         """Delete the upload bytes (done-and-delete setting)."""
         self._r.delete(self._k("upload", job_id))
+        self.payloads.delete_upload(job_id)
 
     def purge(self, finished_before: float) -> list[str]:
-        return []  # records expire by TTL
+        """Records expire by TTL; what is left here is the shared directory's files whose Redis
+        values are gone (swept at most every ``SWEEP_PERIOD_S``)."""
+        if self.payloads.dir is not None and time.monotonic() - self._swept_at > SWEEP_PERIOD_S:
+            self._swept_at = time.monotonic()
+            self.payloads.sweep(self._still_stored)
+        return []
+
+    @_translated
+    def _still_stored(self, names: list[str]) -> list[bool]:
+        """For shared file names (``ID.upload``, ``ID.audio.N``): is the Redis value still there?"""
+        pipe = self._r.pipeline(transaction=False)
+        for name in names:
+            jid, kind = name.split(".", 1)
+            if kind == "upload":
+                pipe.exists(self._k("upload", jid))
+            else:
+                pipe.hexists(self._k("audio", jid), kind.rsplit(".", 1)[1])
+        return [bool(x) for x in pipe.execute()]
 
     def recover(self) -> list[Job]:
         return []  # a dead worker's entries are reclaimed (reclaim), nothing waits in memory
@@ -765,7 +783,8 @@ class RedisBroker:
 
     @_translated
     def load_upload(self, job_id: str) -> bytes:
-        data = self._r.get(self._k("upload", job_id))
+        value = self._r.get(self._k("upload", job_id))
+        data = None if value is None else self.payloads.read_upload(value)
         if data is None:
             raise AudioGone(f"the audio of job {job_id} is no longer kept")
         return data
@@ -873,7 +892,7 @@ class RedisBroker:
         flat = [x for kv in fields.items() for x in kv]
         audio_key = self._k("audio", item.job_id)
         pipe = self._r.pipeline(transaction=False)  # one round trip; the audio lands first
-        pipe.hset(audio_key, str(item.piece), audio_bytes(item.audio))
+        pipe.hset(audio_key, str(item.piece), self.payloads.audio(item.job_id, item.piece, item.audio))
         pipe.pexpire(audio_key, self._ttl_pending_ms)
         self._run("enqueue", [self._k("job", item.job_id), audio_key,
                               self._k("entries", item.job_id)],
@@ -882,6 +901,7 @@ class RedisBroker:
         *_, (status, detail) = pipe.execute()
         if int(status) != 1:  # refused: no entry points at this audio
             self._r.hdel(audio_key, str(item.piece))
+            self.payloads.delete_audio([item.job_id])
         if int(status) == -1:
             raise self._queue_full(int(detail))
         if int(status) == 0 and not detail:
@@ -1000,12 +1020,13 @@ class RedisBroker:
         items, stale, lost, kept = [], [], {}, []
         now_mono = time.monotonic()
         for k, (s, eid, f) in enumerate(entries):
-            state, data = answers[2 * k], answers[2 * k + 1]
+            state, value = answers[2 * k], answers[2 * k + 1]
             jid = _s(f[b"job"])
             if state not in (b"queued", b"running"):
                 stale.append((s, eid))
                 continue
-            if data is None:
+            audio = None if value is None else self.payloads.read_audio(value)
+            if audio is None:
                 lost[jid] = (s, eid)
                 continue
             # a reclaimed item starts a fresh queue clock (its time went to a dead worker)
@@ -1014,7 +1035,7 @@ class RedisBroker:
             items.append(WorkItem(
                 job_id=jid, lane=Lane(int(f[b"lane"])),
                 options=TranscribeOptions(**json.loads(f[b"options"])),
-                n_samples=int(f[b"n_samples"]), audio=audio_tensor(data),
+                n_samples=int(f[b"n_samples"]), audio=audio,
                 enqueued_at=now_mono - age, piece=int(f[b"piece"]), pieces=int(f[b"pieces"]),
                 start_s=float(f[b"start_s"]), speaker=json.loads(f[b"speaker"])))
         for jid, (s, eid) in lost.items():

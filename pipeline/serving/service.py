@@ -65,7 +65,8 @@ def connect_store(settings: Settings):
     from pipeline.serving.broker_redis import RedisBroker
 
     return RedisBroker(settings.broker, settings.retention_hours * 3600, settings.queue_size,
-                       settings.visibility_timeout_s, retry_after_s=settings.retry_after_s)
+                       settings.visibility_timeout_s, retry_after_s=settings.retry_after_s,
+                       shared_dir=settings.shared_dir or None)
 
 
 def visible_devices(device: str) -> list[str]:

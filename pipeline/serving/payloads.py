@@ -1,0 +1,169 @@
+"""Where the distributed topology's bulky bytes travel: inside Redis, or beside it in a shared directory.
+
+A job's decoded audio (16 kHz, sent from the api process that decoded it to the worker that runs
+it) and its upload (kept for the review player) are the only large values of the topology: a 10 s
+clip is 320 KB of upload and 320 KB of 16-bit PCM. Inside Redis they pass through its one thread
+twice each (in, then out): measured on the H200, that alone kept Redis's thread busy at ~300
+jobs/s. ``Payloads`` keeps the values' encoding in one place and offers two homes:
+
+* in Redis (the default; api and worker processes on any hosts): the value itself;
+* in a shared directory (``Settings.shared_dir``, e.g. ``/dev/shm/sensevoice`` for api and worker
+  processes on one host, or a shared filesystem): a file written by the api process, and in Redis
+  only its name. Redis then carries a few hundred bytes per job.
+
+Every stored value starts with one format byte:
+
+    b"S" + 16-bit little-endian PCM    decoded audio, inline (exact for 16-bit sources: what
+                                        decoding gives is k / 32768, and k is what is sent)
+    b"B" + bytes                        an upload, inline
+    b"F" + file name                    either, in the shared directory (same layout as inline)
+
+A file's lifetime follows its Redis value: the process that ends a job deletes the job's audio
+files; uploads and any file whose value is gone (a process that died between writing a file and
+its Redis command, an upload past the retention) are removed by :meth:`Payloads.sweep`, which the
+api processes' janitors run. Files are written with a temporary name and renamed, never fsynced:
+a host crash loses the audio of queued jobs, which then fail with ``audio_lost`` (never silently),
+so on one host choose /dev/shm for speed; Redis's own durability is unchanged.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import secrets
+import time
+from collections.abc import Callable, Iterable
+from pathlib import Path
+
+import numpy as np
+import torch
+
+logger = logging.getLogger("sensevoice.payloads")
+
+PCM16 = b"S"
+BYTES = b"B"
+FILE = b"F"
+SWEEP_MIN_AGE_S = 60.0  # a file younger than this may still be waiting for its Redis command
+SWEEP_BATCH = 500  # names checked against Redis per round trip
+_NAME = re.compile(r"^[0-9a-f-]{36}\.(audio\.\d{1,6}|upload)$")
+
+
+def pcm16_bytes(audio: torch.Tensor) -> bytes:
+    """A 1-D wave in [-1, 1] (CPU or CUDA, any float dtype) as 16-bit little-endian PCM."""
+    a = audio.detach()
+    if a.dim() != 1:
+        raise ValueError(f"a work item's audio must be 1-D, got shape {tuple(a.shape)}")
+    x = a.to("cpu", torch.float32).numpy() * np.float32(32768.0)
+    np.rint(x, out=x)
+    np.clip(x, -32768, 32767, out=x)
+    return x.astype("<i2").tobytes()
+
+
+def pcm16_tensor(data: bytes | memoryview) -> torch.Tensor:
+    """16-bit little-endian PCM -> a float32 tensor in [-1, 1] (k / 32768, as decoding gives)."""
+    x = np.frombuffer(data, dtype="<i2").astype(np.float32)
+    x *= np.float32(2.0 ** -15)
+    return torch.from_numpy(x)
+
+
+class Payloads:
+    """Encode, store and read back audio pieces and uploads (see the module's docstring)."""
+
+    def __init__(self, shared_dir: str | os.PathLike | None = None):
+        self.dir = Path(shared_dir) if shared_dir else None
+        if self.dir is not None:
+            self.dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+
+    # ------------------------------------------------------------------ write
+    def audio(self, job_id: str, piece: int, audio: torch.Tensor) -> bytes:
+        """The value to store for one piece of a job's decoded audio."""
+        return self._value(f"{job_id}.audio.{int(piece)}", PCM16, pcm16_bytes(audio))
+
+    def upload(self, job_id: str, data: bytes) -> bytes:
+        """The value to store for a job's upload."""
+        return self._value(f"{job_id}.upload", BYTES, data)
+
+    def _value(self, name: str, kind: bytes, data: bytes) -> bytes:
+        if self.dir is None:
+            return kind + data
+        path = self.dir / name
+        tmp = self.dir / f".{name}.{secrets.token_hex(4)}.tmp"
+        try:
+            with open(tmp, "wb") as f:
+                f.write(kind)
+                f.write(data)
+            os.replace(tmp, path)
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise
+        return FILE + name.encode()
+
+    # ------------------------------------------------------------------ read
+    def read_audio(self, value: bytes) -> torch.Tensor | None:
+        """The piece's 16 kHz float32 audio, or None when its file is gone."""
+        data = self._resolve(value, PCM16)
+        return None if data is None else pcm16_tensor(data)
+
+    def read_upload(self, value: bytes) -> bytes | None:
+        data = self._resolve(value, BYTES)
+        return None if data is None else bytes(data)
+
+    def _resolve(self, value: bytes, kind: bytes) -> memoryview | None:
+        if value[:1] == FILE:
+            name = value[1:].decode("ascii", "replace")
+            if self.dir is None or not _NAME.match(name):
+                raise ValueError(f"a stored value names a shared file ({name[:80]!r}) that this "
+                                 "process cannot read: set the same shared_dir on every process")
+            try:
+                value = (self.dir / name).read_bytes()
+            except FileNotFoundError:
+                return None
+        if value[:1] != kind:
+            raise ValueError(f"a stored value of unknown format {value[:1]!r} (expected {kind!r})")
+        return memoryview(value)[1:]
+
+    # ------------------------------------------------------------------ delete
+    def delete_audio(self, job_ids: Iterable[str]) -> None:
+        """Delete the audio files of jobs that ended (their Redis values are deleted already)."""
+        if self.dir is None:
+            return
+        for jid in job_ids:
+            for path in self.dir.glob(f"{jid}.audio.*"):
+                path.unlink(missing_ok=True)
+
+    def delete_upload(self, job_id: str) -> None:
+        if self.dir is not None:
+            (self.dir / f"{job_id}.upload").unlink(missing_ok=True)
+
+    def sweep(self, still_stored: Callable[[list[str]], list[bool]],
+              min_age_s: float = SWEEP_MIN_AGE_S) -> int:
+        """Delete the files older than ``min_age_s`` whose Redis value is gone. ``still_stored``
+        answers, for a list of file names, whether each one's value still exists. Returns the
+        number of files deleted."""
+        if self.dir is None:
+            return 0
+        cutoff = time.time() - min_age_s
+        names = []
+        with os.scandir(self.dir) as entries:
+            for e in entries:
+                try:
+                    old = e.stat(follow_symlinks=False).st_mtime < cutoff
+                except FileNotFoundError:
+                    continue
+                if not old:
+                    continue
+                if e.name.startswith(".") and e.name.endswith(".tmp"):  # a writer that died
+                    Path(e.path).unlink(missing_ok=True)
+                elif _NAME.match(e.name):
+                    names.append(e.name)
+        deleted = 0
+        for start in range(0, len(names), SWEEP_BATCH):
+            batch = names[start:start + SWEEP_BATCH]
+            for name, kept in zip(batch, still_stored(batch)):
+                if not kept:
+                    (self.dir / name).unlink(missing_ok=True)
+                    deleted += 1
+        if deleted:
+            logger.info("removed %d shared files whose jobs are gone", deleted)
+        return deleted

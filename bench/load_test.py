@@ -166,7 +166,8 @@ def merge(parts: list[tuple[Report, list[float], list[float]]], seconds: float) 
             rep.rejected_codes[code] = rep.rejected_codes.get(code, 0) + n
     lat = [x for _, xs, _ in parts for x in xs]
     poll_lat = [x for _, _, xs in parts for x in xs]
-    rep.latency_ms = {"p50": pct(lat, 50), "p95": pct(lat, 95), "p99": pct(lat, 99)}
+    rep.latency_ms = {"p50": pct(lat, 50), "p95": pct(lat, 95), "p99": pct(lat, 99),
+                      "max": max(lat) if lat else None}
     rep.poll_latency_ms = {"p50": pct(poll_lat, 50), "p95": pct(poll_lat, 95), "p99": pct(poll_lat, 99)}
     rep.throughput_jobs_per_s = round(rep.completed / seconds, 1)
     return rep

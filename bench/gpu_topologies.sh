@@ -40,19 +40,19 @@ load() {  # name urls [pids whose CPU to count]
   local name=$1 urls=$2; shift 2
   local before; before=$(cpu_s "$@")
   local TIMEFORMAT="load generator cpu: user %U s, sys %S s, wall %R s"
-  { time OUT=$OUT/$name python3 bench/load_test.py --url "$urls" --submitters $SUBMITTERS \
+  { time OUT=$OUT/$name timeout 150 python3 bench/load_test.py --url "$urls" --submitters $SUBMITTERS \
       --client-processes $CLIENTS --seconds $SECS --pollers 200 --clips 10 --finish-timeout 90 \
       >"$LOGS/$name.txt" 2>&1 ; } 2>>"$LOGS/$name.txt"
   echo "server cpu: $(python3 -c "print(round($(cpu_s "$@") - $before, 1))") s" >>"$LOGS/$name.txt"
   cp "$OUT/$name/load.json" "$LOGS/$name.json" 2>/dev/null; rm -rf "$OUT/$name"
-  echo "$name: $(grep '^|' "$LOGS/$name.txt" | tail -1)"; tail -2 "$LOGS/$name.txt"
+  { echo "$name: $(grep '^|' "$LOGS/$name.txt" | tail -1)"; tail -2 "$LOGS/$name.txt"; } | tee -a "$OUT/progress.txt"
 }
 # 1. embedded
 python3 app_sensevoice.py --model $model --device cuda --api-only --port 7870 --data-dir "$(mktemp -d)" \
   >"$LOGS/embedded.log" 2>&1 &
 emb=$!
 ready http://127.0.0.1:7870 || { tail -30 "$LOGS/embedded.log"; exit 1; }
-python3 bench/idle_latency.py --url http://127.0.0.1:7870 --runs 100 --name embedded | tee -a "$LOGS/idle.txt"
+python3 bench/idle_latency.py --url http://127.0.0.1:7870 --runs 100 --name embedded | tee -a "$OUT/progress.txt"
 profile embedded-server $emb
 load embedded http://127.0.0.1:7870 $emb
 kill $emb; wait $emb
@@ -73,7 +73,7 @@ for k in $(seq $APIS); do
 done
 for u in "${urls[@]}"; do ready "$u" || { tail -30 "$LOGS/api-1.log"; exit 1; }; done
 ready http://127.0.0.1:7880 || { tail -30 "$LOGS/worker.log"; exit 1; }
-python3 bench/idle_latency.py --url "${urls[0]},${urls[1]}" --runs 100 --name distributed | tee -a "$LOGS/idle.txt"
+python3 bench/idle_latency.py --url "${urls[0]},${urls[1]}" --runs 100 --name distributed | tee -a "$OUT/progress.txt"
 profile distributed-worker $worker
 for n in $API_STEPS; do
   load distributed-${n}api "$(IFS=,; echo "${urls[*]:0:$n}")" $redis $worker "${apis[@]:0:$n}"
@@ -87,27 +87,24 @@ SENSEVOICE_ROLE=worker SENSEVOICE_CUDA_GRAPHS=0 python3 app_sensevoice.py --mode
 worker2=$!
 ready http://127.0.0.1:7879 || { tail -30 "$LOGS/worker2.log"; exit 1; }
 done_before=$(/tmp/redis/usr/bin/redis-cli -p 6390 hget sv:counts done)
-( sleep 6; kill -9 $worker; echo "worker 1 killed at $(date +%s.%N)" >>"$LOGS/faults.txt"
-  sleep 6; kill -9 ${apis[$((APIS - 1))]}; echo "api $APIS killed at $(date +%s.%N)" >>"$LOGS/faults.txt" ) &
+( sleep 6; kill -9 $worker; echo "worker 1 killed at $(date '+%H:%M:%S.%N')" >>"$LOGS/kills.txt"
+  sleep 6; kill -9 ${apis[$((APIS - 1))]}; echo "api $APIS killed at $(date '+%H:%M:%S.%N')" >>"$LOGS/kills.txt" ) &
 load faults "$(IFS=,; echo "${urls[*]:0:8},${urls[$((APIS - 1))]}")"
 done_after=$(/tmp/redis/usr/bin/redis-cli -p 6390 hget sv:counts done)
 { echo "results written during the fault run (sv:counts done delta): $((done_after - done_before))"
   grep -h "reclaimed" "$LOGS/worker2.log" | head -5
-  grep -h "killed at" "$LOGS/faults.txt"
+  cat "$LOGS/kills.txt"
   python3 - "$LOGS/faults.json" <<'PY'
 import json, sys
 r = json.load(open(sys.argv[1]))
 print("fault run: accepted", r["accepted"], "completed", r["completed"], "failed", r["failed"],
       "lost", r["lost"], "latency ms", r["latency_ms"], "transport errors", r["transport_errors"])
 PY
-} >>"$LOGS/faults.txt" 2>&1
-cat "$LOGS/faults.txt"
+} >>"$OUT/progress.txt" 2>&1
 kill "${apis[@]}" $worker2 2>/dev/null; wait 2>/dev/null
 kill $redis
 ls /dev/shm/sensevoice-bench | wc -l | sed 's/^/shared files left (uploads kept for retention): /'
-{ echo "## idle"; cat "$LOGS/idle.txt"; echo "## load"
-  for f in "$LOGS"/embedded.txt "$LOGS"/distributed-*.txt "$LOGS"/faults.txt; do echo "### $f"; cat "$f" | grep -v "^{"; done
-  echo "## redis"; cat "$LOGS/redis-commandstats.txt"
+{ echo "## redis"; cat "$LOGS/redis-commandstats.txt"
   echo "## worker batch sizes"; grep -o "batch=[0-9]*" "$LOGS/worker.log" | sort | uniq -c | sort -rn | head -8
   echo "## worker log tail"; grep -v "job done\|torch_complex" "$LOGS/worker.log" | tail -15
 } >"$OUT/summary.txt" 2>&1

@@ -108,7 +108,8 @@ def _poll_main(urls: list[str], pollers: int, seconds: float, ids_q, out_q) -> N
     stop = time.monotonic() + seconds
 
     async def poller(k: int):
-        host, port = targets[k % len(targets)]
+        target = k
+        host, port = targets[target % len(targets)]
         reader, writer = await asyncio.open_connection(host, port)
         await asyncio.sleep(k * 0.5 / max(pollers, 1))  # spread the 2 Hz ticks
         tick = time.monotonic()
@@ -116,11 +117,22 @@ def _poll_main(urls: list[str], pollers: int, seconds: float, ids_q, out_q) -> N
             if ids:
                 job_id = ids[-1] if k % 2 else ids[k % len(ids)]  # the newest job, or any
                 t = time.monotonic()
-                writer.write(f"GET /api/jobs/{job_id} HTTP/1.1\r\nHost: {host}\r\n\r\n".encode())
-                head = await reader.readuntil(b"\r\n\r\n")
-                status = head.split(b" ", 2)[1]
-                length = int(head.lower().split(b"content-length:", 1)[1].split(b"\r\n", 1)[0])
-                await reader.readexactly(length)
+                try:
+                    writer.write(f"GET /api/jobs/{job_id} HTTP/1.1\r\nHost: {host}\r\n\r\n".encode())
+                    head = await reader.readuntil(b"\r\n\r\n")
+                    status = head.split(b" ", 2)[1]
+                    length = int(head.lower().split(b"content-length:", 1)[1].split(b"\r\n", 1)[0])
+                    await reader.readexactly(length)
+                except (OSError, asyncio.IncompleteReadError):  # that api process died: the next one
+                    writer.close()
+                    target += 1
+                    host, port = targets[target % len(targets)]
+                    try:
+                        reader, writer = await asyncio.open_connection(host, port)
+                    except OSError:
+                        pass
+                    tick += 0.5
+                    continue
                 latencies.append(time.monotonic() - t)
                 if status != b"200":
                     raise RuntimeError(f"poll of {job_id} answered {status.decode()}")
@@ -207,6 +219,7 @@ async def run(urls: list[str], submitters: int, seconds: float, pollers: int,
                     r = await client.post("/api/jobs", files={"file": (f"c{secs}.wav", clips[secs])})
                 except httpx.TransportError:
                     rep.transport_errors += 1
+                    await asyncio.sleep(0.05)  # e.g. its api process died: no busy loop
                     continue
                 if r.status_code == 202:
                     submitted[r.json()["id"]] = t

@@ -639,7 +639,8 @@ def test_shared_dir_keeps_the_bytes_out_of_redis(redis_url, tmp_path):  # noqa: 
 
         # the record expires (TTL): the janitor's sweep removes the orphaned upload file
         r.delete(f"sv:upload:{job.id}")
-        assert b.payloads.sweep(b._still_stored, min_age_s=0) == 1
+        assert b.payloads.sweep(b._still_stored, min_age_s=0, upload_min_age_s=60) == 0  # young
+        assert b.payloads.sweep(b._still_stored, min_age_s=0, upload_min_age_s=0) == 1
         assert list(shared.iterdir()) == []
 
         # a file whose value never reached Redis (its writer died): swept once old enough

@@ -172,12 +172,13 @@ def test_gpu_memory_admission_across_the_cluster(cluster, clip_factory):
     api = role("api", SENSEVOICE_MIN_FREE_MEMORY_RATIO="0.15").ready()
     clip = clip_factory("wav", 16000, 1)
     r = redis.Redis.from_url(redis_server.url)
-    r.set("sv:gpu:host-a:1", b"0.05", px=60_000)
-    r.set("sv:gpu:host-b:2", b"0.10", px=60_000)
+    expiry = int((time.time() + 60) * 1000)  # the registry: field -> "expiry_ms ratio"
+    r.hset("sv:workers", mapping={"gpu:host-a:1": f"{expiry} 0.05", "gpu:host-b:2": f"{expiry} 0.10",
+                                  "gpu:host-c:3": f"{int(time.time() * 1000) - 1} 0.90"})  # expired
     time.sleep(0.5)  # the api reads the reports at most every 0.25 s
     refused = _submit(api.url, clip)
     assert refused.status_code == 503 and refused.json()["error"]["code"] == "gpu_memory_low"
     assert "Retry-After" in refused.headers
-    r.set("sv:gpu:host-b:2", b"0.60", px=60_000)
+    r.hset("sv:workers", "gpu:host-b:2", f"{expiry} 0.60")
     time.sleep(0.5)
     assert _submit(api.url, clip).status_code == 202

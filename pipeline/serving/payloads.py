@@ -137,20 +137,25 @@ class Payloads:
             (self.dir / f"{job_id}.upload").unlink(missing_ok=True)
 
     def sweep(self, still_stored: Callable[[list[str]], list[bool]],
-              min_age_s: float = SWEEP_MIN_AGE_S) -> int:
+              min_age_s: float = SWEEP_MIN_AGE_S, upload_min_age_s: float | None = None) -> int:
         """Delete the files older than ``min_age_s`` whose Redis value is gone. ``still_stored``
-        answers, for a list of file names, whether each one's value still exists. Returns the
+        answers, for a list of file names, whether each one's value still exists. Uploads are
+        looked at only from ``upload_min_age_s`` (their values live for the retention: younger
+        ones are orphaned only by a writer that died, and are left for a later sweep). Returns the
         number of files deleted."""
         if self.dir is None:
             return 0
-        cutoff = time.time() - min_age_s
+        now = time.time()
+        cutoff = now - min_age_s
+        upload_cutoff = now - (min_age_s if upload_min_age_s is None else upload_min_age_s)
         names = []
         with os.scandir(self.dir) as entries:
             for e in entries:
                 try:
-                    old = e.stat(follow_symlinks=False).st_mtime < cutoff
+                    mtime = e.stat(follow_symlinks=False).st_mtime
                 except FileNotFoundError:
                     continue
+                old = mtime < (upload_cutoff if e.name.endswith(".upload") else cutoff)
                 if not old:
                     continue
                 if e.name.startswith(".") and e.name.endswith(".tmp"):  # a writer that died

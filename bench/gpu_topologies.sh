@@ -80,16 +80,16 @@ for n in $API_STEPS; do
 done
 /tmp/redis/usr/bin/redis-cli -p 6390 info commandstats >"$LOGS/redis-commandstats.txt" 2>&1
 /tmp/redis/usr/bin/redis-cli -p 6390 info cpu >>"$LOGS/redis-commandstats.txt" 2>&1
-# 3. faults under load: a second worker joins (eager, starts in seconds); kill -9 worker 1 at 6 s,
-#    api $APIS at 12 s; the load goes on over the other api processes; then count
+# 3. faults under load: a second worker joins (eager, starts in seconds); kill -9 worker 1 at 3 s,
+#    api $APIS at 5 s; the load goes on over the other api processes; then count
 SENSEVOICE_ROLE=worker SENSEVOICE_CUDA_GRAPHS=0 python3 app_sensevoice.py --model $model --device cuda:0 \
   --api-only --port 7879 --data-dir "$(mktemp -d)" >"$LOGS/worker2.log" 2>&1 &
 worker2=$!
 ready http://127.0.0.1:7879 || { tail -30 "$LOGS/worker2.log"; exit 1; }
 done_before=$(/tmp/redis/usr/bin/redis-cli -p 6390 hget sv:counts done)
-( sleep 6; kill -9 $worker; echo "worker 1 killed at $(date '+%H:%M:%S.%N')" >>"$LOGS/kills.txt"
-  sleep 6; kill -9 ${apis[$((APIS - 1))]}; echo "api $APIS killed at $(date '+%H:%M:%S.%N')" >>"$LOGS/kills.txt" ) &
-load faults "$(IFS=,; echo "${urls[*]:0:8},${urls[$((APIS - 1))]}")"
+( sleep 3; kill -9 $worker; echo "worker 1 killed at $(date '+%H:%M:%S.%N')" >>"$LOGS/kills.txt"
+  sleep 2; kill -9 ${apis[$((APIS - 1))]}; echo "api $APIS killed at $(date '+%H:%M:%S.%N')" >>"$LOGS/kills.txt" ) &
+SECS=${FAULT_SECONDS:-8} load faults "$(IFS=,; echo "${urls[*]:0:8},${urls[$((APIS - 1))]}")"
 done_after=$(/tmp/redis/usr/bin/redis-cli -p 6390 hget sv:counts done)
 { echo "results written during the fault run (sv:counts done delta): $((done_after - done_before))"
   grep -h "reclaimed" "$LOGS/worker2.log" | head -5

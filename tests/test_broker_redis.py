@@ -627,27 +627,31 @@ def test_shared_dir_keeps_the_bytes_out_of_redis(redis_url, tmp_path):  # noqa: 
         job, sent = submit(b, n=16000)
         audio_value = r.hget(f"sv:audio:{job.id}", "0")
         upload_value = r.get(f"sv:upload:{job.id}")
-        assert audio_value == b"F" + f"{job.id}.audio.0".encode()  # a name, not 32 KB of audio
-        assert upload_value == b"F" + f"{job.id}.upload".encode()
-        assert sorted(p.name for p in shared.iterdir()) == [f"{job.id}.audio.0", f"{job.id}.upload"]
+        assert audio_value == b"F" + f"audio/{job.id}/0".encode()  # a name, not 32 KB of audio
+        assert upload_value == b"F" + f"uploads/{job.id}".encode()
+        files = lambda: sorted(str(p.relative_to(shared)) for p in shared.rglob("*") if p.is_file())  # noqa: E731
+        assert files() == [f"audio/{job.id}/0", f"uploads/{job.id}"]
         (item,) = worker_side.claim("w1", 8, 0)
         assert torch.equal(item.audio, sent.audio)
         assert worker_side.mark_running([job.id]) == {job.id}
         assert worker_side.finish(job.id, Transcript("hi", "hi"))
-        assert [p.name for p in shared.iterdir()] == [f"{job.id}.upload"]  # audio gone with the job
+        assert files() == [f"uploads/{job.id}"]  # audio gone with the job
         assert b.load_upload(job.id) == b"upload-" + job.id.encode()  # any api process reads it
 
         # the record expires (TTL): the janitor's sweep removes the orphaned upload file
         r.delete(f"sv:upload:{job.id}")
         assert b.payloads.sweep(b._still_stored, min_age_s=0, upload_min_age_s=60) == 0  # young
         assert b.payloads.sweep(b._still_stored, min_age_s=0, upload_min_age_s=0) == 1
-        assert list(shared.iterdir()) == []
+        assert files() == []
 
         # a file whose value never reached Redis (its writer died): swept once old enough
-        orphan = shared / f"{uuid.uuid4()}.audio.0"
+        orphan = shared / "audio" / str(uuid.uuid4()) / "0"
+        orphan.parent.mkdir()
         orphan.write_bytes(b"S\x00\x00")
         assert b.payloads.sweep(b._still_stored) == 0  # young: its command may still come
         assert b.payloads.sweep(b._still_stored, min_age_s=0) == 1 and not orphan.exists()
+        b.payloads.sweep(b._still_stored, min_age_s=0)
+        assert not orphan.parent.exists()  # its emptied folder too
     finally:
         b.close()
         worker_side.close()
@@ -657,7 +661,7 @@ def test_a_missing_shared_file_fails_its_job_clearly(redis_url, tmp_path):  # no
     b = RedisBroker(redis_url, retention_s=60, queue_size=100, shared_dir=tmp_path / "shm")
     try:
         job, _ = submit(b)
-        (tmp_path / "shm" / f"{job.id}.audio.0").unlink()  # e.g. /dev/shm lost in a host crash
+        (tmp_path / "shm" / "audio" / job.id / "0").unlink()  # e.g. /dev/shm lost in a host crash
         assert b.claim("w1", 8, 0) == []
         got = b.get(job.id)
         assert got.state is JobState.FAILED and got.error.code == "audio_lost"

@@ -128,7 +128,8 @@ def test_two_apis_and_a_worker_finish_every_job_once_through_a_worker_kill(clust
     assert sum(r.xlen(s) for s in r.scan_iter("sv:queue:*")) == 0  # nothing left queued
     assert worker3.proc.poll() is None
     if shared:  # every job's audio file went with its job; the uploads stay for the player
-        assert sorted(p.name for p in shm.iterdir()) == sorted(f"{j}.upload" for j in ids)
+        assert sorted(p.name for p in (shm / "uploads").iterdir()) == sorted(ids)
+        assert [p for p in (shm / "audio").rglob("*") if p.is_file()] == []
         assert all(len(v) < 64 for v in (r.get(f"sv:upload:{j}") for j in ids))
         assert httpx.get(f"{api2.url}/api/jobs/{ids[3]}/audio").content == clip.read_bytes()
     # the killed workers drop out of the count once idle past the visibility timeout

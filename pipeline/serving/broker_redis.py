@@ -642,6 +642,8 @@ class RedisBroker:
         for (jid, rs), (_, kept) in zip(by_job.items(), pipe.execute()):
             if not int(kept):  # acked; kept pieces (the job's last) stay held until finish
                 self._release([jid], {r.idx for r in rs})
+                for r in rs:  # their audio values are deleted: their files too
+                    self.payloads.delete_piece(jid, r.idx)
 
     @_translated
     def segment_count(self, job_id: str) -> int:
@@ -737,14 +739,14 @@ class RedisBroker:
 
     @_translated
     def _still_stored(self, names: list[str]) -> list[bool]:
-        """For shared file names (``ID.upload``, ``ID.audio.N``): is the Redis value still there?"""
+        """For shared file names (``uploads/ID``, ``audio/ID/N``): is the Redis value still there?"""
         pipe = self._r.pipeline(transaction=False)
         for name in names:
-            jid, kind = name.split(".", 1)
-            if kind == "upload":
+            kind, jid, *piece = name.split("/")
+            if kind == "uploads":
                 pipe.exists(self._k("upload", jid))
             else:
-                pipe.hexists(self._k("audio", jid), kind.rsplit(".", 1)[1])
+                pipe.hexists(self._k("audio", jid), piece[0])
         return [bool(x) for x in pipe.execute()]
 
     def recover(self) -> list[Job]:

@@ -46,7 +46,7 @@ BYTES = b"B"
 FILE = b"F"
 SWEEP_MIN_AGE_S = 60.0  # a file younger than this may still be waiting for its Redis command
 SWEEP_BATCH = 500  # names checked against Redis per round trip
-_NAME = re.compile(r"^[0-9a-f-]{36}\.(audio\.\d{1,6}|upload)$")
+_NAME = re.compile(r"^(uploads/[0-9a-f-]{36}|audio/[0-9a-f-]{36}/\d{1,6})$")  # relative to the dir
 
 
 def pcm16_bytes(audio: torch.Tensor) -> bytes:
@@ -72,31 +72,40 @@ class Payloads:
 
     def __init__(self, shared_dir: str | os.PathLike | None = None):
         self.dir = Path(shared_dir) if shared_dir else None
-        if self.dir is not None:
-            self.dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        if self.dir is not None:  # uploads/<job id>, audio/<job id>/<piece>: deletes by name, no scans
+            for sub in ("uploads", "audio"):
+                (self.dir / sub).mkdir(mode=0o700, parents=True, exist_ok=True)
 
     # ------------------------------------------------------------------ write
     def audio(self, job_id: str, piece: int, audio: torch.Tensor) -> bytes:
         """The value to store for one piece of a job's decoded audio."""
-        return self._value(f"{job_id}.audio.{int(piece)}", PCM16, pcm16_bytes(audio))
+        return self._value(f"audio/{job_id}/{int(piece)}", PCM16, pcm16_bytes(audio))
 
     def upload(self, job_id: str, data: bytes) -> bytes:
         """The value to store for a job's upload."""
-        return self._value(f"{job_id}.upload", BYTES, data)
+        return self._value(f"uploads/{job_id}", BYTES, data)
 
     def _value(self, name: str, kind: bytes, data: bytes) -> bytes:
         if self.dir is None:
             return kind + data
         path = self.dir / name
-        tmp = self.dir / f".{name}.{secrets.token_hex(4)}.tmp"
-        try:
-            with open(tmp, "wb") as f:
-                f.write(kind)
-                f.write(data)
-            os.replace(tmp, path)
-        except BaseException:
-            tmp.unlink(missing_ok=True)
-            raise
+        tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}.tmp")
+        for attempt in (1, 2):  # a job's audio folder: made here, removed by a sweep once empty
+            try:
+                if name.startswith("audio/"):
+                    path.parent.mkdir(mode=0o700, exist_ok=True)
+                with open(tmp, "wb") as f:
+                    f.write(kind)
+                    f.write(data)
+                os.replace(tmp, path)
+                break
+            except FileNotFoundError:  # the sweep removed the empty folder just now: again
+                tmp.unlink(missing_ok=True)
+                if attempt == 2:
+                    raise
+            except BaseException:
+                tmp.unlink(missing_ok=True)
+                raise
         return FILE + name.encode()
 
     # ------------------------------------------------------------------ read
@@ -129,12 +138,24 @@ class Payloads:
         if self.dir is None:
             return
         for jid in job_ids:
-            for path in self.dir.glob(f"{jid}.audio.*"):
-                path.unlink(missing_ok=True)
+            folder = self.dir / "audio" / jid
+            try:
+                with os.scandir(folder) as entries:  # its pieces: one for a clip
+                    for e in entries:
+                        Path(e.path).unlink(missing_ok=True)
+                folder.rmdir()
+            except FileNotFoundError:
+                pass
+            except OSError as e:  # a piece written meanwhile (ENOTEMPTY): the sweep takes it
+                logger.debug("audio of job %s not removed yet: %s", jid, e)
+
+    def delete_piece(self, job_id: str, piece: int) -> None:
+        if self.dir is not None:
+            (self.dir / "audio" / job_id / str(int(piece))).unlink(missing_ok=True)
 
     def delete_upload(self, job_id: str) -> None:
         if self.dir is not None:
-            (self.dir / f"{job_id}.upload").unlink(missing_ok=True)
+            (self.dir / "uploads" / job_id).unlink(missing_ok=True)
 
     def sweep(self, still_stored: Callable[[list[str]], list[bool]],
               min_age_s: float = SWEEP_MIN_AGE_S, upload_min_age_s: float | None = None) -> int:
@@ -148,20 +169,16 @@ class Payloads:
         now = time.time()
         cutoff = now - min_age_s
         upload_cutoff = now - (min_age_s if upload_min_age_s is None else upload_min_age_s)
-        names = []
-        with os.scandir(self.dir) as entries:
-            for e in entries:
-                try:
-                    mtime = e.stat(follow_symlinks=False).st_mtime
-                except FileNotFoundError:
-                    continue
-                old = mtime < (upload_cutoff if e.name.endswith(".upload") else cutoff)
-                if not old:
-                    continue
-                if e.name.startswith(".") and e.name.endswith(".tmp"):  # a writer that died
-                    Path(e.path).unlink(missing_ok=True)
-                elif _NAME.match(e.name):
-                    names.append(e.name)
+        names = self._old_files("uploads", upload_cutoff)
+        audio = self.dir / "audio"
+        with os.scandir(audio) as folders:
+            job_dirs = [e.name for e in folders if e.is_dir(follow_symlinks=False)]
+        for jid in job_dirs:
+            names += self._old_files(f"audio/{jid}", cutoff)
+            try:
+                (audio / jid).rmdir()  # empty (its job ended): gone; else it stays
+            except OSError:
+                pass
         deleted = 0
         for start in range(0, len(names), SWEEP_BATCH):
             batch = names[start:start + SWEEP_BATCH]
@@ -172,3 +189,23 @@ class Payloads:
         if deleted:
             logger.info("removed %d shared files whose jobs are gone", deleted)
         return deleted
+
+    def _old_files(self, sub: str, cutoff: float) -> list[str]:
+        """Names (relative to the dir) of the files in ``sub`` last written before ``cutoff``;
+        a temporary file of a writer that died is deleted on the way."""
+        names = []
+        try:
+            with os.scandir(self.dir / sub) as entries:
+                for e in entries:
+                    try:
+                        if e.stat(follow_symlinks=False).st_mtime >= cutoff:
+                            continue
+                    except FileNotFoundError:
+                        continue
+                    if e.name.startswith(".") and e.name.endswith(".tmp"):
+                        Path(e.path).unlink(missing_ok=True)
+                    elif _NAME.match(f"{sub}/{e.name}"):
+                        names.append(f"{sub}/{e.name}")
+        except FileNotFoundError:
+            pass
+        return names

@@ -635,6 +635,9 @@ def test_shared_dir_keeps_the_bytes_out_of_redis(redis_url, tmp_path):  # noqa: 
         assert torch.equal(item.audio, sent.audio)
         assert worker_side.mark_running([job.id]) == {job.id}
         assert worker_side.finish(job.id, Transcript("hi", "hi"))
+        deadline = time.monotonic() + 5  # deleted by a background thread, off the worker's path
+        while files() != [f"uploads/{job.id}"] and time.monotonic() < deadline:
+            time.sleep(0.01)
         assert files() == [f"uploads/{job.id}"]  # audio gone with the job
         assert b.load_upload(job.id) == b"upload-" + job.id.encode()  # any api process reads it
 

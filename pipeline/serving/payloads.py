@@ -32,9 +32,11 @@ import logging
 import os
 import re
 import secrets
+import threading
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
+from queue import SimpleQueue
 
 import numpy as np
 import torch
@@ -72,6 +74,9 @@ class Payloads:
 
     def __init__(self, shared_dir: str | os.PathLike | None = None):
         self.dir = Path(shared_dir) if shared_dir else None
+        self._deletions: SimpleQueue[list[str]] = SimpleQueue()
+        self._deleter: threading.Thread | None = None
+        self._deleter_lock = threading.Lock()
         if self.dir is not None:  # uploads/<job id>, audio/<job id>/<piece>: deletes by name, no scans
             for sub in ("uploads", "audio"):
                 (self.dir / sub).mkdir(mode=0o700, parents=True, exist_ok=True)
@@ -134,7 +139,31 @@ class Payloads:
 
     # ------------------------------------------------------------------ delete
     def delete_audio(self, job_ids: Iterable[str]) -> None:
-        """Delete the audio files of jobs that ended (their Redis values are deleted already)."""
+        """Delete the audio files of jobs that ended (their Redis values are deleted already), in
+        a background thread: unlink + rmdir cost ~0.1-0.6 ms a job in file-system metadata, off the
+        worker's path from one batch to the next. A deletion lost with the process is the sweep's."""
+        if self.dir is None:
+            return
+        ids = list(job_ids)
+        if not ids:
+            return
+        with self._deleter_lock:
+            if self._deleter is None or not self._deleter.is_alive():
+                self._deleter = threading.Thread(target=self._delete_loop, daemon=True,
+                                                 name="sensevoice-payload-deleter")
+                self._deleter.start()
+        self._deletions.put(ids)
+
+    def _delete_loop(self) -> None:
+        while True:
+            ids = self._deletions.get()
+            try:
+                self.delete_audio_now(ids)
+            except Exception:  # noqa: BLE001 - never let the thread die: the sweep is the backstop
+                logger.exception("deleting shared audio files failed")
+
+    def delete_audio_now(self, job_ids: Iterable[str]) -> None:
+        """Delete the audio files of these jobs in this thread."""
         if self.dir is None:
             return
         for jid in job_ids:

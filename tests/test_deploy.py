@@ -3,8 +3,10 @@
 * every YAML file parses;
 * every Kubernetes manifest validates against the official API schemas (kubernetes-validate bundles
   them, strict: an unknown field is an error), for the oldest and the newest Kubernetes we target;
-* compose.yaml validates against the Compose Specification's JSON schema (the copy that
-  check-jsonschema vendors) with jsonschema;
+* compose.yaml and compose.single.yaml validate against the Compose Specification's JSON schema
+  (the copy that check-jsonschema vendors) with jsonschema;
+* the Dockerfile runs as a non-root user that owns the image's volumes, and .dockerignore keeps
+  local state (.venv, .git, data) out of the build context (docker itself is not needed: text);
 * the files agree with the code and with each other: every SENSEVOICE_* name is a Settings field
   and every value is one Settings accepts, the container arguments parse with the app's own CLI,
   the probe and scrape paths are routes of the app and answer the Host the kubelet and Prometheus
@@ -27,6 +29,10 @@ ROOT = Path(__file__).resolve().parent.parent
 DEPLOY = ROOT / "deploy"
 K8S = DEPLOY / "k8s"
 COMPOSE = DEPLOY / "compose.yaml"
+COMPOSE_SINGLE = DEPLOY / "compose.single.yaml"  # the embedded topology, one service
+COMPOSE_FILES = [COMPOSE, COMPOSE_SINGLE]
+DOCKERFILE = ROOT / "Dockerfile"
+DOCKERIGNORE = ROOT / ".dockerignore"
 NGINX = DEPLOY / "nginx" / "nginx.conf"
 
 PINS = {"kubernetes_validate": "kubernetes-validate==1.37.0",
@@ -82,8 +88,8 @@ def containers():
             yield name, w, c
 
 
-def compose() -> dict:
-    return yaml.safe_load(COMPOSE.read_text())
+def compose(path: Path = COMPOSE) -> dict:
+    return yaml.safe_load(path.read_text())
 
 
 def interpolate(value: str) -> str:
@@ -154,7 +160,7 @@ def matches(selector: dict, labels: dict) -> bool:
 def test_every_yaml_file_parses():
     files = sorted(DEPLOY.rglob("*.yaml")) + sorted(DEPLOY.rglob("*.yml"))
     names = {p.relative_to(DEPLOY).as_posix() for p in files}
-    assert {"compose.yaml", "k8s/kustomization.yaml", "k8s/api.yaml", "k8s/worker.yaml",
+    assert {"compose.yaml", "compose.single.yaml", "k8s/kustomization.yaml", "k8s/api.yaml", "k8s/worker.yaml",
             "k8s/redis.yaml", "k8s/ingress.yaml", "k8s/configmap.yaml"} <= names
     for path in files:
         docs = load_all(path)
@@ -229,9 +235,10 @@ def compose_validator():
     return cls(schema)
 
 
-def test_compose_file_validates_against_the_compose_specification():
+@pytest.mark.parametrize("path", COMPOSE_FILES, ids=lambda p: p.name)
+def test_compose_file_validates_against_the_compose_specification(path):
     validator = compose_validator()
-    errors = [f"{'.'.join(map(str, e.path))}: {e.message}" for e in validator.iter_errors(compose())]
+    errors = [f"{'.'.join(map(str, e.path))}: {e.message}" for e in validator.iter_errors(compose(path))]
     assert not errors, "\n".join(errors)
 
 
@@ -246,6 +253,14 @@ def test_compose_validation_catches_mistakes():
             node = node[key]
         node[path[-1]] = value
         assert list(validator.iter_errors(doc)), f"{'.'.join(path)} was accepted"
+    for path, value in ((("services", "sensevoice", "ports"), 7860),
+                        (("services", "sensevoice", "healthcheck", "start_periods"), "15m")):
+        doc = compose(COMPOSE_SINGLE)
+        node = doc
+        for key in path[:-1]:
+            node = node[key]
+        node[path[-1]] = value
+        assert list(validator.iter_errors(doc)), f"compose.single.yaml: {'.'.join(path)} was accepted"
 
 
 # ----------------------------------------------------------------------- agreement with the code
@@ -532,3 +547,166 @@ def test_nginx_makes_the_ui_sticky_and_the_api_round_robin():
     for other in by_kind("Ingress").values():
         if other["metadata"]["name"] != ui["metadata"]["name"]:
             assert "nginx.ingress.kubernetes.io/affinity" not in other["metadata"].get("annotations", {})
+
+
+# ------------------------------------------------------------------ the single-host compose file
+def test_single_host_compose_is_the_embedded_topology_on_one_gpu():
+    doc = compose(COMPOSE_SINGLE)
+    (name,) = doc["services"]
+    service = doc["services"][name]
+    # the same image as the distributed file, built from the repository's Dockerfile
+    assert service["build"] == compose()["services"]["api"]["build"]
+    assert service["image"] == compose()["services"]["api"]["image"]
+    assert (COMPOSE_SINGLE.parent / service["build"]["context"] / service["build"]["dockerfile"]
+            ).resolve() == DOCKERFILE
+    # embedded: no broker (SQLite store, in-process queue), both roles in one process, valid values
+    env = {k: interpolate(str(v)) for k, v in (service.get("environment") or {}).items()}
+    for key in env:
+        assert key.startswith("SENSEVOICE_"), f"unexpected variable {key}"
+    settings = settings_from_env(env)
+    assert settings.role == "all" and not settings.broker
+    # the port: the app's CLI, the published port, the healthcheck and the app's default agree
+    from pipeline.config import Settings
+
+    port = cli_port(service["command"])
+    assert port == Settings().port
+    assert [interpolate(p).rsplit(":", 1)[1] for p in service["ports"]] == [str(port)]
+    assert interpolate(service["ports"][0]).startswith("127.0.0.1:")  # loopback unless PUBLISH says
+    assert f"127.0.0.1:{port}/readyz" in " ".join(service["healthcheck"]["test"])
+    assert service["healthcheck"]["start_period"].endswith("m")  # minutes to download and load
+    assert service["restart"] == "unless-stopped"
+    # one GPU, the model loaded on it
+    (device,) = service["deploy"]["resources"]["reservations"]["devices"]
+    assert device == {"driver": "nvidia", "count": 1, "capabilities": ["gpu"]}
+    args = service["command"]
+    assert args[args.index("--device") + 1] == "cuda:0"
+    # named volumes for the job store and for the model cache, at the image's volume paths
+    mounts = {v.split(":")[1]: v.split(":")[0] for v in service["volumes"]}
+    # (the data dir is the image's SENSEVOICE_DATA_DIR, which this file leaves as it is)
+    assert "SENSEVOICE_DATA_DIR" not in env
+    assert set(mounts) == set(dockerfile_volumes()) == {dockerfile_env()["SENSEVOICE_DATA_DIR"],
+                                                        "/root/.cache"}
+    assert set(mounts.values()) == set(doc["volumes"])  # named, declared, none a bind mount
+
+
+# ------------------------------------------------------------------ the Dockerfile, .dockerignore
+def dockerfile_instructions() -> list[tuple[str, str]]:
+    """(INSTRUCTION, arguments) in order, continuation lines joined, comments dropped."""
+    text = re.sub(r"\\\n", " ", "\n".join(
+        line for line in DOCKERFILE.read_text().splitlines() if not line.lstrip().startswith("#")))
+    out = []
+    for line in text.splitlines():
+        if line.strip():
+            word, _, rest = line.strip().partition(" ")
+            out.append((word.upper(), rest.strip()))
+    return out
+
+
+def dockerfile_volumes() -> list[str]:
+    volumes = []
+    for word, args in dockerfile_instructions():
+        if word == "VOLUME":
+            volumes += json.loads(args) if args.startswith("[") else args.split()
+    return volumes
+
+
+def dockerfile_env() -> dict[str, str]:
+    env = {}
+    for word, args in dockerfile_instructions():
+        if word == "ENV":
+            env.update(re.findall(r"(\w+)=(\S+)", args))
+    return env
+
+
+def test_the_image_runs_as_a_non_root_user_that_owns_its_volumes():
+    users = [args for word, args in dockerfile_instructions() if word == "USER"]
+    assert users, "the Dockerfile declares no USER: the container would run as root"
+    user, _, group = users[-1].partition(":")
+    assert user not in ("root", "0") and group not in ("root", "0"), users[-1]
+    uid = user
+    assert uid.isdigit() and int(uid) >= 1000, "a fixed numeric uid (Kubernetes runAsNonRoot checks it)"
+    instructions = dockerfile_instructions()
+    # USER comes before the ENTRYPOINT it applies to
+    words = [w for w, _ in instructions]
+    assert max(i for i, w in enumerate(words) if w == "USER") < words.index("ENTRYPOINT")
+    # every volume directory is created in the image and handed to that uid (a new named volume
+    # takes the ownership of the image's directory), the data dir among them
+    runs = " ".join(args for word, args in instructions if word == "RUN")
+    volumes = dockerfile_volumes()
+    assert dockerfile_env()["SENSEVOICE_DATA_DIR"] in volumes
+    for volume in volumes:
+        assert re.search(rf"mkdir -p [^&;]*{re.escape(volume)}\b", runs), volume
+        assert re.search(rf"chown {uid}:{group or uid} [^&;]*{re.escape(volume)}\b", runs), volume
+    # the model cache: the user's ~/.cache (funasr/modelscope, Hugging Face, torch hub, the demo
+    # model) is the cache volume, and every deploy file mounts the model cache there
+    home = dockerfile_env()["HOME"]
+    assert re.search(rf"ln -s /root/\.cache {re.escape(home)}/\.cache\b", runs)
+    assert "/root/.cache" in volumes
+    worker = workloads()["sensevoice-worker"]["spec"]["template"]["spec"]["containers"][0]
+    assert {m["mountPath"] for m in worker["volumeMounts"]} & set(volumes) == {"/root/.cache"}
+    assert any(v.endswith(":/root/.cache") for v in compose()["services"]["worker"]["volumes"])
+    # the UI's sample recordings need espeak-ng; the default command is the real model
+    assert "espeak-ng" in runs
+    ([entrypoint], [cmd]) = ([a for w, a in instructions if w == "ENTRYPOINT"],
+                             [a for w, a in instructions if w == "CMD"])
+    assert json.loads(entrypoint) == ["python", "app_sensevoice.py"]
+    assert json.loads(cmd) == ["--model", "iic/SenseVoiceSmall"]
+    (healthcheck,) = [a for w, a in instructions if w == "HEALTHCHECK"]
+    assert f"127.0.0.1:{dockerfile_env()['SENSEVOICE_PORT']}/readyz" in healthcheck
+
+
+def dockerignored(path: str) -> bool:
+    """Whether `docker build` leaves this path (relative to the context) out, by .dockerignore's
+    rules: Go filepath.Match patterns plus '**', a leading '!' re-includes, the last match wins,
+    and a pattern that matches a directory excludes what is under it."""
+    def regex(pattern: str) -> re.Pattern:
+        out, i = "", 0
+        while i < len(pattern):
+            if pattern.startswith("**/", i):
+                out, i = out + "(?:.*/)?", i + 3
+            elif pattern.startswith("**", i):
+                out, i = out + ".*", i + 2
+            elif pattern[i] == "*":
+                out, i = out + "[^/]*", i + 1
+            elif pattern[i] == "?":
+                out, i = out + "[^/]", i + 1
+            elif pattern[i] == "[":
+                j = pattern.index("]", i)
+                out, i = out + pattern[i:j + 1], j + 1
+            else:
+                out, i = out + re.escape(pattern[i]), i + 1
+        return re.compile(out + r"\Z")
+
+    parts = path.split("/")
+    prefixes = ["/".join(parts[:n]) for n in range(1, len(parts) + 1)]
+    ignored = False
+    for line in DOCKERIGNORE.read_text().splitlines():
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        negate = line.startswith("!")
+        pattern = line.lstrip("!").strip().strip("/")
+        if any(regex(pattern).match(p) for p in prefixes):
+            ignored = not negate
+    return ignored
+
+
+def test_dockerignore_keeps_local_state_out_and_what_the_image_copies_in():
+    assert DOCKERIGNORE.is_file()
+    for path in (".venv", ".venv/bin/python", ".git", ".git/HEAD", "data", "data/jobs.db",
+                 ".cache/x", ".pytest_cache", "pipeline/__pycache__/app.cpython-311.pyc",
+                 ".whl-gpu/torch.whl", ".deb/espeak.deb", ".snap/x", "docs/results/run.json",
+                 "build/lib/pipeline/app.py", "sensevoice_app.egg-info/PKG-INFO"):
+        assert dockerignored(path), f".dockerignore lets {path} into the build context"
+    copied = [args.split()[:-1] for word, args in dockerfile_instructions() if word == "COPY"]
+    assert copied
+    for sources in copied:
+        for source in sources:
+            source = source.rstrip("/")
+            assert (ROOT / source).exists(), source
+            files = [source] if (ROOT / source).is_file() else [
+                p.relative_to(ROOT).as_posix() for p in (ROOT / source).rglob("*")
+                if p.is_file() and "__pycache__" not in p.parts]
+            assert files, source
+            for f in files:
+                assert not dockerignored(f), f".dockerignore leaves out {f}, which the Dockerfile COPYs"

@@ -1,81 +1,616 @@
-"""Batch CLI: transcribe files through the same service (decode, queue, batched engine, store).
+"""Batch CLI: transcribe folders of recordings through the same pipeline, here or on a server.
 
-    python -m pipeline.cli FILE... [--model DIR|NAME | --demo] [--device cpu] [--format txt|json|srt|vtt]
-                           [--out DIR] [--language auto] [--no-itn] [--split-channels]
-Writes one export per input into --out (or prints txt to stdout); exits non-zero if any file failed.
+    python -m pipeline.cli PATHS... --output-dir DIR [--format txt,json,srt,vtt] [--language auto]
+                           [--word-timestamps] [--no-itn] [--split-channels]
+                           [--demo | --model DIR|NAME] [--device cuda|cpu] [--data-dir DIR]
+                           [--server URL [--token TOKEN]] [--jobs N] [--retry-for S] [--quiet]
+
+* **Inputs**: PATHS are files, folders (walked recursively) and glob patterns, expanded here
+  (``"calls/**/*.wav"``: quoted, it works on any shell). Folders and patterns yield the files with
+  an audio or video suffix (:data:`MEDIA_SUFFIXES`), hidden ones (``.name``) left out; a file named
+  on the command line is taken whatever its suffix. Links: a walk (of a folder, or of a pattern's
+  fixed leading folders, matched part by part, ``**`` for any folders) never enters a linked
+  folder (no loops, no leaving the tree: glob.glob would) and takes a linked file only when it
+  points inside the folder walked; a file named on the command line is taken as named.
+* **Outputs** mirror the inputs' tree under ``--output-dir``: relative to the deepest folder holding
+  every PATH (a folder PATH holds its files; a pattern, its fixed leading folders), so
+  ``a/call.wav`` and ``b/call.wav`` give ``DIR/a/call.txt`` and ``DIR/b/call.txt``. Two inputs
+  that would share outputs (``x.wav`` and ``x.mp3`` in one folder) are refused: the second fails.
+  Each output is written to a temporary file beside it and renamed into place (``os.replace``):
+  a file under its final name is always complete, even after a crash or Ctrl-C.
+* **Resume**: a file whose outputs (every ``--format``) all exist is skipped, so the same command
+  run again carries on where it stopped (run it with the same PATHS: they fix the mirror root).
+* **Streaming**: at most ``--jobs`` files are read, decoded or waited for at once (each thread
+  takes the next file when its previous one is written); memory does not grow with the number
+  of files. Local mode submits on the bulk lane, so the worker batches across the files in flight.
+* **Busy** answers (queue full, GPU memory low, too many uploads: 503 + Retry-After, 429) are
+  retried after their Retry-After for at most ``--retry-for`` seconds; a file that fails (corrupt,
+  no audio track, too long) fails alone, with its reason in the final table.
+* Local mode (default): ``build_runtime(settings)`` in this process (``--demo`` or ``--model``);
+  ``--server URL``: the REST API through :mod:`pipeline.client` (token: ``--token`` or
+  ``SENSEVOICE_API_TOKEN``), so a laptop can feed a remote GPU server.
+
+Exit status: 0 every file done (now or before), 1 some file failed, 2 nothing could start (no model,
+no inputs, server unreachable, token refused), 130 interrupted (what was written stays complete).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import fnmatch
 import logging
+import os
+import re
+import shutil
+import signal
 import sys
 import tempfile
+import threading
+import time
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
+from queue import Empty, Queue
 
-from pipeline.config import Settings
-from pipeline.domain.errors import SenseVoiceError
-from pipeline.domain.exports import FORMATS, export
-from pipeline.serving.runtime import build_runtime
-from pipeline.domain.types import JobState, Lane, TranscribeOptions
+from pipeline.domain.exports import FORMATS
+from pipeline.domain.types import LANGUAGES
 
 logger = logging.getLogger("sensevoice.cli")
 
+MEDIA_SUFFIXES = frozenset(
+    ".wav .wave .mp3 .flac .ogg .oga .opus .m4a .aac .wma .amr .aif .aiff .aifc .caf .mka .au .ac3 "
+    ".spx .3gp .3g2 .mp4 .m4v .mov .mkv .webm .avi .wmv .flv .mpg .mpeg .ts .mts .m2ts".split())
+JOB_TIMEOUT_S = 24 * 3600.0  # s, the longest one file may take once accepted
+DEFAULT_JOBS = 16  # files in flight: enough for the worker to batch across them
+REMOTE_UPLOADS_AT_ONCE = 4  # uploads in flight to a server (its max_uploads_per_client default)
+_GLOB_MAGIC = re.compile(r"[*?[]")
+EXIT_OK, EXIT_FAILED, EXIT_START, EXIT_INTERRUPTED = 0, 1, 2, 130
+
+
+class FileFailed(Exception):
+    """One file failed; ``reason`` goes into the final table."""
+
+    def __init__(self, reason: str):
+        super().__init__(reason)
+        self.reason = reason
+
+
+class StartFailed(Exception):
+    """Nothing can be transcribed (no model, server unreachable, token refused): one line, exit 2."""
+
+
+# ---------------------------------------------------------------------------------------------
+# Inputs and outputs
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Task:
+    """One input file and where its outputs go: ``out`` + ``.<format>``."""
+
+    path: Path  # as found (relative when the PATH was)
+    out: Path  # DIR / mirrored folders / file name without its suffix
+
+
+@dataclass
+class Plan:
+    todo: list[Task] = field(default_factory=list)
+    skipped: int = 0  # every output already there (resume)
+    failed: list[tuple[str, str]] = field(default_factory=list)  # (path, reason) before any work
+    links_out: list[str] = field(default_factory=list)  # linked files pointing out of their tree
+
+
+def output_path(out: Path, fmt: str) -> Path:
+    return out.with_name(f"{out.name}.{fmt}")
+
+
+def _split_pattern(pattern: str) -> tuple[Path, tuple[str, ...]]:
+    """A pattern's fixed leading folders and its remaining parts
+    (``calls/2026/**/*.wav`` -> ``calls/2026``, ``("**", "*.wav")``)."""
+    parts = Path(pattern).parts
+    n = next((i for i, part in enumerate(parts) if _GLOB_MAGIC.search(part)), len(parts))
+    return Path(*parts[:n]) if n else Path("."), parts[n:]
+
+
+def _match(parts: Sequence[str], pattern: Sequence[str]) -> bool:
+    """``parts`` (a relative path) matches ``pattern``, ``**`` standing for any folders."""
+    if not pattern:
+        return not parts
+    if pattern[0] == "**":
+        return any(_match(parts[i:], pattern[1:]) for i in range(len(parts) + 1))
+    return bool(parts) and fnmatch.fnmatchcase(parts[0], pattern[0]) and _match(parts[1:], pattern[1:])
+
+
+def _may_lead_to_match(parts: Sequence[str], pattern: Sequence[str]) -> bool:
+    """A folder at ``parts`` may hold a match: it matches, lies under a match, or may still
+    become one (always, past a ``**``)."""
+    if any(_match(parts[:k], pattern) for k in range(1, len(parts) + 1)):
+        return True
+    for part, pat in zip(parts, pattern):
+        if pat == "**":
+            return True
+        if not fnmatch.fnmatchcase(part, pat):
+            return False
+    return len(parts) < len(pattern)
+
+
+def mirror_root(paths: Sequence[str]) -> Path:
+    """The deepest folder holding every PATH: outputs are laid out relative to it."""
+    bases = []
+    for p in paths:
+        if _GLOB_MAGIC.search(p) and not os.path.exists(p):
+            bases.append(str(_split_pattern(p)[0]))
+        else:
+            bases.append(p if os.path.isdir(p) else os.path.dirname(p) or ".")
+    return Path(os.path.commonpath([os.path.abspath(b) for b in bases]))
+
+
+def _is_media(path: Path) -> bool:
+    return not path.name.startswith(".") and path.suffix.lower() in MEDIA_SUFFIXES
+
+
+def walk(top: Path, skip: Path, links_out: list[str], pattern: Sequence[str] | None = None
+         ) -> Iterator[Path]:
+    """Media files under ``top`` (those whose path below ``top``, or one of its folders, matches
+    ``pattern`` when given), sorted; hidden entries and ``skip`` (the output folder) left out;
+    linked folders never entered (no loops, no leaving the tree: glob.glob follows them); linked
+    files only when they point inside ``top``."""
+    tree = top.resolve()
+    for dirpath, dirnames, filenames in os.walk(top):  # followlinks=False
+        rel = Path(dirpath).relative_to(top).parts
+        dirnames[:] = sorted(
+            d for d in dirnames if not d.startswith(".") and Path(dirpath, d).resolve() != skip
+            and (pattern is None or _may_lead_to_match((*rel, d), pattern)))
+        for name in sorted(filenames):
+            path = Path(dirpath, name)
+            if not _is_media(path) or pattern is not None and not any(
+                    _match((*rel, name)[:k], pattern) for k in range(1, len(rel) + 2)):
+                continue
+            if path.is_symlink() and not path.resolve().is_relative_to(tree):
+                links_out.append(str(path))
+                continue
+            yield path
+
+
+def find_inputs(paths: Sequence[str], output_dir: Path, plan: Plan) -> Iterator[Path]:
+    """Every input file of ``paths``, in order, each once; unusable PATHS go to ``plan.failed``."""
+    skip = output_dir.resolve()
+    seen: set[str] = set()
+
+    def once(found: Iterable[Path]) -> Iterator[Path]:
+        for p in found:
+            key = os.path.abspath(p)
+            if key not in seen:
+                seen.add(key)
+                yield p
+
+    for arg in paths:
+        path = Path(arg)
+        if path.is_dir():
+            yield from once(walk(path, skip, plan.links_out))
+        elif path.is_file():
+            yield from once([path])
+        elif _GLOB_MAGIC.search(arg) and _split_pattern(arg)[0].is_dir():
+            base, pattern = _split_pattern(arg)
+            yield from once(walk(base, skip, plan.links_out, pattern))
+        else:
+            plan.failed.append((arg, "no such file or folder"))
+
+
+def make_plan(paths: Sequence[str], output_dir: Path, formats: Sequence[str]) -> Plan:
+    """Find the inputs, map each to its mirrored outputs, and skip the complete ones (resume).
+    Paths and stat calls only: nothing is read or decoded here."""
+    plan = Plan()
+    root = mirror_root(paths)
+    owners: dict[Path, Path] = {}
+    for path in find_inputs(paths, output_dir, plan):
+        rel = Path(os.path.relpath(os.path.abspath(path), root))
+        if rel.parts and rel.parts[0] == "..":  # cannot happen for paths under root; be safe
+            rel = Path(path.name)
+        out = output_dir / rel.parent / rel.stem
+        if out in owners:
+            plan.failed.append((str(path), f"its outputs would overwrite those of {owners[out]} "
+                                           "(same name without the extension, same folder)"))
+            continue
+        owners[out] = path
+        if all(output_path(out, fmt).is_file() for fmt in formats):
+            plan.skipped += 1
+        else:
+            plan.todo.append(Task(path, out))
+    return plan
+
+
+def write_atomic(path: Path, body: bytes) -> None:
+    """Write ``body`` to ``path`` through a temporary sibling renamed into place: ``path`` is
+    either absent, its old content, or complete. A failed write leaves no temporary file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}-{threading.get_ident()}.tmp")
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o666)  # mode: the umask's
+        with os.fdopen(fd, "wb") as f:
+            f.write(body)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        raise
+
+
+# ---------------------------------------------------------------------------------------------
+# Backends: this process's runtime, or a server
+# ---------------------------------------------------------------------------------------------
+
+
+def _reason(e: Exception) -> str:
+    code, message = getattr(e, "code", None), getattr(e, "message", None)
+    return f"{code}: {message}" if code and message else str(e) or type(e).__name__
+
+
+class LocalBackend:
+    """``build_runtime(settings).service`` in this process: submit (bulk lane), wait, export."""
+
+    def __init__(self, settings, options, formats: Sequence[str], retry_for: float):
+        self.settings, self.options, self.formats, self.retry_for = settings, options, formats, retry_for
+        self.runtime = None
+
+    def __enter__(self) -> "LocalBackend":
+        from pipeline.domain.errors import SenseVoiceError
+        from pipeline.serving.runtime import build_runtime
+
+        try:  # the model is found first: a missing one is one line, before anything loads
+            self.runtime = build_runtime(self.settings, resolve=True)
+            with contextlib.redirect_stdout(sys.stderr):  # funasr prints its version: not ours
+                self.runtime.start()
+        except SenseVoiceError as e:
+            self.__exit__()
+            raise StartFailed(e.message) from e
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.runtime is not None:
+            self.runtime.stop()
+
+    def transcribe(self, path: Path) -> tuple[float, dict[str, bytes]]:
+        from pipeline.domain.errors import SenseVoiceError
+        from pipeline.domain.exports import export
+        from pipeline.domain.types import JobState
+
+        service = self.runtime.service
+        limit = self.settings.max_upload_bytes
+        try:
+            if path.stat().st_size > limit:  # refused before it is read into memory
+                raise FileFailed(f"upload_too_large: {path.stat().st_size} bytes, over the "
+                                 f"{limit}-byte cap (SENSEVOICE_MAX_UPLOAD_BYTES)")
+            job = self._submit(path.read_bytes(), path.name)
+        except OSError as e:
+            raise FileFailed(f"cannot read: {e.strerror or e}") from e
+        except SenseVoiceError as e:
+            if service.state == "failed":
+                raise StartFailed(f"the service failed: {service.error}") from e
+            raise FileFailed(_reason(e)) from e
+        done = service.wait(job.id, timeout=JOB_TIMEOUT_S)
+        if done.state is not JobState.DONE or done.result is None:
+            raise FileFailed(_reason(done.error) if done.error else f"job {done.state.value}")
+        meta = {"id": done.id, "audio_seconds": done.audio_seconds, "created_at": done.created_at,
+                "finished_at": done.finished_at}
+        return done.audio_seconds, {f: export(done.result, f, job_meta=meta)[0] for f in self.formats}
+
+    def _submit(self, data: bytes, filename: str):
+        from pipeline.domain.errors import Busy
+        from pipeline.domain.types import Lane
+
+        deadline = time.monotonic() + self.retry_for
+        while True:
+            try:
+                return self.runtime.service.submit(data, filename=filename, options=self.options,
+                                                   lane=Lane.BULK)
+            except Busy as e:
+                if time.monotonic() + e.retry_after > deadline:
+                    raise
+                time.sleep(e.retry_after)
+
+
+class RemoteBackend:
+    """A server's REST API through :class:`pipeline.client.Client`."""
+
+    def __init__(self, url: str, token: str | None, options, formats: Sequence[str], retry_for: float):
+        from pipeline.client import Client
+
+        self.url, self.options, self.formats = url, options, formats
+        self.client = Client(url, token, busy_timeout=retry_for)
+        self.uploads = threading.BoundedSemaphore(REMOTE_UPLOADS_AT_ONCE)
+
+    def __enter__(self) -> "RemoteBackend":
+        import httpx
+
+        try:
+            self.client.health()
+        except httpx.HTTPError as e:
+            self.client.close()
+            raise StartFailed(f"cannot reach {self.url}: {e}") from e
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.client.close()
+
+    def transcribe(self, path: Path) -> tuple[float, dict[str, bytes]]:
+        import httpx
+
+        from pipeline.client import ApiError, WaitTimeout
+
+        try:
+            with self.uploads:
+                job_id = self.client.submit(path, self.options)
+            job = self.client.wait(job_id, timeout=JOB_TIMEOUT_S)
+            if job.get("status") != "done":
+                err = job.get("error") or {}
+                raise FileFailed(f"{err.get('code', job.get('status'))}: {err.get('message', '')}")
+            bodies = {fmt: self.client.result(job_id, fmt) for fmt in self.formats}
+        except ApiError as e:
+            if e.status == 401:
+                raise StartFailed(f"{self.url} refused the token: {e.message}") from e
+            raise FileFailed(f"{e.code}: {e.message}") from e
+        except OSError as e:
+            raise FileFailed(f"cannot read: {e.strerror or e}") from e
+        except (httpx.HTTPError, WaitTimeout) as e:
+            raise FileFailed(f"server: {e}") from e
+        return float(job.get("audio_seconds") or 0.0), bodies
+
+
+# ---------------------------------------------------------------------------------------------
+# The run: bounded threads, a progress bar, a final table
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Tally:
+    transcribed: int = 0
+    skipped: int = 0
+    audio_s: float = 0.0  # seconds of audio transcribed in this run
+    wall_s: float = 0.0  # the whole run, start-up included
+    start_s: float = 0.0  # of which start-up (model load, warm-up, server check)
+    failures: list[tuple[str, str]] = field(default_factory=list)
+    fatal: str | None = None  # why the run stopped early
+    interrupted: bool = False
+    began: float = field(default_factory=time.monotonic)  # monotonic, when main() began
+
+
+class Runner:
+    """``jobs`` threads, each taking the next task, transcribing it and writing its outputs. The
+    main thread only counts results and draws the bar. On Ctrl-C (or SIGTERM) no new file is
+    taken and no new output begun; outputs being written are finished before the run ends."""
+
+    def __init__(self, backend, formats: Sequence[str], jobs: int, progress: bool):
+        self.backend, self.formats, self.jobs, self.progress = backend, formats, jobs, progress
+        self.stopping = threading.Event()
+        self._lock = threading.Condition()
+        self._writing = 0
+        self._results: Queue = Queue()
+
+    def run(self, tasks: Sequence[Task], tally: Tally) -> Tally:
+        from tqdm import tqdm
+
+        pending = iter(tasks)
+        started = time.monotonic()
+        tally.start_s = started - tally.began
+        for n in range(min(self.jobs, len(tasks))):
+            threading.Thread(target=self._work, args=(pending,), name=f"sensevoice-cli-{n}",
+                             daemon=True).start()
+        bar = tqdm(total=len(tasks), unit="file", desc="transcribing", file=sys.stderr,
+                   disable=not self.progress, dynamic_ncols=True, smoothing=0.05)
+        try:
+            for _ in range(len(tasks)):
+                task, seconds, reason = self._next()
+                if reason is None:
+                    tally.transcribed += 1
+                    tally.audio_s += seconds
+                elif isinstance(reason, StartFailed):
+                    tally.fatal = str(reason)
+                    break
+                else:
+                    tally.failures.append((str(task.path), reason))
+                    bar.write(f"failed: {task.path}: {reason}", file=sys.stderr)
+                hours = tally.audio_s / 3600
+                rate = hours / max(time.monotonic() - started, 1e-9)
+                bar.set_postfix_str(f"{hours:.3f} audio-h, {rate:.4f} audio-h/s", refresh=False)
+                bar.update(1)
+        except KeyboardInterrupt:
+            tally.interrupted = True
+        finally:
+            self._stop()
+            bar.close()
+        return tally
+
+    def _next(self):
+        while True:  # a timed get: Ctrl-C is seen at once
+            try:
+                return self._results.get(timeout=0.5)
+            except Empty:
+                continue
+
+    def _stop(self) -> None:
+        with self._lock:
+            self.stopping.set()
+            self._lock.wait_for(lambda: self._writing == 0, timeout=60)
+
+    def _work(self, pending: Iterator[Task]) -> None:
+        while not self.stopping.is_set():
+            with self._lock:
+                task = next(pending, None)
+            if task is None:
+                return
+            self._results.put(self._one(task))
+
+    def _one(self, task: Task):
+        try:
+            seconds, bodies = self.backend.transcribe(task.path)
+            with self._lock:
+                if self.stopping.is_set():
+                    return task, None, "interrupted"
+                self._writing += 1
+            try:
+                for fmt in self.formats:
+                    target = output_path(task.out, fmt)
+                    write_atomic(target, bodies[fmt])
+            except OSError as e:
+                return task, None, f"cannot write {target}: {e.strerror or e}"
+            finally:
+                with self._lock:
+                    self._writing -= 1
+                    self._lock.notify_all()
+            return task, seconds, None
+        except FileFailed as e:
+            return task, None, e.reason
+        except StartFailed as e:
+            return task, None, e
+        except Exception as e:  # a bug, not the file: reported with the file, the run goes on
+            logger.exception("%s", task.path)
+            return task, None, f"internal error: {e!r}"
+
+
+def print_table(tally: Tally, out=None) -> None:
+    """The final table: files, audio hours, wall time, x real time, failures with reasons."""
+    out = out or sys.stdout
+    total = tally.transcribed + tally.skipped + len(tally.failures)
+    speed = tally.audio_s / tally.wall_s if tally.wall_s > 0 else 0.0
+    rows = [("files", f"{total}  ({tally.transcribed} transcribed, {tally.skipped} already done, "
+                      f"{len(tally.failures)} failed)"),
+            ("audio hours", f"{tally.audio_s / 3600:.4f}"),
+            ("wall time", f"{tally.wall_s:.1f} s ({tally.start_s:.1f} s of it starting up)"),
+            ("x real time", f"{speed:.1f}")]
+    if tally.interrupted:
+        rows.append(("interrupted", "yes: run the same command again to carry on"))
+    width = max(len(k) for k, _ in rows)
+    lines = [f"{k:<{width}}  {v}" for k, v in rows]
+    if tally.failures:
+        lines.append(f"failures ({len(tally.failures)}):")
+        name_w = min(max(len(p) for p, _ in tally.failures), 60)
+        lines += [f"  {p:<{name_w}}  {reason}" for p, reason in tally.failures]
+    print("\n".join(lines), file=out, flush=True)
+
+
+# ---------------------------------------------------------------------------------------------
+# Entry point
+# ---------------------------------------------------------------------------------------------
+
+
+def _formats(value: str) -> tuple[str, ...]:
+    chosen = tuple(dict.fromkeys(f.strip().lower() for f in value.split(",") if f.strip()))
+    unknown = [f for f in chosen if f not in FORMATS]
+    if unknown or not chosen:
+        raise argparse.ArgumentTypeError(
+            f"unknown format {', '.join(unknown) or value!r}; choose from {','.join(FORMATS)}")
+    return chosen
+
 
 def parse_args(argv=None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(prog="python -m pipeline.cli", description=__doc__.splitlines()[0])
-    ap.add_argument("files", nargs="+", type=Path)
-    ap.add_argument("--model")
-    ap.add_argument("--demo", action="store_true")
-    ap.add_argument("--device")
-    ap.add_argument("--format", choices=FORMATS, default="txt")
-    ap.add_argument("--out", type=Path, help="directory for the exports (default: print to stdout)")
-    ap.add_argument("--language", default="auto")
-    ap.add_argument("--no-itn", action="store_true")
-    ap.add_argument("--split-channels", action="store_true")
-    ap.add_argument("--data-dir", type=Path, help="job store (default: a temporary directory)")
-    return ap.parse_args(argv)
+    ap = argparse.ArgumentParser(prog="python -m pipeline.cli", description=__doc__.splitlines()[0],
+                                 epilog="Exit status: 0 all done, 1 some file failed, 2 could not "
+                                        "start, 130 interrupted.")
+    ap.add_argument("paths", nargs="+", metavar="PATH", help="files, folders and glob patterns")
+    ap.add_argument("--output-dir", "--out", dest="output_dir", type=Path, required=True,
+                    help="where outputs go, mirroring the inputs' folders")
+    ap.add_argument("--format", type=_formats, default=("txt",),
+                    help="comma list of txt,json,srt,vtt (default txt)")
+    ap.add_argument("--language", default="auto", choices=LANGUAGES)
+    ap.add_argument("--word-timestamps", action="store_true",
+                    help="per-word times from the CTC alignment (in json; subtitles use them)")
+    ap.add_argument("--no-itn", action="store_true", help="no punctuation or digits (inverse "
+                    "text normalisation off)")
+    ap.add_argument("--split-channels", action="store_true",
+                    help="stereo calls: each channel as its own speaker")
+    local = ap.add_argument_group("local mode (the default): the model in this process")
+    local.add_argument("--model", help="local model directory or hub name (default iic/SenseVoiceSmall)")
+    local.add_argument("--demo", action="store_true", help="the small offline demo model")
+    local.add_argument("--device", help="cuda, cuda:N or cpu (default: cuda if available)")
+    local.add_argument("--data-dir", type=Path, help="job store (default: a temporary folder)")
+    remote = ap.add_argument_group("server mode")
+    remote.add_argument("--server", metavar="URL", help="a running server, e.g. http://gpu-box:7860")
+    remote.add_argument("--token", default=os.environ.get("SENSEVOICE_API_TOKEN") or None,
+                        help="its API token (default: SENSEVOICE_API_TOKEN)")
+    ap.add_argument("--jobs", type=int, default=DEFAULT_JOBS,
+                    help=f"files in flight at once (default {DEFAULT_JOBS})")
+    ap.add_argument("--retry-for", type=float, default=3600.0, metavar="SECONDS",
+                    help="keep retrying a busy server or queue this long per file (default 3600)")
+    ap.add_argument("--quiet", action="store_true", help="no progress bar")
+    args = ap.parse_args(argv)
+    if args.server and (args.model or args.demo or args.device or args.data_dir):
+        ap.error("--server runs on the server's model: --model, --demo, --device and --data-dir "
+                 "are for local mode")
+    if args.jobs < 1:
+        ap.error("--jobs must be at least 1")
+    return args
+
+
+@contextlib.contextmanager
+def _backend(args, options) -> Iterator[LocalBackend | RemoteBackend]:
+    if args.server:
+        with RemoteBackend(args.server, args.token, options, args.format, args.retry_for) as b:
+            yield b
+        return
+    from pipeline.config import Settings
+
+    overrides = {k: v for k, v in {"model": args.model, "device": args.device}.items() if v}
+    data_dir = args.data_dir or Path(tempfile.mkdtemp(prefix="sensevoice-cli-"))
+    if "SENSEVOICE_CUDA_GRAPHS" not in os.environ:  # capturing takes longer than short runs gain
+        overrides["cuda_graphs"] = False
+    try:  # one process, embedded store; audio dropped once done (the input files stay)
+        settings = Settings(demo=args.demo, data_dir=data_dir, role="all", broker="",
+                            delete_audio_when_done=True, **overrides)
+        with LocalBackend(settings, options, args.format, args.retry_for) as b:
+            yield b
+    finally:
+        if args.data_dir is None:
+            shutil.rmtree(data_dir, ignore_errors=True)
+
+
+def _interrupt(_signum, _frame):
+    raise KeyboardInterrupt
 
 
 def main(argv=None) -> int:
-    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    # the libraries' chatter (funasr warns on the root logger) stays out; this package's warnings show
+    logging.basicConfig(level=logging.ERROR, format="%(levelname)s %(name)s: %(message)s")
+    logging.getLogger("sensevoice").setLevel(logging.WARNING)
+    started = time.monotonic()
     args = parse_args(argv)
-    overrides = {k: v for k, v in {"model": args.model, "device": args.device}.items() if v}
-    settings = Settings(demo=args.demo, data_dir=args.data_dir or Path(tempfile.mkdtemp(prefix="sv-cli-")),
-                        cuda_graphs=False, **overrides)
+    from pipeline.domain.types import TranscribeOptions
+
     options = TranscribeOptions(language=args.language, use_itn=not args.no_itn,
-                                split_channels=args.split_channels)
-    service = build_runtime(settings).service
-    try:
-        service.start()
-    except SenseVoiceError as e:
-        print(f"error: {e.message}", file=sys.stderr)
-        return 2
-    failures = 0
-    try:
-        jobs = []
-        for path in args.files:  # submit everything first: the worker batches across files
-            try:
-                jobs.append((path, service.submit(path.read_bytes(), filename=path.name,
-                                                  options=options, lane=Lane.BULK)))
-            except (OSError, SenseVoiceError) as e:
-                print(f"{path}: {getattr(e, 'message', e)}", file=sys.stderr)
-                failures += 1
-        for path, job in jobs:
-            done = service.wait(job.id, timeout=24 * 3600)
-            if done.state is not JobState.DONE or done.result is None:
-                print(f"{path}: {done.error.message if done.error else done.state.value}", file=sys.stderr)
-                failures += 1
-                continue
-            body, _ = export(done.result, args.format)
-            if args.out:
-                args.out.mkdir(parents=True, exist_ok=True)
-                (args.out / f"{path.stem}.{args.format}").write_bytes(body)
-            else:
-                sys.stdout.write(f"== {path}\n{body.decode('utf-8')}\n")
-    finally:
-        service.stop()
-    return 1 if failures else 0
+                                split_channels=args.split_channels,
+                                word_timestamps=args.word_timestamps)
+    plan = make_plan(args.paths, args.output_dir, args.format)
+    for link in plan.links_out:
+        print(f"skipped: {link}: a link pointing out of the folder walked", file=sys.stderr)
+    if not (plan.todo or plan.skipped or plan.failed):
+        print(f"error: no audio or video files in {' '.join(args.paths)}", file=sys.stderr)
+        return EXIT_START
+    tally = Tally(skipped=plan.skipped, failures=list(plan.failed), began=started)
+    if plan.todo:
+        previous = (signal.signal(signal.SIGTERM, _interrupt)
+                    if threading.current_thread() is threading.main_thread() else None)
+        try:
+            with _backend(args, options) as backend:
+                Runner(backend, args.format, args.jobs, progress=not args.quiet).run(plan.todo, tally)
+        except StartFailed as e:
+            print(f"error: {e}", file=sys.stderr)
+            return EXIT_START
+        except KeyboardInterrupt:  # during start-up
+            tally.interrupted = True
+        finally:
+            if previous is not None:
+                signal.signal(signal.SIGTERM, previous)
+    tally.wall_s = time.monotonic() - started
+    print_table(tally)
+    if tally.fatal:
+        print(f"error: {tally.fatal}", file=sys.stderr)
+        return EXIT_START
+    if tally.interrupted:
+        return EXIT_INTERRUPTED
+    return EXIT_FAILED if tally.failures else EXIT_OK
 
 
 if __name__ == "__main__":

@@ -125,6 +125,10 @@ class Settings(BaseSettings):
         30.0, description="Audio longer than this is split with silero-vad into speech segments.")
     max_segment_s: float = Field(30.0, description="Longest VAD segment, seconds (split at the quietest point).")
     queue_timeout_s: float = Field(600.0, description="A job waiting longer than this fails ('timed out in queue').")
+    request_wait_s: float = Field(
+        600.0, gt=0, description="The longest one HTTP request waits for its job: POST "
+        "/api/jobs?wait= is capped at it, and /v1/audio/transcriptions answers 504 after it (naming "
+        "the job, whose result stays at /api/jobs/{id}). The wait holds no thread.")
     min_free_memory_ratio: float = Field(
         0.15, description="GPU admission: refuse new jobs (503) while free device memory is under this share.")
     retention_hours: float = Field(24.0, description="Results and their audio are purged after this.")

@@ -7,7 +7,10 @@
  *     render(container, job, opts),        // returns the div.sv-review root
  *     renderInto(elemId, jobJson, opts),   // jobJson: the job JSON string (or the object);
  *                                          //   returns the host element, or null if not found
- *     formatTime(seconds)                  // "mm:ss.s" ("h:mm:ss.s" from one hour)
+ *     exportsBar(job, opts),               // the download links alone (a short clip's result)
+ *     formatTime(seconds),                 // "mm:ss.s" ("h:mm:ss.s" from one hour)
+ *     exportName(job, format),             // "<recording name>.<format>"
+ *     renameSpeakers(format, text, names)  // an export with the speakers' given names
  *   };
  *
  *   job  = the API's job JSON (pipeline/web/api.py job_json):
@@ -22,7 +25,16 @@
  *
  * Emoji, labels and colours come from window.SenseVoiceRich.TAGS (static/richtext.js), the one
  * table; without it the view degrades to plain labels. Styles: static/review.css (next to
- * static/style.css, whose .sv-chip / .sv-lang rules the chips reuse).
+ * static/style.css, whose .sv-chip / .sv-lang rules the chips reuse). Words: English, or Chinese
+ * when window.SenseVoiceI18n (static/app.js) says so.
+ *
+ * Speakers can be renamed (e.g. left -> Agent): the names show in the lanes, the table and the
+ * filters, are kept per job in localStorage, and go into the downloads (fetched, renamed, saved
+ * under the recording's own name; "Tags in subtitles" on asks the server for &tags=true). The
+ * table filters by emotion, event, speaker and text; on a narrow view its rows become stacked
+ * cards, text first (review.css). Several untimed segments of one timed piece (what one VAD piece
+ * gives when the model starts a new segment inside it) share the piece's span by text length
+ * instead of each claiming all of it (marked approximate).
  *
  * Safety: the DOM is built with createElement / createElementNS + textContent only; no markup is
  * ever built from job data. Source is pure ASCII (emoji as \u escapes).
@@ -37,10 +49,52 @@
   var NDASH = ' \u2013 ';
   var DOT = ' \u00b7 ';
   var FORMATS = [['txt', 'TXT'], ['json', 'JSON'], ['srt', 'SRT'], ['vtt', 'VTT']];
-  var GONE_TEXT = 'Audio no longer kept: the timeline and the table below still work.';
+  var SUBTITLES = ['srt', 'vtt']; // "Tags in subtitles" asks the server for &tags=true on these
+  var WORDS = {
+    en: {
+      gone: 'Audio no longer kept: the timeline and the table below still work.',
+      fallback: 'Playing your own upload: the server copy is not available.',
+      emo_time: 'Emotion, share of time', emo_segs: 'Emotion, share of segments',
+      events: 'Events', languages: 'Languages', download: 'Download', speakers: 'Speakers',
+      tags: 'Tags in subtitles', download_failed: 'Download failed: try again.',
+      col_time: 'Time', col_speaker: 'Speaker', col_language: 'Language', col_emotion: 'Emotion',
+      col_events: 'Events', col_text: 'Text', all: 'All', no_speaker: '(no speaker)',
+      segment: 'segment', segments: 'segments', speaker: 'speaker', speakers_n: 'speakers',
+      no_speech: 'No speech detected', no_result: 'No result yet: the job is {status}.',
+      no_result_failed: 'No result: the job {status}.', unreadable: 'Could not read the job result.',
+      seek: 'Timeline: click to seek', all_emotions: 'All emotions', all_events: 'All events',
+      all_speakers: 'All speakers', search: 'Search the text', shown: '{n} of {m} segments',
+      rename: 'Name of {speaker}', nospeech: 'No speech', recording: 'Recording'
+    },
+    zh: {
+      gone: '\u97f3\u9891\u5df2\u4e0d\u518d\u4fdd\u7559\uff1a\u4e0b\u9762\u7684\u65f6\u95f4\u8f74\u548c\u8868\u683c\u4ecd\u53ef\u7528\u3002',
+      fallback: '\u6b63\u5728\u64ad\u653e\u60a8\u4e0a\u4f20\u7684\u6587\u4ef6\uff1a\u670d\u52a1\u5668\u4e0a\u7684\u526f\u672c\u4e0d\u53ef\u7528\u3002',
+      emo_time: '\u60c5\u7eea\uff08\u6309\u65f6\u957f\uff09', emo_segs: '\u60c5\u7eea\uff08\u6309\u6bb5\u6570\uff09',
+      events: '\u58f0\u97f3\u4e8b\u4ef6', languages: '\u8bed\u79cd', download: '\u4e0b\u8f7d', speakers: '\u8bf4\u8bdd\u4eba',
+      tags: '\u5b57\u5e55\u4e2d\u542b\u6807\u7b7e', download_failed: '\u4e0b\u8f7d\u5931\u8d25\uff1a\u8bf7\u91cd\u8bd5\u3002',
+      col_time: '\u65f6\u95f4', col_speaker: '\u8bf4\u8bdd\u4eba', col_language: '\u8bed\u79cd', col_emotion: '\u60c5\u7eea',
+      col_events: '\u4e8b\u4ef6', col_text: '\u6587\u5b57', all: '\u5168\u90e8', no_speaker: '\uff08\u65e0\u8bf4\u8bdd\u4eba\uff09',
+      segment: '\u6bb5', segments: '\u6bb5', speaker: '\u4f4d\u8bf4\u8bdd\u4eba', speakers_n: '\u4f4d\u8bf4\u8bdd\u4eba',
+      no_speech: '\u672a\u68c0\u6d4b\u5230\u8bed\u97f3', no_result: '\u8fd8\u6ca1\u6709\u7ed3\u679c\uff1a\u4efb\u52a1{status}\u3002',
+      no_result_failed: '\u6ca1\u6709\u7ed3\u679c\uff1a\u4efb\u52a1{status}\u3002', unreadable: '\u65e0\u6cd5\u8bfb\u53d6\u4efb\u52a1\u7ed3\u679c\u3002',
+      seek: '\u65f6\u95f4\u8f74\uff1a\u70b9\u51fb\u8df3\u8f6c', all_emotions: '\u5168\u90e8\u60c5\u7eea', all_events: '\u5168\u90e8\u4e8b\u4ef6',
+      all_speakers: '\u5168\u90e8\u8bf4\u8bdd\u4eba', search: '\u641c\u7d22\u6587\u5b57', shown: '{n} / {m} \u6bb5',
+      rename: '{speaker} \u7684\u540d\u5b57', nospeech: '\u65e0\u8bed\u97f3', recording: '\u5f55\u97f3'
+    }
+  };
 
   function hasOwn(obj, key) {
     return obj != null && Object.prototype.hasOwnProperty.call(obj, key);
+  }
+
+  // The page's words (English unless static/app.js chose Chinese).
+  function tr(key, vars) {
+    var I = root.SenseVoiceI18n;
+    var lang = I && typeof I.lang === 'function' ? I.lang() : 'en';
+    var w = hasOwn(WORDS, lang) && hasOwn(WORDS[lang], key) ? WORDS[lang][key] : WORDS.en[key];
+    return String(w).replace(/\{(\w+)\}/g, function (m, k) {
+      return vars && vars[k] != null ? String(vars[k]) : m;
+    });
   }
 
   // Looked up at render time, so the load order of the two scripts does not matter.
@@ -135,21 +189,21 @@
     return c;
   }
 
-  function langBadge(code, full) {
+  // A language by the name its speakers use (English, \u4e2d\u6587, ...); the code in the title.
+  function langName(code) {
+    var e = tagEntry('language', code);
+    if (!e) return code.toUpperCase();
+    return code === 'nospeech' ? tr('nospeech') : e.name;
+  }
+
+  function langBadge(code) {
     var e = tagEntry('language', code);
     var b = el('span', 'sv-lang ' + (e ? e.cls : 'sv-lang-other'));
     b.setAttribute('data-tag', code);
-    b.title = e ? e.title : 'Language: ' + code;
+    b.title = e ? e.title + ' (' + code + ')' : 'Language: ' + code;
     b.style.setProperty('--sv-c', e ? e.color : GREY);
-    if (!e) {
-      b.textContent = code.toUpperCase();
-    } else if (full) {
-      b.appendChild(el('span', 'sv-lang-code', e.code));
-      b.appendChild(document.createTextNode(DOT));
-      b.appendChild(el('span', 'sv-lang-name', e.name));
-    } else {
-      b.textContent = e.code;
-    }
+    if (e) b.lang = code === 'yue' ? 'zh-HK' : code === 'nospeech' ? '' : code;
+    b.appendChild(el('span', 'sv-lang-name', langName(code)));
     return b;
   }
 
@@ -182,6 +236,35 @@
         approx: false
       };
     });
+  }
+
+  // Consecutive segments (in transcript order) with one and the same timed span and speaker are
+  // the model's sub-segments of one piece: they share the span by text length (approximate).
+  function spreadShared(segs) {
+    var i = 0;
+    while (i < segs.length) {
+      var s = segs[i];
+      var j = i + 1;
+      if (s.start !== null && s.end !== null && s.end > s.start) {
+        while (j < segs.length && segs[j].start === s.start && segs[j].end === s.end &&
+               segs[j].speaker === s.speaker) j++;
+      }
+      if (j - i > 1) {
+        var group = segs.slice(i, j);
+        var weights = group.map(function (g) { return Math.max(1, g.text.length); });
+        var total = weights.reduce(function (a, b) { return a + b; }, 0);
+        var from = s.start;
+        var to = s.end;
+        var at = from;
+        group.forEach(function (g, k) {
+          g.start = at;
+          at += (to - from) * weights[k] / total;
+          g.end = k === group.length - 1 ? to : at;
+          g.approx = true;
+        });
+      }
+      i = j;
+    }
   }
 
   function layout(job) {
@@ -217,6 +300,7 @@
         s.approx = true;
       });
     } else {
+      spreadShared(segs);
       // fill the gaps: a missing start is the previous end, a missing end the next start
       var prevEnd = 0;
       for (i = 0; i < segs.length; i++) {
@@ -317,8 +401,7 @@
       var idx = emoNames.map(function (n, i) { return i; }).sort(function (a, b) {
         return weights[b] - weights[a] || a - b;
       });
-      var g = summaryGroup('sv-sum-emotions',
-        byTime ? 'Emotion, share of time' : 'Emotion, share of segments');
+      var g = summaryGroup('sv-sum-emotions', byTime ? tr('emo_time') : tr('emo_segs'));
       idx.forEach(function (i) {
         var c = chip('emotion', emoNames[i], pct[i] + '%');
         c.className += ' sv-sum-emo';
@@ -328,7 +411,7 @@
       box.appendChild(g);
     }
     if (evNames.length) {
-      var ge = summaryGroup('sv-sum-events', 'Events');
+      var ge = summaryGroup('sv-sum-events', tr('events'));
       evNames.slice().sort(function (a, b) {
         return evCount[b] - evCount[a] || evNames.indexOf(a) - evNames.indexOf(b);
       }).forEach(function (n) {
@@ -340,11 +423,11 @@
       box.appendChild(ge);
     }
     if (langNames.length) {
-      var gl = summaryGroup('sv-sum-languages', 'Languages');
+      var gl = summaryGroup('sv-sum-languages', tr('languages'));
       langNames.slice().sort(function (a, b) {
         return langTime[b] - langTime[a] || langNames.indexOf(a) - langNames.indexOf(b);
       }).forEach(function (n) {
-        var b = langBadge(n, true);
+        var b = langBadge(n);
         b.className += ' sv-sum-lang';
         gl.appendChild(b);
       });
@@ -363,9 +446,9 @@
     return Math.ceil(duration / 8 / 3600) * 3600;
   }
 
-  function laneName(speaker, single) {
-    if (speaker !== null) return speaker;
-    return single ? 'All' : '(no speaker)';
+  function laneName(speaker, single, names) {
+    if (speaker !== null) return names && hasOwn(names, speaker) && names[speaker] ? names[speaker] : speaker;
+    return single ? tr('all') : tr('no_speaker');
   }
 
   function segTitle(s) {
@@ -377,7 +460,7 @@
     return parts.join(DOT);
   }
 
-  function buildTimeline(L) {
+  function buildTimeline(L, names) {
     var D = L.duration;
     var H = L.lanes.length * LANE_H;
     var wrap = el('div', 'sv-tl-wrap');
@@ -386,16 +469,17 @@
     var s = svg('svg', {
       'class': 'sv-timeline', width: '100%', height: H,
       viewBox: '0 0 ' + D + ' ' + H, preserveAspectRatio: 'none',
-      role: 'slider', tabindex: '0', 'aria-label': 'Timeline: click to seek',
+      role: 'slider', tabindex: '0', 'aria-label': tr('seek'),
       'aria-valuemin': '0', 'aria-valuemax': String(D), 'aria-valuenow': '0'
     });
     var single = L.lanes.length === 1;
     var groups = L.lanes.map(function (sp, i) {
-      var name = laneName(sp, single);
+      var name = laneName(sp, single, names);
       var lab = el('div', 'sv-tl-label', name);
       lab.title = name;
       lab.style.height = LANE_H + 'px';
       lab.setAttribute('data-lane', String(i));
+      if (sp !== null) lab.setAttribute('data-speaker', sp);
       labels.appendChild(lab);
       var g = svg('g', { 'class': 'sv-tl-lane', 'data-lane': i });
       if (sp !== null) g.setAttribute('data-speaker', sp);
@@ -467,7 +551,7 @@
 
   // ---- table ----
 
-  function buildTable(L) {
+  function buildTable(L, names) {
     var wrap = el('div', 'sv-table-wrap');
     // review.css lays rows out as grids (fast with thousands of rows): the roles keep the
     // table semantics for assistive technology
@@ -479,8 +563,8 @@
     thead.setAttribute('role', 'rowgroup');
     var hr = el('tr');
     hr.setAttribute('role', 'row');
-    ['Time', 'Speaker', 'Language', 'Emotion', 'Events', 'Text'].forEach(function (h) {
-      var th = el('th', 'sv-col-' + h.toLowerCase(), h);
+    ['time', 'speaker', 'language', 'emotion', 'events', 'text'].forEach(function (h) {
+      var th = el('th', 'sv-col-' + h, tr('col_' + h));
       th.scope = 'col';
       th.setAttribute('role', 'columnheader');
       hr.appendChild(th);
@@ -497,38 +581,282 @@
       return c;
     }
     L.segs.forEach(function (s, k) {
-      var tr = el('tr', 'sv-row');
-      tr.setAttribute('role', 'row');
-      tr.setAttribute('data-start', String(s.start));
-      tr.setAttribute('data-end', String(s.end));
-      tr.setAttribute('data-index', String(s.index));
-      tr.setAttribute('data-k', String(k));
-      tr.tabIndex = 0;
-      tr.appendChild(td('sv-col-time',
+      var row = el('tr', 'sv-row');
+      row.setAttribute('role', 'row');
+      row.setAttribute('data-start', String(s.start));
+      row.setAttribute('data-end', String(s.end));
+      row.setAttribute('data-index', String(s.index));
+      row.setAttribute('data-k', String(k));
+      row.tabIndex = 0;
+      row.appendChild(td('sv-col-time',
         (s.approx ? '\u2248 ' : '') + formatTime(s.start) + NDASH + formatTime(s.end)));
       var tdS = td('sv-col-speaker' + (s.speaker === null ? ' sv-none' : ''),
-        s.speaker === null ? DASH : s.speaker);
-      if (s.speaker !== null) tdS.title = s.speaker;
-      tr.appendChild(tdS);
+        s.speaker === null ? DASH : laneName(s.speaker, false, names));
+      if (s.speaker !== null) {
+        tdS.title = s.speaker;
+        row.setAttribute('data-speaker', s.speaker);
+      }
+      row.appendChild(tdS);
       var tdL = td('sv-col-language');
-      if (s.language) tdL.appendChild(langBadge(s.language, false));
-      tr.appendChild(tdL);
+      if (s.language) tdL.appendChild(langBadge(s.language));
+      row.appendChild(tdL);
       var tdE = td('sv-col-emotion');
       if (s.emotion) tdE.appendChild(chip('emotion', s.emotion));
-      tr.appendChild(tdE);
+      row.appendChild(tdE);
       var tdV = td('sv-col-events');
       s.events.forEach(function (e) { if (e) tdV.appendChild(chip('event', e)); });
-      tr.appendChild(tdV);
+      row.appendChild(tdV);
       var tdT = td('sv-col-text', s.text);
       tdT.dir = 'auto';
-      tr.appendChild(tdT);
-      frag.appendChild(tr);
-      rows.push(tr);
+      row.appendChild(tdT);
+      frag.appendChild(row);
+      rows.push(row);
     });
     tbody.appendChild(frag);
     table.appendChild(tbody);
     wrap.appendChild(table);
     return { wrap: wrap, table: table, tbody: tbody, rows: rows };
+  }
+
+  // ---- speakers' names (kept per job in this browser) ----
+
+  var NAMES_KEY = 'sv-speakers:';
+
+  function each(list, fn) {
+    for (var i = 0; i < list.length; i++) fn(list[i], i);
+  }
+
+  // A name as it may appear in a download: one line, no cue-timing arrow, at most 40 characters.
+  function cleanName(v) {
+    return str(v).replace(/[\u0000-\u001f\u007f\u0085\u2028\u2029]+/g, ' ').replace(/-->/g, '->')
+      .replace(/\s+/g, ' ').trim().slice(0, 40);
+  }
+
+  // localStorage, or null where the page may not use it (an opaque origin throws on access)
+  function storage() {
+    try { return root.localStorage || null; } catch (e) { return null; }
+  }
+
+  function loadNames(id) {
+    var out = Object.create(null);
+    var store = storage();
+    if (id == null || !store) return out;
+    try {
+      var saved = JSON.parse(store.getItem(NAMES_KEY + String(id)) || '{}');
+      Object.keys(saved || {}).forEach(function (k) {
+        var v = cleanName(saved[k]);
+        if (v) out[k] = v;
+      });
+    } catch (e) { /* unreadable: no names */ }
+    return out;
+  }
+
+  function saveNames(id, names) {
+    var store = storage();
+    if (id == null || !store) return;
+    try {
+      var keys = Object.keys(names);
+      if (keys.length) store.setItem(NAMES_KEY + String(id), JSON.stringify(names));
+      else store.removeItem(NAMES_KEY + String(id));
+    } catch (e) { /* private mode, full */ }
+  }
+
+  function buildSpeakers(L, names, onRename) {
+    var speakers = L.lanes.filter(function (sp) { return sp !== null; });
+    if (!speakers.length) return null;
+    var g = el('div', 'sv-sum-group sv-speakers');
+    g.appendChild(el('span', 'sv-sum-heading', tr('speakers')));
+    speakers.forEach(function (sp) {
+      var input = el('input', 'sv-speaker-name');
+      input.type = 'text';
+      input.value = hasOwn(names, sp) ? names[sp] : '';
+      input.placeholder = sp;
+      input.maxLength = 40;
+      input.size = 10;
+      input.title = sp;
+      input.setAttribute('data-speaker', sp);
+      input.setAttribute('aria-label', tr('rename', { speaker: sp }));
+      input.addEventListener('input', function () { onRename(sp, input.value); });
+      g.appendChild(input);
+    });
+    return g;
+  }
+
+  // ---- filters ----
+
+  function buildFilters(L, names) {
+    var bar = el('div', 'sv-filters');
+    function select(cls, label, values, text) {
+      var sel = el('select', 'sv-filter ' + cls);
+      sel.setAttribute('aria-label', label);
+      var all = el('option', '', label);
+      all.value = '';
+      sel.appendChild(all);
+      values.forEach(function (v) {
+        var o = el('option', '', text(v));
+        o.value = v;
+        sel.appendChild(o);
+      });
+      sel.disabled = values.length < 2;
+      bar.appendChild(sel);
+      return sel;
+    }
+    var emos = [];
+    var evs = [];
+    L.segs.forEach(function (s) {
+      if (s.emotion && emos.indexOf(s.emotion) < 0) emos.push(s.emotion);
+      s.events.forEach(function (e) { if (e && evs.indexOf(e) < 0) evs.push(e); });
+    });
+    var speakers = L.lanes.filter(function (sp) { return sp !== null; });
+    var emotion = select('sv-filter-emotion', tr('all_emotions'), emos, function (v) {
+      return emojiOf('emotion', v) + v;
+    });
+    var event = select('sv-filter-event', tr('all_events'), evs, function (v) {
+      return emojiOf('event', v) + v;
+    });
+    var speaker = select('sv-filter-speaker', tr('all_speakers'), speakers, function (v) {
+      return laneName(v, false, names);
+    });
+    if (!speakers.length) speaker.hidden = true;
+    var search = el('input', 'sv-filter sv-filter-search');
+    search.type = 'search';
+    search.placeholder = tr('search');
+    search.setAttribute('aria-label', tr('search'));
+    bar.appendChild(search);
+    var count = el('span', 'sv-filter-count');
+    count.setAttribute('role', 'status');
+    bar.appendChild(count);
+    return { bar: bar, emotion: emotion, event: event, speaker: speaker, search: search, count: count };
+  }
+
+  // ---- downloads ----
+
+  // "<recording name>.<format>" (the upload's name without its extension), else transcript-<id>.
+  function exportName(job, format) {
+    var name = str(job && job.filename).replace(/\.[A-Za-z0-9]{1,5}$/, '')
+      .replace(/[\u0000-\u001f\u007f<>:"\/\\|?*]+/g, ' ').replace(/\s+/g, ' ').trim().slice(0, 120);
+    if (!name || /^\.+$/.test(name)) name = 'transcript-' + str(job && job.id).slice(0, 8);
+    return name + '.' + format;
+  }
+
+  function escapeRe(s) {
+    return s.replace(/[.*+?^${}()|[\]\\]/g, '\\$&');
+  }
+
+  function vttText(s) {
+    return s.replace(/&/g, '&amp;').replace(/</g, '&lt;').replace(/>/g, '&gt;');
+  }
+
+  // An export (pipeline/domain/exports.py's formats) with each speaker under its given name;
+  // one pass, so swapped names stay swapped.
+  function renameSpeakers(format, text, names) {
+    text = str(text);
+    var map = Object.create(null);
+    Object.keys(names || {}).forEach(function (k) {
+      var v = cleanName(names[k]);
+      if (v && v !== k) map[k] = v;
+    });
+    var keys = Object.keys(map).sort(function (a, b) { return b.length - a.length; });
+    if (!keys.length) return text;
+    if (format === 'json') {
+      try {
+        var doc = JSON.parse(text);
+        var segs = doc && doc.result && Array.isArray(doc.result.segments) ? doc.result.segments : [];
+        segs.forEach(function (s) {
+          if (s && typeof s.speaker === 'string' && hasOwn(map, s.speaker)) s.speaker = map[s.speaker];
+        });
+        return JSON.stringify(doc, null, 2) + '\n';
+      } catch (e) {
+        return text;
+      }
+    }
+    if (format === 'vtt') {
+      var v = new RegExp('<v (' + keys.map(function (k) { return escapeRe(vttText(k)); }).join('|') + ')>', 'g');
+      var back = Object.create(null);
+      keys.forEach(function (k) { back[vttText(k)] = vttText(map[k]); });
+      return text.replace(v, function (m, k) { return '<v ' + back[k] + '>'; });
+    }
+    var alt = keys.map(escapeRe).join('|');
+    var re = format === 'txt'
+      ? new RegExp('^(\\[[^\\]\\n]*\\] )?(' + alt + '): ', 'gm')
+      : new RegExp('^()(' + alt + '): ', 'gm');
+    return text.replace(re, function (m, pre, k) { return (pre || '') + map[k] + ': '; });
+  }
+
+  function saveBlob(text, media, name) {
+    var url = root.URL.createObjectURL(new Blob([text], { type: media }));
+    var a = el('a');
+    a.href = url;
+    a.download = name;
+    a.style.display = 'none';
+    document.body.appendChild(a);
+    a.click();
+    document.body.removeChild(a);
+    root.setTimeout(function () { root.URL.revokeObjectURL(url); }, 10000);
+  }
+
+  function buildExports(job, opts, getNames) {
+    if (job.id == null || str(job.id) === '' || !job.result) return null;
+    var ex = el('div', 'sv-exports');
+    ex.appendChild(el('span', 'sv-sum-heading', tr('download')));
+    var base = str(opts.exportBase || '/api/jobs').replace(/\/+$/, '');
+    // the job's own result link (signed when the server has an API token), if it is a path on
+    // this server; else {base}/{id}/result
+    var own = job.links && typeof job.links.result === 'string' ? job.links.result : '';
+    if (own.charAt(0) !== '/' || own.charAt(1) === '/' || own.charAt(1) === '\\') own = '';
+    var links = [];
+    var tagsOn = false; // the server's default for subtitles: no tags (txt keeps them)
+    var status = el('span', 'sv-export-status');
+    status.setAttribute('role', 'status');
+    function href(format) {
+      var h = own
+        ? own + (own.indexOf('?') < 0 ? '?' : '&') + 'format=' + format
+        : base + '/' + encodeURIComponent(String(job.id)) + '/result?format=' + format;
+      return tagsOn && SUBTITLES.indexOf(format) >= 0 ? h + '&tags=true' : h;
+    }
+    FORMATS.forEach(function (f) {
+      var a = el('a', 'sv-export', f[1]);
+      a.href = href(f[0]);
+      a.setAttribute('download', exportName(job, f[0]));
+      a.setAttribute('data-format', f[0]);
+      a.rel = 'noopener';
+      a.addEventListener('click', function (ev) {
+        if (ev.button !== 0 || ev.ctrlKey || ev.metaKey || ev.shiftKey || ev.altKey || !root.fetch) return;
+        // fetched, so that the file keeps the recording's name (a download attribute loses to
+        // the server's Content-Disposition) and carries the speakers' given names
+        ev.preventDefault();
+        status.textContent = '';
+        root.fetch(a.href, { credentials: 'same-origin' }).then(function (r) {
+          if (!r.ok) throw new Error(String(r.status));
+          var media = r.headers.get('content-type') || 'application/octet-stream';
+          return r.text().then(function (text) {
+            saveBlob(renameSpeakers(f[0], text, getNames()), media, exportName(job, f[0]));
+          });
+        })['catch'](function () { status.textContent = tr('download_failed'); });
+      });
+      ex.appendChild(a);
+      links.push(a);
+    });
+    var label = el('label', 'sv-export-tags');
+    var box = el('input', 'sv-export-tags-box');
+    box.type = 'checkbox';
+    box.checked = false;
+    box.addEventListener('change', function () {
+      tagsOn = box.checked;
+      links.forEach(function (a) { a.href = href(a.getAttribute('data-format')); });
+    });
+    label.appendChild(box);
+    label.appendChild(document.createTextNode(' ' + tr('tags')));
+    ex.appendChild(label);
+    ex.appendChild(status);
+    return ex;
+  }
+
+  function exportsBar(job, opts) {
+    job = job && typeof job === 'object' ? job : {};
+    var ex = buildExports(job, opts || {}, function () { return loadNames(job.id); });
+    if (ex) ex.className += ' sv-exports-bar';
+    return ex;
   }
 
   // ---- rendering ----
@@ -562,14 +890,16 @@
     var segs = L.segs;
     var n = segs.length;
 
+    var names = loadNames(job.id);
+
     // header
     var head = el('div', 'sv-review-head');
-    var title = str(job.filename) || str(job.id) || 'Recording';
+    var title = str(job.filename) || str(job.id) || tr('recording');
     head.appendChild(el('span', 'sv-review-title', title));
     var meta = [formatTime(L.unknownDuration ? null : L.duration).replace(/\.\d$/, ''),
-      n + (n === 1 ? ' segment' : ' segments')];
+      n + ' ' + (n === 1 ? tr('segment') : tr('segments'))];
     var named = L.lanes.filter(function (sp) { return sp !== null; }).length;
-    if (named) meta.push(named + (named === 1 ? ' speaker' : ' speakers'));
+    if (named) meta.push(named + ' ' + (named === 1 ? tr('speaker') : tr('speakers_n')));
     if (job.status && job.status !== 'done') meta.push(String(job.status));
     head.appendChild(el('span', 'sv-review-meta', meta.join(DOT)));
     rootEl.appendChild(head);
@@ -602,7 +932,7 @@
       if (tried < urls.length) {
         audio.setAttribute('data-source', sourceNames[tried]);
         if (sourceNames[tried] === 'fallback' && tried > 0) {
-          audioNote.textContent = 'Playing your own upload: the server copy is not available.';
+          audioNote.textContent = tr('fallback');
           audioNote.className = 'sv-review-note sv-audio-note sv-audio-fallback';
           audioNote.hidden = false;
         }
@@ -613,7 +943,7 @@
       audio.setAttribute('data-source', 'none');
       audio.removeAttribute('src');
       audio.hidden = true;
-      audioNote.textContent = GONE_TEXT;
+      audioNote.textContent = tr('gone');
       audioNote.className = 'sv-review-note sv-audio-note sv-audio-gone';
       audioNote.hidden = false;
     }
@@ -624,43 +954,83 @@
     if (!job.result && !n) {
       var st = str(job.status) || 'unknown';
       rootEl.appendChild(note('sv-review-empty', st === 'failed' || st === 'cancelled'
-        ? 'No result: the job ' + st +
-          (job.error && job.error.message ? ' (' + str(job.error.message) + ')' : '') + '.'
-        : 'No result yet: the job is ' + st + '.'));
+        ? tr('no_result_failed', { status: st +
+          (job.error && job.error.message ? ' (' + str(job.error.message) + ')' : '') })
+        : tr('no_result', { status: st })));
     } else if (!n) {
-      rootEl.appendChild(note('sv-review-empty', 'No speech detected'));
+      rootEl.appendChild(note('sv-review-empty', tr('no_speech')));
     }
 
     var tl = null;
     var tb = null;
+    var filters = null;
     if (n) {
-      rootEl.appendChild(buildSummary(segs));
-      tl = buildTimeline(L);
+      var sum = buildSummary(segs);
+      var editor = buildSpeakers(L, names, rename);
+      if (editor) sum.appendChild(editor);
+      rootEl.appendChild(sum);
+      tl = buildTimeline(L, names);
       rootEl.appendChild(tl.wrap);
-      tb = buildTable(L);
+      tb = buildTable(L, names);
+      if (n > 1) {
+        filters = buildFilters(L, names);
+        rootEl.appendChild(filters.bar);
+      }
       rootEl.appendChild(tb.wrap);
     }
 
     // exports
-    if (job.id != null && str(job.id) !== '' && job.result) {
-      var ex = el('div', 'sv-exports');
-      ex.appendChild(el('span', 'sv-sum-heading', 'Download'));
-      var base = str(opts.exportBase || '/api/jobs').replace(/\/+$/, '');
-      // the job's own result link (signed when the server has an API token), if it is a path on
-      // this server; else {base}/{id}/result
-      var own = job.links && typeof job.links.result === 'string' ? job.links.result : '';
-      if (own.charAt(0) !== '/' || own.charAt(1) === '/' || own.charAt(1) === '\\') own = '';
-      FORMATS.forEach(function (f) {
-        var a = el('a', 'sv-export', f[1]);
-        a.href = own
-          ? own + (own.indexOf('?') < 0 ? '?' : '&') + 'format=' + f[0]
-          : base + '/' + encodeURIComponent(String(job.id)) + '/result?format=' + f[0];
-        a.setAttribute('download', 'transcript-' + String(job.id) + '.' + f[0]);
-        a.setAttribute('data-format', f[0]);
-        a.rel = 'noopener';
-        ex.appendChild(a);
+    var ex = buildExports(job, opts, function () { return names; });
+    if (ex) rootEl.appendChild(ex);
+
+    // ---- speakers' names: lanes, table, filter, downloads ----
+    function rename(sp, value) {
+      var clean = cleanName(value);
+      if (clean && clean !== sp) names[sp] = clean; else delete names[sp];
+      saveNames(job.id, names);
+      var shown = laneName(sp, false, names);
+      each(rootEl.querySelectorAll('.sv-tl-label'), function (lab) {
+        if (lab.getAttribute('data-speaker') === sp) { lab.textContent = shown; lab.title = shown; }
       });
-      rootEl.appendChild(ex);
+      if (tb) {
+        tb.rows.forEach(function (row) {
+          if (row.getAttribute('data-speaker') !== sp) return;
+          var cell = row.querySelector('.sv-col-speaker');
+          if (cell) cell.textContent = shown;
+        });
+      }
+      if (filters) {
+        each(filters.speaker.options, function (o) {
+          if (o.value === sp) o.textContent = shown;
+        });
+      }
+    }
+
+    // ---- filters: emotion, event, speaker, text ----
+    var lowered = segs.map(function (s) { return s.text.toLowerCase(); });
+    function applyFilters() {
+      if (!filters) return;
+      var emo = filters.emotion.value;
+      var ev = filters.event.value;
+      var sp = filters.speaker.value;
+      var q = filters.search.value.trim().toLowerCase();
+      var shown = 0;
+      for (var k = 0; k < n; k++) {
+        var s = segs[k];
+        var ok = (!emo || s.emotion === emo) && (!ev || s.events.indexOf(ev) >= 0) &&
+          (!sp || s.speaker === sp) && (!q || lowered[k].indexOf(q) >= 0);
+        if (tb.rows[k].hidden === ok) tb.rows[k].hidden = !ok;
+        tl.rects[k].classList.toggle('sv-dim', !ok);
+        if (ok) shown += 1;
+      }
+      filters.count.textContent = shown === n ? '' : tr('shown', { n: shown, m: n });
+      rootEl.classList.toggle('sv-filtered', shown !== n);
+    }
+    if (filters) {
+      [filters.emotion, filters.event, filters.speaker].forEach(function (sel) {
+        sel.addEventListener('change', applyFilters);
+      });
+      filters.search.addEventListener('input', applyFilters);
     }
 
     // ---- behaviour: one binary search per time update, only changed rows touched ----
@@ -853,7 +1223,7 @@
         cleanupOld(host);
         clear(host);
         var bad = el('div', 'sv-review');
-        bad.appendChild(note('sv-review-error', 'Could not read the job result.'));
+        bad.appendChild(note('sv-review-error', tr('unreadable')));
         host.appendChild(bad);
         return host;
       }
@@ -871,7 +1241,10 @@
   var api = Object.freeze({
     render: render,
     renderInto: renderInto,
-    formatTime: formatTime
+    exportsBar: exportsBar,
+    formatTime: formatTime,
+    exportName: exportName,
+    renameSpeakers: renameSpeakers
   });
   root.SenseVoiceReview = api;
   if (typeof module === 'object' && module && module.exports) module.exports = api;

@@ -53,16 +53,17 @@
   // Emoji are \u escapes so the file is pure ASCII and immune to a wrong charset;
   // tests/test_richtext_js.py spells each one out.
   var TAGS = Object.freeze({
+    // name: what its speakers call it (shown); english: the English name (in the title)
     language: table([
-      ['zh', 'ZH', 'Chinese', '220 38 38'],
-      ['en', 'EN', 'English', '37 99 235'],
-      ['yue', 'YUE', 'Cantonese', '234 88 12'],
-      ['ja', 'JA', 'Japanese', '219 39 119'],
-      ['ko', 'KO', 'Korean', '124 58 237'],
-      ['nospeech', '\u2205', 'No speech', '107 114 128']
+      ['zh', 'ZH', '\u4e2d\u6587', 'Chinese', '220 38 38'],
+      ['en', 'EN', 'English', 'English', '37 99 235'],
+      ['yue', 'YUE', '\u7cb5\u8a9e', 'Cantonese', '234 88 12'],
+      ['ja', 'JA', '\u65e5\u672c\u8a9e', 'Japanese', '219 39 119'],
+      ['ko', 'KO', '\ud55c\uad6d\uc5b4', 'Korean', '124 58 237'],
+      ['nospeech', '\u2205', 'No speech', 'No speech', '107 114 128']
     ], function (r) {
-      return { code: r[1], name: r[2], label: r[1] + ' \u00b7 ' + r[2], color: r[3],
-        title: 'Language: ' + r[2], cls: 'sv-lang-' + slug(r[0]) };
+      return { code: r[1], name: r[2], english: r[3], label: r[2], color: r[4],
+        title: 'Language: ' + r[3], cls: 'sv-lang-' + slug(r[0]) };
     }),
     emotion: table([
       ['HAPPY', '\ud83d\ude0a', 'happy', '234 179 8'],
@@ -96,8 +97,8 @@
         cls: 'sv-event-' + slug(r[0]) };
     }),
     itn: table([
-      ['withitn', 'ITN', 'Inverse text normalisation on (punctuation, digits)'],
-      ['woitn', 'no ITN', 'Inverse text normalisation off (raw spoken form)']
+      ['withitn', 'punctuated', 'Punctuation and numbers as digits (inverse text normalisation, ITN, on)'],
+      ['woitn', 'spoken form', 'As spoken, without punctuation (inverse text normalisation, ITN, off)']
     ], function (r) {
       return { label: r[1], title: r[2], cls: 'sv-itn-' + r[0] };
     })
@@ -230,11 +231,9 @@
     if (seg.language && hasOwn(TAGS.language, seg.language)) {
       var L = TAGS.language[seg.language];
       var badge = el('span', 'sv-lang ' + L.cls);
-      badge.title = L.title;
+      badge.title = L.title + ' (' + seg.language + ')';
       badge.setAttribute('data-tag', seg.language);
       badge.style.setProperty('--sv-c', L.color);
-      badge.appendChild(el('span', 'sv-lang-code', L.code));
-      badge.appendChild(document.createTextNode(' \u00b7 '));
       badge.appendChild(el('span', 'sv-lang-name', L.name));
       tags.appendChild(badge);
     }

@@ -8,6 +8,8 @@ import uuid
 import httpx
 import pytest
 
+from tests.test_exports import check_subtitles, parse_srt
+
 
 def submit(server, path, name=None, **form):
     with open(path, "rb") as f:
@@ -180,15 +182,22 @@ def test_long_recording_segments_and_exports(live_server, long_call):
     srt = httpx.get(base, params={"format": "srt"})
     assert srt.status_code == 200 and srt.headers["content-type"].startswith("application/x-subrip")
     cues = _srt_cues(srt.text)
-    assert len(cues) == len(segs)
+    assert len(cues) >= len(segs)  # a segment is one cue or more (subtitle limits)
     assert all(a[1] <= b[0] for a, b in zip(cues, cues[1:]))  # ordered, no overlaps
-    assert "[en] [NEUTRAL] [Speech]" in cues[0][2]
+    check_subtitles(parse_srt(srt.text), done["result"]["text"])  # 2 x 42 characters, 7 s
+    assert "[en]" not in srt.text  # no tags in subtitles by default
+    tagged = _srt_cues(httpx.get(base, params={"format": "srt", "tags": "true"}).text)
+    assert "[en] [NEUTRAL] [Speech]" in tagged[0][2]
     vtt = httpx.get(base, params={"format": "vtt", "tags": "false"}).text
     assert vtt.startswith("WEBVTT") and "[en]" not in vtt
+    vtt = httpx.get(base, params={"format": "vtt", "tags": "true", "tag_style": "class"}).text
+    assert "<c.en.NEUTRAL.Speech>" in vtt and "[en]" not in vtt
+    assert "[en] [NEUTRAL] [Speech]" in httpx.get(base, params={"format": "txt"}).text
     js = httpx.get(base, params={"format": "json"}).json()
     assert js["result"]["segments"] == segs
     assert httpx.get(base, params={"format": "txt"}).text.count("\n") == len(segs)
     assert httpx.get(base, params={"format": "doc"}).status_code == 400
+    assert httpx.get(base, params={"format": "vtt", "tag_style": "bold"}).status_code == 400
     audio = httpx.get(f"{live_server.url}/api/jobs/{done['id']}/audio")
     assert audio.status_code == 200 and audio.headers["content-type"] == "audio/wav"
     assert audio.content == long_call.read_bytes()
@@ -294,3 +303,46 @@ def test_fast_poll_path_answers_what_the_route_answers(live_server, clip_factory
     assert fast.content == cold.content and fast.json()["status"] == "done"
     # only the exact path is answered fast; the rest is the app's (here its trailing-slash redirect)
     assert httpx.get(f"{live_server.url}/api/jobs/{job_id}/").status_code == 307
+
+
+def test_one_shot_wait_answers_the_finished_job(live_server, clip_factory):
+    """POST /api/jobs?wait=S: 200 with the job as GET /api/jobs/{id} answers it, once done."""
+    r = submit_waiting(live_server, clip_factory("wav", 16000, 1), "60", language="en")
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert body["status"] == "done" and "speech" in body["result"]["text"]
+    assert r.headers["location"] == f"/api/jobs/{body['id']}"
+    assert httpx.get(f"{live_server.url}/api/jobs/{body['id']}").json() == body
+
+
+@pytest.mark.parametrize("wait", ["-1", "abc", "", "nan", "inf", "1e400"])
+def test_one_shot_wait_must_be_seconds(live_server, clip_factory, wait):
+    r = submit_waiting(live_server, clip_factory("wav", 16000, 1), wait)
+    assert r.status_code == 400, r.text
+    err = r.json()["error"]
+    assert err["code"] == "invalid_option" and "wait" in err["message"]
+
+
+def test_one_shot_wait_is_capped_and_falls_back_to_202(demo_dir, tmp_path, clip_factory):
+    """A wait longer than request_wait_s is cut to it; a job not done by then is a 202 as
+    without ?wait= (split_channels takes the slower path of long recordings)."""
+    from tests.conftest import LiveServer, make_settings
+
+    server = LiveServer(make_settings(demo_dir, tmp_path / "d", ui=False,
+                                      request_wait_s=0.001)).start()
+    try:
+        r = submit_waiting(server, clip_factory("wav", 16000, 1), "600", split_channels="true")
+        assert r.status_code == 202, r.text
+        body = r.json()
+        assert set(body) == {"id", "status", "position"} and body["status"] in ("queued", "running")
+        assert r.headers["location"] == f"/api/jobs/{body['id']}"
+        assert wait_done(server, body["id"])["status"] == "done"
+    finally:
+        server.stop()
+
+
+def submit_waiting(server, path, wait, **form):
+    with open(path, "rb") as f:
+        return httpx.post(server.url + "/api/jobs", params={"wait": wait},
+                          files={"file": (path.name, f)},
+                          data={k: str(v) for k, v in form.items()}, timeout=120)

@@ -178,7 +178,8 @@ def test_source_is_ascii_and_builds_no_markup():
 
 def test_api_shape(page):
     assert page.evaluate("Object.keys(window.SenseVoiceReview).sort()") == [
-        "formatTime", "render", "renderInto"]  # fmt: skip
+        "exportName", "exportsBar", "formatTime", "renameSpeakers", "render",
+        "renderInto"]  # fmt: skip
     fmt = page.evaluate(
         "[0, 1.25, 61.96, 3599.94, 3723.4, null].map(window.SenseVoiceReview.formatTime)")
     assert fmt == ["00:00.0", "00:01.3", "01:02.0", "59:59.9", "1:02:03.4", "--:--.-"]
@@ -197,7 +198,7 @@ def test_table_rows(page):
     assert texts(page, "#out td.sv-col-time") == [
         "00:00.0 – 00:02.0", "00:02.0 – 00:03.5", "00:03.5 – 00:06.0"]  # fmt: skip
     assert texts(page, "#out td.sv-col-speaker") == ["left", "right", "left"]
-    assert texts(page, "#out td.sv-col-language") == ["EN", "EN", "ZH"]
+    assert texts(page, "#out td.sv-col-language") == ["English", "English", "中文"]  # names
     assert texts(page, "#out td.sv-col-emotion") == ["😐 NEUTRAL", "😊 HAPPY", "😐 NEUTRAL"]
     assert texts(page, "#out td.sv-col-events .sv-chip") == [
         "🗣️ Speech", "😀 Laughter", "👏 Applause", "👏 Applause", "🎼 BGM"]  # fmt: skip
@@ -238,7 +239,7 @@ def test_summary_chips(page):
     assert abs(sum(shares) - 100) <= 1
     assert texts(page, "#out .sv-summary .sv-sum-event") == [
         "👏 Applause ×2", "😀 Laughter ×1", "🎼 BGM ×1"]  # fmt: skip
-    assert texts(page, "#out .sv-summary .sv-sum-lang") == ["EN · English", "ZH · Chinese"]
+    assert texts(page, "#out .sv-summary .sv-sum-lang") == ["English", "中文"]
     t = tags(page)
     happy = page.locator("#out .sv-sum-emo.sv-emo-happy")
     color = happy.evaluate("e => e.style.getPropertyValue('--sv-c')")
@@ -604,3 +605,191 @@ def test_render_into_gradio_like_block_keeps_its_children(page):
     assert page.locator("#blk > .sv-review-host").count() == 1
     assert page.locator("#blk .sv-review").count() == 1
     assert page.locator("#blk tr.sv-row").count() == 1
+
+
+# ---- issue 11: names, filters, downloads, narrow screens ----
+
+
+def on_origin(page):
+    """The test page served from HOST (an origin: localStorage and fetch work there)."""
+    page.route(f"{HOST}/review.html", lambda r: r.fulfill(
+        status=200, body=PAGE, headers={"Content-Type": "text/html; charset=utf-8"}))
+    page.goto(f"{HOST}/review.html")
+    page.evaluate("localStorage.clear()")
+
+
+def test_speakers_can_be_renamed_everywhere_and_the_names_are_kept(page):
+    on_origin(page)
+    render(page, JOB)
+    inputs = page.locator("#out input.sv-speaker-name")
+    assert [inputs.nth(i).get_attribute("placeholder") for i in range(2)] == ["left", "right"]
+    inputs.nth(0).fill("Agent")
+    inputs.nth(1).fill(XSS)
+    assert texts(page, "#out td.sv-col-speaker") == ["Agent", XSS, "Agent"]
+    assert texts(page, "#out .sv-tl-label") == ["Agent", XSS]
+    assert texts(page, "#out select.sv-filter-speaker option") == ["All speakers", "Agent", XSS]
+    assert page.locator("#out img").count() == 0 and page.evaluate("typeof window.__xss") == "undefined"
+    render(page, JOB)  # again (a reload): the names are this browser's, per job
+    assert texts(page, "#out td.sv-col-speaker") == ["Agent", XSS, "Agent"]
+    assert page.locator("#out input.sv-speaker-name").first.input_value() == "Agent"
+    page.locator("#out input.sv-speaker-name").first.fill("")  # back to the channel's name
+    assert texts(page, "#out td.sv-col-speaker")[0] == "left"
+    render(page, dict(JOB, id="j2"))  # another job has its own
+    assert texts(page, "#out td.sv-col-speaker")[1] == "right"
+
+
+def test_filters_by_emotion_event_speaker_and_text(page):
+    render(page, JOB)
+
+    def shown():
+        return page.eval_on_selector_all(
+            "#out tr.sv-row", "rs => rs.filter(r => !r.hidden && r.offsetHeight > 0)"
+            ".map(r => r.getAttribute('data-start'))")
+
+    assert shown() == ["0", "2", "3.5"]
+    page.select_option("#out select.sv-filter-emotion", "HAPPY")
+    assert shown() == ["2"]
+    assert page.locator("#out .sv-filter-count").inner_text() == "1 of 3 segments"
+    assert page.locator("#out rect.sv-tl-seg.sv-dim").count() == 2
+    page.select_option("#out select.sv-filter-emotion", "")
+    page.select_option("#out select.sv-filter-event", "Applause")
+    assert shown() == ["2", "3.5"]
+    page.select_option("#out select.sv-filter-speaker", "left")
+    assert shown() == ["3.5"]
+    page.select_option("#out select.sv-filter-event", "")
+    page.select_option("#out select.sv-filter-speaker", "")
+    page.fill("#out input.sv-filter-search", "GREAT")
+    assert shown() == ["2"]
+    page.fill("#out input.sv-filter-search", "")
+    assert shown() == ["0", "2", "3.5"] and page.locator("#out .sv-filter-count").inner_text() == ""
+
+
+def test_filters_stay_fast_with_thousands_of_segments(page):
+    page.evaluate("(j) => { window.__job = j; }", long_job(3000))
+    page.evaluate("window.SenseVoiceReview.render(document.getElementById('out'), window.__job, {})")
+    ms = page.evaluate(
+        "() => { const s = document.querySelector('#out input.sv-filter-search');"
+        " const t0 = performance.now();"
+        " for (const q of ['s', 'se', 'seg', 'segment 29', 'segment 299', '']) {"
+        "   s.value = q; s.dispatchEvent(new Event('input')); }"
+        " document.body.offsetHeight; return performance.now() - t0; }")
+    assert ms < 3000, ms  # a guard against quadratic work, not a benchmark
+    page.fill("#out input.sv-filter-search", "segment 2999")
+    assert page.locator("#out tr.sv-row:not([hidden])").count() == 1
+
+
+def test_downloads_are_named_after_the_recording_with_the_speakers_names(page):
+    on_origin(page)
+    bodies = {
+        "txt": "[00:00:00.000 - 00:00:02.000] left: [en] Thanks left: ok\nright: Ha\n",
+        "srt": "1\n00:00:00,000 --> 00:00:02,000\nleft: Thanks\nright: Ha\n",
+        "vtt": "WEBVTT\n\n00:00:00.000 --> 00:00:02.000\n<v left>Thanks</v>\n<v right>Ha</v>\n",
+        "json": json.dumps({"id": "j1", "result": {"segments": [{"speaker": "left", "text": "x"},
+                                                                {"speaker": "right", "text": "y"}]}}),
+    }
+    asked = []
+
+    def result(route):
+        asked.append(route.request.url)
+        fmt = route.request.url.split("format=")[1].split("&")[0]
+        route.fulfill(status=200, body=bodies[fmt], headers={
+            "Content-Type": "text/plain; charset=utf-8",
+            "Content-Disposition": f'attachment; filename="transcript-j1.{fmt}"'})
+
+    page.route(f"{HOST}/api/jobs/j1/result**", result)
+    render(page, JOB, {"audioUrl": AUDIO, "exportBase": f"{HOST}/api/jobs"})
+    page.locator("#out input.sv-speaker-name").nth(0).fill("right")  # swapped names stay swapped
+    page.locator("#out input.sv-speaker-name").nth(1).fill("Customer")
+    got = {}
+    for fmt in ("txt", "srt", "vtt", "json"):
+        with page.expect_download() as d:
+            page.locator(f"#out a.sv-export[data-format={fmt}]").click()
+        assert d.value.suggested_filename == f"call.{fmt}"
+        got[fmt] = Path(d.value.path()).read_text(encoding="utf-8")
+    assert got["txt"] == ("[00:00:00.000 - 00:00:02.000] right: [en] Thanks left: ok\n"
+                          "Customer: Ha\n")
+    assert got["srt"] == "1\n00:00:00,000 --> 00:00:02,000\nright: Thanks\nCustomer: Ha\n"
+    assert "<v right>Thanks</v>\n<v Customer>Ha</v>" in got["vtt"]
+    assert [s["speaker"] for s in json.loads(got["json"])["result"]["segments"]] == [
+        "right", "Customer"]
+    # tags in subtitles: off by default (the server's default for srt/vtt); on asks for them
+    box = page.locator("#out .sv-export-tags input")
+    assert not box.is_checked()
+    box.check()
+    hrefs = page.eval_on_selector_all("#out a.sv-export", "as => as.map(a => a.getAttribute('href'))")
+    assert [h.endswith("&tags=true") for h in hrefs] == [False, False, True, True]  # subtitles
+    with page.expect_download():
+        page.locator("#out a.sv-export[data-format=srt]").click()
+    assert asked[-1].endswith("format=srt&tags=true")
+    box.uncheck()
+    assert not any("tags=" in h for h in page.eval_on_selector_all(
+        "#out a.sv-export", "as => as.map(a => a.getAttribute('href'))"))
+    page.unroute(f"{HOST}/api/jobs/j1/result**")
+
+
+@pytest.mark.parametrize("name,expected", [
+    ("call.wav", "call.srt"), ("meeting 2026-01-05.final.mp4", "meeting 2026-01-05.final.srt"),
+    ("", "transcript-j1.srt"), ("a<b>:c?.mkv", "a b c.srt"), ("..", "transcript-j1.srt"),
+    ("no-extension", "no-extension.srt")])  # fmt: skip
+def test_export_name(page, name, expected):
+    assert page.evaluate("([n]) => window.SenseVoiceReview.exportName({id: 'j1', filename: n},"
+                         " 'srt')", [name]) == expected
+
+
+def test_rename_speakers_leaves_the_text_alone(page):
+    rename = "([f, t, n]) => window.SenseVoiceReview.renameSpeakers(f, t, n)"
+    txt = "left: he said left: hi\n[00:00:01.000 - 00:00:02.000] left: x\nleftover: y\n"
+    assert page.evaluate(rename, ["txt", txt, {"left": "A&B <x>"}]) == (
+        "A&B <x>: he said left: hi\n[00:00:01.000 - 00:00:02.000] A&B <x>: x\nleftover: y\n")
+    assert page.evaluate(rename, ["vtt", "<v left>a</v>", {"left": "A&B <x>"}]) == (
+        "<v A&amp;B &lt;x&gt;>a</v>")
+    assert page.evaluate(rename, ["srt", "1\nleft: a\n", {"left": "two\nlines --> here"}]) == (
+        "1\ntwo lines -> here: a\n")
+    assert page.evaluate(rename, ["srt", "left: a\n", {}]) == "left: a\n"
+    assert page.evaluate(rename, ["json", "{not json", {"left": "A"}]) == "{not json"
+
+
+def test_untimed_sub_segments_share_their_piece(page):
+    """A VAD piece (2-8 s) in which the model started three segments: each gets a share of the
+    piece by its text length (marked approximate), not the whole piece."""
+    base = {"language": "en", "emotion": "NEUTRAL", "events": [], "itn": "withitn",
+            "start": 2.0, "end": 8.0, "speaker": "left"}
+    segs = [dict(base, text="a" * 10), dict(base, text="b" * 20), dict(base, text="c" * 30),
+            dict(base, text="next piece", start=8.0, end=9.0)]
+    render(page, dict(JOB, audio_seconds=10, result={"text": "", "raw_text": "", "segments": segs}))
+    rows = page.eval_on_selector_all(
+        "#out tr.sv-row", "rs => rs.map(r => [+r.getAttribute('data-start'), +r.getAttribute('data-end')])")
+    assert rows == [[2, 3], [3, 5], [5, 8], [8, 9]]
+    times = texts(page, "#out td.sv-col-time")
+    assert [t.startswith("≈") for t in times] == [True, True, True, False]
+
+
+def test_narrow_view_stacks_rows_text_first(page):
+    page.set_viewport_size({"width": 390, "height": 844})
+    try:
+        segs = [dict(s, text=s["text"] + " " + "a long sentence that wraps " * 4) for s in SEGMENTS]
+        render(page, dict(JOB, result={"text": "", "raw_text": "", "segments": segs}))
+        wrap = page.eval_on_selector("#out .sv-table-wrap", "w => [w.scrollWidth, w.clientWidth]")
+        assert wrap[0] <= wrap[1], wrap  # no horizontal scrolling inside the table
+        assert page.evaluate("document.documentElement.scrollWidth") <= 390
+        box = page.eval_on_selector("#out .sv-table-wrap", "w => w.getBoundingClientRect().toJSON()")
+        for cell in page.eval_on_selector_all(
+                "#out tr.sv-row td.sv-col-text", "cs => cs.map(c => c.getBoundingClientRect().toJSON())"):
+            assert box["left"] <= cell["left"] and cell["right"] <= box["right"] + 0.5
+        first = page.eval_on_selector(
+            "#out tr.sv-row", "r => [r.querySelector('.sv-col-text').getBoundingClientRect().top,"
+            " r.querySelector('.sv-col-time').getBoundingClientRect().top]")
+        assert first[0] < first[1]  # the text first
+        assert page.eval_on_selector("#out thead", "t => t.getBoundingClientRect().height") <= 1
+    finally:
+        page.set_viewport_size({"width": 1280, "height": 720})
+
+
+def test_words_follow_the_page_language(page):
+    page.evaluate("window.SenseVoiceI18n = {lang: () => 'zh'}")
+    render(page, JOB)
+    assert texts(page, "#out thead th") == ["时间", "说话人", "语种", "情绪", "事件", "文字"]
+    assert texts(page, "#out .sv-exports .sv-sum-heading") == ["下载"]
+    page.evaluate("delete window.SenseVoiceI18n")
+    render(page, JOB)
+    assert texts(page, "#out thead th")[0] == "Time"

@@ -90,7 +90,11 @@ def test_tags_table(page):
     assert set(tags["emotion"]) == set(EMOTIONS)
     assert set(tags["event"]) == set(EVENTS)
     assert set(tags["itn"]) == set(ITN_TAGS)
-    assert tags["language"]["en"]["label"] == "EN · English"
+    # languages by the names their speakers use (issue 11), the English name in the title
+    assert {k: v["name"] for k, v in tags["language"].items()} == {
+        "zh": "中文", "en": "English", "yue": "粵語", "ja": "日本語", "ko": "한국어",
+        "nospeech": "No speech"}
+    assert tags["language"]["zh"]["title"] == "Language: Chinese"
     for name, emoji in EMOJI.items():
         kind = "emotion" if name in EMOTIONS else "event"
         assert tags[kind][name]["emoji"] == emoji, name
@@ -112,10 +116,11 @@ def test_tags_table(page):
 def test_render_single_segment(page):
     render(page, README)
     assert page.locator("#out div.sv-seg").count() == 1
-    assert texts(page, "#out span.sv-lang") == ["EN · English"]
+    assert texts(page, "#out span.sv-lang") == ["English"]
+    assert page.locator("#out span.sv-lang").get_attribute("title") == "Language: English (en)"
     assert texts(page, "#out span.sv-chip.sv-emo") == ["😊 HAPPY"]
     assert texts(page, "#out span.sv-chip.sv-event") == ["😀 Laughter"]
-    assert texts(page, "#out .sv-itn") == ["ITN"]
+    assert texts(page, "#out .sv-itn") == ["punctuated"]  # plain words, not "ITN"
     assert texts(page, "#out span.sv-text") == ["That was great."]
     seg = page.locator("#out div.sv-seg")
     assert seg.get_attribute("data-lang") == "en"
@@ -133,17 +138,17 @@ def test_render_single_segment(page):
 def test_render_multi_segment_and_all_tags(page):
     render(page, TWO)
     assert page.locator("#out div.sv-seg").count() == 2
-    assert texts(page, "#out span.sv-lang") == ["EN · English", "ZH · Chinese"]
+    assert texts(page, "#out span.sv-lang") == ["English", "中文"]
     assert texts(page, "#out span.sv-chip.sv-emo") == ["😐 NEUTRAL", "😔 SAD"]
     assert texts(page, "#out span.sv-chip.sv-event") == ["🗣️ Speech", "🎼 BGM"]
-    assert texts(page, "#out .sv-itn") == ["ITN", "no ITN"]
+    assert texts(page, "#out .sv-itn") == ["punctuated", "spoken form"]
     assert texts(page, "#out span.sv-text") == ["Hi.", "你好"]
 
     every = "".join(f"<|{e}|>" for e in EVENTS)
     render(page, f"<|yue|><|EMO_OTHER|>{every}<|woitn|>text")
     assert page.locator("#out span.sv-chip.sv-event").count() == len(EVENTS)
     assert texts(page, "#out span.sv-chip.sv-emo") == ["🤔 EMO_OTHER"]
-    assert texts(page, "#out span.sv-lang") == ["YUE · Cantonese"]
+    assert texts(page, "#out span.sv-lang") == ["粵語"]
 
 
 def test_rerender_replaces_content(page):
@@ -192,7 +197,7 @@ def test_empty_text_option(page):
 def test_tags_only_input_shows_chips_and_the_empty_message(page):
     raw = "<|nospeech|><|EMO_UNKNOWN|><|Event_UNK|><|woitn|>"
     render(page, raw)
-    assert texts(page, "#out span.sv-lang") == ["∅ · No speech"]
+    assert texts(page, "#out span.sv-lang") == ["No speech"]
     assert texts(page, "#out span.sv-chip.sv-emo") == ["❓ EMO_UNKNOWN"]
     assert texts(page, "#out .sv-empty") == ["No speech detected"]
     page.locator("#out button.sv-toggle-raw").click()

@@ -11,6 +11,7 @@ the probes: attacks found on a running server, replayed on a real server on loop
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import stat
@@ -582,3 +583,129 @@ def test_many_files_in_one_request_are_refused(ui_server):
     assert r.status_code == 403 and r.json()["error"]["code"] == "path_refused"
     few = {"data": [None, "auto", True, False], "event_data": [file_data(path)] * MAX_FILES}
     assert httpx.post(ui_server.url + "/ui/gradio_api/call/submit", json=few, timeout=10).status_code == 200
+
+
+# ---------------------------------------------------------------------------- issue 11: the page's push
+def events_status(server, job_id: str, query: str = "", headers: dict | None = None) -> int:
+    """The status of GET /api/jobs/{id}/events (the stream is closed at once)."""
+    url = f"{server.url}/api/jobs/{job_id}/events" + (f"?{query}" if query else "")
+    with httpx.stream("GET", url, timeout=30, headers=headers or {}) as r:
+        return r.status_code
+
+
+def test_job_events_need_the_token_or_the_jobs_own_link(token_server, clip_factory):
+    """The stream a page follows is guarded like the job's audio and result: the API token, or
+    that job's own signed link; another job's signature, an altered or an expired one: 401."""
+    from pipeline.web.routes.events import live_view
+
+    a = submit_token(token_server, clip_factory("wav", 16000, 1))
+    b = submit_token(token_server, clip_factory("mp3", 44100, 2))
+    job_a = token_server.service.get(a)
+    view = live_view(job_a, token_server.service)
+    assert TOKEN not in json.dumps(view)
+    page_q = view["links"]["page"]
+    link_q = job_links(job_a, TOKEN, token_server.settings.retention_hours)["audio"].split("?", 1)[1]
+    assert events_status(token_server, a) == 401
+    assert events_status(token_server, a, headers={"Authorization": "Bearer nope"}) == 401
+    assert events_status(token_server, a, headers=BEARER) == 200
+    assert events_status(token_server, a, headers={"X-API-Key": TOKEN}) == 200
+    assert events_status(token_server, a, page_q) == 200
+    assert events_status(token_server, a, link_q) == 200
+    assert view["links"]["events"] == f"/api/jobs/{a}/events?{page_q}"
+    for q in (page_q, link_q):
+        assert events_status(token_server, b, q) == 401  # not another job's
+    exp, sig = (p.split("=", 1)[1] for p in page_q.split("&"))
+    flipped = ("A" if sig[0] != "A" else "B") + sig[1:]
+    past = int(time.time()) - 5
+    for bad in (f"exp={exp}&sig={flipped}", f"exp={int(exp) + 1}&sig={sig}", f"exp={exp}",
+                f"exp={past}&sig={sign(link_key(TOKEN), a, past)}",
+                f"exp={exp}&sig={sign(link_key('another-token'), a, int(exp))}"):
+        assert events_status(token_server, a, bad) == 401, bad
+    assert events_status(token_server, str(uuid.uuid4()), headers=BEARER) == 404
+    # the body of a refused stream says nothing about the job
+    r = httpx.get(f"{token_server.url}/api/jobs/{a}/events", timeout=10)
+    assert r.json()["error"]["code"] == "unauthorized" and a not in r.text
+
+
+def test_job_events_without_a_token_are_as_open_as_the_api(ui_server, a_job):
+    assert events_status(ui_server, a_job) == 200
+    assert events_status(ui_server, str(uuid.uuid4())) == 404
+
+
+def test_the_ui_submit_hands_the_page_a_signed_link_never_the_token(token_server, clip_factory):
+    """What the page puts in its URL (?job=ID&exp=..&sig=..) opens that job's stream and nothing
+    else; the token never reaches the page."""
+    from pipeline.web.links import verify
+
+    blocks = gradio_blocks(token_server)
+    fn = next(f.fn for f in blocks.fns.values() if f.name == "submit")
+    folder = upload_dir(token_server) / uuid.uuid4().hex
+    folder.mkdir()
+    path = folder / "mine.wav"
+    shutil.copy(clip_factory("wav", 16000, 1), path)
+    job_id, status, view = fn(str(path), "auto", True, False)
+    assert job_id and status.endswith(f"job {job_id}")
+    assert TOKEN not in view
+    body = json.loads(view)
+    exp, sig = (p.split("=", 1)[1] for p in body["links"]["page"].split("&"))
+    assert verify(link_key(TOKEN), job_id, exp, sig)
+    assert body["stage"] in ("queued", "transcribing", "done")
+
+
+def test_a_video_upload_keeps_the_guarantees(ui_server, media_dir, speech_clip):
+    """The widget takes videos now: one goes through the same upload directory and the same
+    checks, and is transcribed from there."""
+    from gradio_client import Client, handle_file
+
+    from tests.media import make_video_with_audio
+
+    video = make_video_with_audio(media_dir / f"v-{uuid.uuid4().hex[:8]}.mp4", speech_clip)
+    client = Client(ui_server.url + "/ui/", verbose=False)
+    status, *_ = client.predict(handle_file(str(video)), "auto", True, False, api_name="/submit")
+    job = wait_done(ui_server, status.rsplit("job ", 1)[1])
+    assert job["status"] == "done" and "speech" in job["result"]["text"]
+    assert len(list(upload_dir(ui_server).rglob(video.name))) == 1
+    assert not list(Path("/tmp/gradio").rglob(video.name))
+
+
+def test_sample_clips_are_written_only_into_the_upload_directory(ui_server):
+    from pipeline.web.ui import Samples
+
+    samples = Samples(ui_server.settings.data_dir, str(upload_dir(ui_server)))
+    if not samples.available:
+        pytest.skip("samples need espeak-ng")
+    path = samples.copy("hello")
+    assert own_upload(path, str(upload_dir(ui_server))) == path  # a regular file the UI may read
+    assert read_own_upload(path, str(upload_dir(ui_server)), 10**7)[1][:4] == b"RIFF"
+    with pytest.raises(KeyError):
+        samples.copy("../../etc/passwd")
+
+
+@pytest.mark.browser
+@pytest.mark.skipif(not shutil.which("chromium"), reason="Debian chromium not installed")
+def test_browser_a_url_with_another_jobs_signature_shows_nothing_of_it(token_server, browser,
+                                                                       clip_factory):
+    """?job=B with job A's signature: the page gets 401 and says the link is not valid; B's
+    transcript never reaches it."""
+    a = submit_token(token_server, clip_factory("wav", 16000, 1))
+    b = submit_token(token_server, clip_factory("mp3", 44100, 2))
+    from pipeline.web.routes.events import page_query
+
+    q = page_query(token_server.service.get(a), TOKEN, token_server.settings.retention_hours)
+    ctx = browser.new_context()
+    page = ctx.new_page()
+    try:
+        page.goto(token_server.url + "/ui/", wait_until="load")
+        page.wait_for_selector("input[type=password]", timeout=30_000)
+        page.locator("input[type=text], input:not([type])").first.fill("qa")
+        page.locator("input[type=password]").first.fill(TOKEN)
+        page.locator("button").filter(has_text="Login").first.click()
+        page.wait_for_selector("#sv-submit", timeout=30_000)
+        page.goto(f"{token_server.url}/ui/?job={b}&{q}", wait_until="load")
+        page.wait_for_selector("#sv-state-view .sv-state-error", timeout=30_000)
+        assert "This link is not valid" in page.locator("#sv-state-view").inner_text()
+        assert page.locator("#sv-result .sv-seg, #sv-review tr.sv-row").count() == 0
+        page.goto(f"{token_server.url}/ui/?job={a}&{q}", wait_until="load")  # its own: shown
+        page.wait_for_selector("#sv-result .sv-seg", timeout=30_000)
+    finally:
+        ctx.close()

@@ -36,6 +36,7 @@ from pipeline.config import Settings
 from pipeline.audio.decoder_pool import Decoder
 from pipeline.domain.errors import MemoryPressure, NotReady, SenseVoiceError
 from pipeline.serving.broker_sqlite import JobStore, WaveSpool
+from pipeline.serving.job_events import JobChanges
 from pipeline.serving.metrics import Metrics
 from pipeline.model.loading import ModelSource, load_automodel, resolve_model
 from pipeline.serving.scheduler import SAMPLE_RATE, Scheduler, WorkItem
@@ -115,6 +116,7 @@ class TranscriptionService:
         self._segmenter = None  # silero-vad, loaded on the first long recording
         self._segmenter_lock = threading.Lock()
         self._progress: dict[str, str] = {}  # job id -> "segmenting 40%" / "segment 12 of 90"
+        self.changes = JobChanges()  # wakes whoever streams a job (state, progress, model state)
         self._recent: OrderedDict[str, Job] = OrderedDict()  # id -> latest snapshot (bounded)
         self._recent_lock = threading.Lock()
         self._owned_files: dict[str, list[Path]] = {}  # job id -> intermediate copies to delete with it
@@ -203,6 +205,7 @@ class TranscriptionService:
             self._janitor.start()
             self.startup["total_s"] = time.perf_counter() - t0
             self.state = "ready"
+            self.changes.notify_all()
             logger.info("ready (%s role%s) on %s (model %s%s) in %.1f s", self.settings.role,
                         ", redis broker" if self.distributed else "", ", ".join(self.devices),
                         self.source.name if self.source else "none",
@@ -210,6 +213,7 @@ class TranscriptionService:
         except Exception as e:
             self.state = "failed"
             self.error = str(e)
+            self.changes.notify_all()
             logger.exception("start-up failed")
             raise
 
@@ -270,6 +274,7 @@ class TranscriptionService:
     def _on_fatal(self, e: BaseException) -> None:
         self.state = "failed"
         self.error = f"fatal device error: {e}"
+        self.changes.notify_all()
 
     def purge_expired(self) -> int:
         cutoff = time.time() - self.settings.retention_hours * 3600
@@ -327,6 +332,7 @@ class TranscriptionService:
             pass
         with self._done:
             self._done.notify_all()
+        self.changes.notify(job_id)
 
     def _remember(self, job: Job) -> None:
         with self._recent_lock:
@@ -343,6 +349,8 @@ class TranscriptionService:
                 if job is not None:
                     self._recent[jid] = replace(job, state=JobState.RUNNING, started_at=now,
                                                 attempts=job.attempts + 1)
+        for jid in job_ids:
+            self.changes.notify(jid)
 
     async def poll(self, job_id: str) -> Job | None:
         """A poll on the event loop: the in-memory snapshot (embedded), or the broker read with
@@ -482,6 +490,7 @@ class TranscriptionService:
         for k, (speaker, ch) in enumerate(channels):
             def progress(f, k=k):
                 self._progress[job.id] = f"segmenting {(k + f) / len(channels):.0%}"
+                self.changes.notify(job.id)
 
             spans += [(span, speaker, ch) for span in self.segmenter().split(ch, on_progress=progress)]
         spans.sort(key=lambda t: (t[0].start, t[1] or ""))
@@ -500,6 +509,7 @@ class TranscriptionService:
             self._notify(job.id)
             return
         self._progress[job.id] = f"segment 0 of {len(items)}"
+        self.changes.notify(job.id)
         for n, item in enumerate(items):
             self.queue.put(item, force=accepted or n > 0)
 
@@ -537,6 +547,7 @@ class TranscriptionService:
 
     def _piece_progress(self, job_id: str, done: int, total: int) -> None:
         self._progress[job_id] = f"segment {done} of {total}"
+        self.changes.notify(job_id)
 
     def progress(self, job_id: str) -> str | None:
         return self._progress.get(job_id)

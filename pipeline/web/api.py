@@ -9,12 +9,13 @@ from __future__ import annotations
 import asyncio
 import hmac
 import logging
+import math
 import threading
 from collections import OrderedDict
 
 import orjson
 
-from fastapi import APIRouter, Depends, FastAPI, File, Form, Request, UploadFile
+from fastapi import APIRouter, Depends, FastAPI, File, Form, Query, Request, UploadFile
 from fastapi.concurrency import run_in_threadpool
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import FileResponse, JSONResponse, Response
@@ -43,6 +44,19 @@ def domain_response(e: SenseVoiceError) -> JSONResponse:
     handler and for middleware that answers before the app."""
     headers = {"Retry-After": str(e.retry_after)} if isinstance(e, Busy) else None
     return error_response(e.status, e.code, e.message, headers)
+
+
+OPENAI_PREFIX = "/v1/"  # the OpenAI-compatible routes (pipeline/web/routes/openai.py)
+
+
+def refusal_response(scope, e: SenseVoiceError) -> JSONResponse:
+    """:func:`domain_response` for middleware, in OpenAI's error shape under /v1/ (so that the
+    OpenAI clients read the refusals of uploads there as they read the routes' own errors)."""
+    if scope.get("path", "").startswith(OPENAI_PREFIX):
+        from pipeline.web.routes.openai import openai_error_response
+
+        return openai_error_response(e)
+    return domain_response(e)
 
 
 def token_ok(get_header, token: str) -> bool:
@@ -155,7 +169,9 @@ class UploadLimit:
       it is decoded), and one client cannot take every slot.
 
     A slot is released exactly once: when the final response body message has been sent (a
-    background task after the response holds none), with the request's end as a backstop."""
+    background task after the response holds none), with the request's end as a backstop, or
+    earlier by the handler (:func:`release_upload_slot`: a request that waits for its job after
+    submitting it holds no slot)."""
 
     SMALL_BODY = 64 * 1024  # bytes; smaller bodies (forms, the UI's queue calls) are not counted
 
@@ -186,29 +202,30 @@ class UploadLimit:
         if length == 0:  # no body: nothing to guard
             return await self.app(scope, receive, send)
         if length is not None and length > self.max_bytes:
-            return await self._too_large()(scope, receive, send)
+            return await self._too_large(scope)(scope, receive, send)
         slot = None
         if length is None or length > self.SMALL_BODY:
             key = scope_client_key(scope)
             if self.max_per_client and key is not None and self.per_client.get(key, 0) >= self.max_per_client:
-                return await domain_response(ClientUploadLimit(
+                return await refusal_response(scope, ClientUploadLimit(
                     f"this client already has {self.per_client[key]} uploads in progress, the most "
                     f"one client may have; try again in {self.retry_after_s} s",
                     retry_after=self.retry_after_s))(scope, receive, send)
             if self.max_in_flight and self.in_flight >= self.max_in_flight:
-                return await domain_response(TooManyUploads(
+                return await refusal_response(scope, TooManyUploads(
                     f"{self.in_flight} uploads are in progress, the most this server takes at once; "
                     f"try again in {self.retry_after_s} s", retry_after=self.retry_after_s))(
                     scope, receive, send)
             slot = _UploadSlot(self, key)
+            scope[UPLOAD_SLOT] = slot  # the handler may give it back early
         try:
             await self._guarded(scope, receive, send, slot)
         finally:
             if slot is not None:
                 slot.release()  # backstop: the request ended without a final response message
 
-    def _too_large(self):
-        return domain_response(UploadTooLarge(f"upload larger than {self.max_bytes} bytes"))
+    def _too_large(self, scope):
+        return refusal_response(scope, UploadTooLarge(f"upload larger than {self.max_bytes} bytes"))
 
     async def _guarded(self, scope, receive, send, slot):
         loop = asyncio.get_running_loop()
@@ -248,12 +265,12 @@ class UploadLimit:
                     message = await receive()
             except TimeoutError:
                 waited += loop.time() - t0
-                await refuse(self._timeout_response(seen, loop.time() - start))
+                await refuse(self._timeout_response(scope, seen, loop.time() - start))
             waited += loop.time() - t0
             if message["type"] == "http.request":
                 seen += len(message.get("body", b""))
                 if seen > self.max_bytes:
-                    await refuse(self._too_large())
+                    await refuse(self._too_large(scope))
                 if not message.get("more_body", False):
                     body_done = True
             return message
@@ -274,15 +291,38 @@ class UploadLimit:
             if refusal is None:
                 raise
 
-    def _timeout_response(self, seen: int, elapsed: float):
+    def _timeout_response(self, scope, seen: int, elapsed: float):
         if self.body_timeout_s and elapsed >= self.body_timeout_s:
             why = f"the request body did not arrive within {self.body_timeout_s:g} s"
         else:
             why = (f"the request body arrived too slowly ({seen} bytes in {elapsed:.0f} s; at least "
                    f"{self.min_rate} bytes/s are needed)")
-        response = domain_response(RequestTimeout(why))
+        response = refusal_response(scope, RequestTimeout(why))
         response.headers["connection"] = "close"  # the rest of the body is not wanted
         return response
+
+
+UPLOAD_SLOT = "sensevoice.upload_slot"  # the scope key of a request's _UploadSlot
+
+
+def release_upload_slot(request: Request) -> None:
+    """Give back the request's upload slot now (idempotent; on the event loop, as UploadLimit)."""
+    slot = request.scope.get(UPLOAD_SLOT)
+    if slot is not None:
+        slot.release()
+
+
+async def submit_upload(request: Request, service: TranscriptionService, file: UploadFile,
+                        options: TranscribeOptions, lane: Lane) -> Job:
+    """Read an upload and submit its job (both in the thread pool), then drop the upload (its
+    spooled copy and the bytes) and give back its upload slot: a request that waits for its job
+    afterwards (``?wait=``, /v1/audio/transcriptions) holds no slot, no memory and no thread."""
+    data = await run_in_threadpool(read_upload, file.file, service.settings.max_upload_bytes)
+    await file.close()
+    job = await run_in_threadpool(service.submit, data, filename=file.filename or "",
+                                  options=options, lane=lane)
+    release_upload_slot(request)
+    return job
 
 
 class _UploadSlot:
@@ -392,21 +432,75 @@ def require_token_or_link(token: str):
     return check
 
 
+FINAL_STATES = (JobState.DONE, JobState.FAILED, JobState.PURGED)
+WAIT_REREAD_S = 1.0  # s, embedded: a waiting request reads its job this often (notices wake it)
+WAIT_BROKER_S = 0.02  # s, distributed: how often it reads the broker (no notices from workers)
+
+
+def wait_seconds(value: str | None, cap: float) -> float | None:
+    """``?wait=`` as seconds, at most ``cap``; None when not given; 400 when not a number >= 0."""
+    if value is None:
+        return None
+    try:
+        seconds = float(value)
+    except ValueError:
+        raise InvalidOption(f"wait must be a number of seconds, not {value[:40]!r}") from None
+    if not (math.isfinite(seconds) and seconds >= 0):
+        raise InvalidOption(f"wait must be a number of seconds >= 0, not {value[:40]!r}")
+    return min(seconds, cap)
+
+
+async def wait_finished(service: TranscriptionService, job_id: str, timeout_s: float) -> Job:
+    """The job once it is done or failed, else as it is after ``timeout_s``. On the event loop,
+    holding no thread: woken by the service's change notices (``service.changes``), reading the
+    in-memory snapshot (or the broker's async client; SQLite in the thread pool for a cold job)."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    with service.changes.watch(job_id) as watch:
+        while True:
+            watch.clear()  # before the read: a notice that comes after it wakes the wait below
+            job = await service.poll(job_id)
+            if job is None:
+                job = await run_in_threadpool(service.get, job_id)
+            left = deadline - loop.time()
+            if job.state in FINAL_STATES or left <= 0:
+                return job
+            await watch.wait(min(left, WAIT_BROKER_S if service.distributed else WAIT_REREAD_S))
+
+
 def build_router(service: TranscriptionService, bodies: PollBodies) -> APIRouter:
     router = APIRouter()
     auth = [Depends(require_token(service.settings.api_token))]
     auth_or_link = [Depends(require_token_or_link(service.settings.api_token))]
 
     @router.post("/api/jobs", status_code=202, dependencies=auth)
-    def create_job(file: UploadFile = File(...), language: str = Form("auto"),
-                   use_itn: bool = Form(True), ban_emo_unk: bool = Form(False),
-                   split_channels: bool = Form(False), word_timestamps: bool = Form(False)):
+    async def create_job(
+            request: Request,
+            file: UploadFile = File(...),
+            language: str = Form("auto", description="auto, zh, en, yue, ja, ko or nospeech"),
+            use_itn: bool = Form(True, description="punctuation and digits (inverse text "
+                                 "normalisation)"),
+            ban_emo_unk: bool = Form(False, description="never answer the EMO_UNKNOWN emotion"),
+            split_channels: bool = Form(False, description="a stereo call: each channel is a "
+                                        "speaker ('left', 'right')"),
+            word_timestamps: bool = Form(False, description="each segment's words with their "
+                                         "times (CTC-aligned); subtitles are cut at them"),
+            wait: str | None = Query(None, description="seconds to wait for the result: 200 with "
+                                     "the finished job if it ends in time, else 202")):
+        """Submit a recording: 202 with the job's id (poll GET /api/jobs/{id}); with ``?wait=``,
+        200 and the finished job when it ends within that many seconds (capped at
+        ``request_wait_s``). Reading and decoding run in the thread pool; the wait holds none."""
+        timeout = wait_seconds(wait, service.settings.request_wait_s)
         options = TranscribeOptions(language=language, use_itn=use_itn, ban_emo_unk=ban_emo_unk,
                                     split_channels=split_channels, word_timestamps=word_timestamps)
-        data = read_upload(file.file, service.settings.max_upload_bytes)
-        job = service.submit(data, filename=file.filename or "", options=options, lane=Lane.BULK)
+        job = await submit_upload(request, service, file, options, Lane.BULK)
+        headers = {"Location": f"/api/jobs/{job.id}"}
+        if timeout is not None:
+            job = await wait_finished(service, job.id, timeout)
+            if job.state in (JobState.DONE, JobState.FAILED):
+                return Response(bodies.body(job), media_type="application/json", headers=headers)
         return JSONResponse({"id": job.id, "status": job.state.value, "position": job.position},
-                            status_code=202, headers={"Location": f"/api/jobs/{job.id}"})
+                            status_code=202, headers=headers)
 
     @router.get("/api/jobs/{job_id}", dependencies=auth)
     async def get_job(job_id: str):
@@ -416,17 +510,22 @@ def build_router(service: TranscriptionService, bodies: PollBodies) -> APIRouter
         return Response(bodies.body(job), media_type="application/json")
 
     @router.get("/api/jobs/{job_id}/result", dependencies=auth_or_link)
-    def get_result(job_id: str, format: str = "json", tags: bool = True, speaker: bool = True):
+    def get_result(job_id: str, format: str = "json", tags: bool | None = None,
+                   speaker: bool = True, tag_style: str = "prefix"):
+        """The transcript as txt, json, srt or vtt (pipeline/domain/exports.py). ``tags``: show
+        language/emotion/event tags (default: in txt yes, in srt/vtt no); ``tag_style=class``
+        writes them as WebVTT classes instead of a prefix."""
         from pipeline.domain.exports import FORMATS, ExportOptions, export
 
         if format not in FORMATS:
             raise InvalidOption(f"unknown format {format!r}; choose one of {', '.join(FORMATS)}")
+        options = ExportOptions(tags=tags, speaker=speaker, tag_style=tag_style)
         job = service.get(job_id)
         if job.result is None:
             raise ResultNotReady(f"job {job_id} is {job.state.value}: no result yet"
                                  if job.state is not JobState.FAILED else
                                  f"job {job_id} failed: {job.error.message if job.error else ''}")
-        body, media = export(job.result, format, ExportOptions(tags=tags, speaker=speaker),
+        body, media = export(job.result, format, options,
                              job_meta={"id": job.id, "audio_seconds": job.audio_seconds,
                                        "created_at": job.created_at, "finished_at": job.finished_at})
         return Response(body, media_type=media, headers={
@@ -450,7 +549,10 @@ def build_router(service: TranscriptionService, bodies: PollBodies) -> APIRouter
 
 def build_health_router(service: TranscriptionService) -> APIRouter:
     """Probes and metrics: every role serves them (a worker process serves only them)."""
+    from pipeline.doctor import DoctorCache
+
     router = APIRouter()
+    doctor = DoctorCache(service.settings)  # `sensevoice doctor`'s facts, refreshed in the background
 
     @router.get("/metrics", dependencies=[Depends(require_token(service.settings.api_token))])
     def metrics():  # Prometheus sends the bearer token
@@ -461,13 +563,15 @@ def build_health_router(service: TranscriptionService) -> APIRouter:
         return {"status": "ok"}
 
     @router.get("/readyz")
-    async def readyz():
+    async def readyz(request: Request):
         body = {"ready": service.ready, "state": service.state, "model": _model_name(service),
                 "demo": service.is_demo, "devices": service.devices}
         reason = service.error or (service.unhealthy_reason() or service.unready_reason()
                                    if service.state == "ready" else None)
         if reason:
             body["error"] = reason
+        if token_ok(request.headers.get, service.settings.api_token):  # paths, versions: not for all
+            body["details"] = doctor.details()  # never waits: the latest report (informational only)
         return JSONResponse(body, status_code=200 if service.ready else 503)
 
     return router

@@ -60,9 +60,13 @@ def create_app(settings: Settings | None = None, service=None, start: bool = Tru
 def add_api(app, settings, service, bodies):
     """The job routes, the UI and the request guards inside the Host/Origin check."""
     from pipeline.web.api import FastPolls, UploadLimit, build_router
+    from pipeline.web.routes.events import build_events_router
+    from pipeline.web.routes.openai import build_openai_router
     from pipeline.web.ui_guard import AccessGuard
 
     app.include_router(build_router(service, bodies))
+    app.include_router(build_openai_router(service))  # /v1: OpenAI-compatible
+    app.include_router(build_events_router(service))  # a job's server-sent events, /favicon.ico
     if settings.ui:
         app = mount_ui(app, settings, service)
     app.add_middleware(AccessGuard, settings=settings)  # token on /docs; what the UI may read

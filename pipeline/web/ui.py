@@ -1,63 +1,109 @@
-"""Gradio UI: a thin client of TranscriptionService.
+"""Gradio UI: a thin client of TranscriptionService; the page's own script does the rest.
 
-Submit returns at once with a job id; a gr.Timer polls the job; the raw rich text goes to the browser,
-where static/richtext.js renders badges and chips (escaping every piece of text).
+Submit returns at once with the job's live view (pipeline/web/routes/events.py ``live_view``). The
+page script (static/app.js) then puts the job in the URL (``?job=ID``, plus the job's signed
+``exp``/``sig`` when an API token is set), follows it over ``GET /api/jobs/{id}/events`` (Server-Sent
+Events: pushed the moment the worker stores a state, no timer anywhere) and renders each state and
+the result: static/richtext.js (chips of a short clip) and static/review.js (the review view of a
+timed recording), every piece of text escaped. A reload, or a job reopened from the browser's recent
+list, follows the job again from its URL.
+
+Labels are English and Chinese (gr.I18n, following the browser's language or the page's switch).
 """
 
 from __future__ import annotations
 
 import hmac
-import json
+import io
 import logging
+import os
+import secrets
+import shutil
+import subprocess
+import threading
+import time
+import wave
 from pathlib import Path
+from types import SimpleNamespace
 
 import gradio as gr
+import numpy as np
+import orjson
 
-from pipeline.web.api import job_json
 from pipeline.domain.errors import Busy, SenseVoiceError
-from pipeline.web.links import job_links
+from pipeline.domain.types import Job, JobState, Lane, TranscribeOptions
 from pipeline.serving.service import TranscriptionService
-from pipeline.domain.types import LANGUAGES, Job, JobState, Lane, TranscribeOptions
+from pipeline.web.routes.events import live_view
 from pipeline.web.ui_guard import UploadSweeper, prepare_upload_dir, read_own_upload
 
 logger = logging.getLogger("sensevoice.ui")
 
-STATIC = Path(__file__).resolve().parents[2] / "static"
-RENDER_JS = "(raw) => { window.SenseVoiceRich && window.SenseVoiceRich.renderInto('sv-result', raw || ''); return []; }"
-# the review view: player (server copy, else the page's own upload), timeline, segment table, exports;
-# the server copy and the exports through the job's links (signed when an API token is set)
-REVIEW_JS = """(j) => {
-  if (!window.SenseVoiceReview) return [];
-  const page = document.querySelector('#sv-audio audio');
-  let job = null;
-  try { job = j ? JSON.parse(j) : null; } catch (e) { job = null; }
-  const id = job && job.id ? String(job.id) : '';
-  const own = (u) => typeof u === 'string' && u.charAt(0) === '/' && u.charAt(1) !== '/' &&
-    u.charAt(1) !== '\\\\' ? u : '';
-  const links = job && job.links ? job.links : {};
-  window.SenseVoiceReview.renderInto('sv-review', j || '', {
-    audioUrl: own(links.audio) || (id ? '/api/jobs/' + encodeURIComponent(id) + '/audio' : ''),
-    fallbackAudioUrl: page ? page.src : ''});
-  return [];
-}"""
+STATIC = next(p / "static" for p in Path(__file__).resolve().parents[1:3] if (p / "static").is_dir())  # installed | repo
+SCRIPTS = ("richtext.js", "review.js", "app.js")  # inlined into the page head, in this order
+SHEETS = ("style.css", "review.css", "app.css")  # through Gradio's css (scoped to the app)
+RAW_SHEETS = ("review.css", "app.css")  # also in the head as written (see head_html)
+# what the widget accepts besides audio/*: the video containers the decoder opens (the page
+# script hands them to the Audio component as audio; pipeline/audio/decode.py ALLOWED_DEMUXERS)
+VIDEO_TYPES = ("video/*", ".mp4", ".m4v", ".mov", ".mkv", ".webm", ".avi", ".ts", ".mts", ".wmv")
+# the language choices, by the names their speakers use ("nospeech" is a model tag, not a choice)
+LANGUAGE_CHOICES = (("Detect", "auto"), ("English", "en"), ("中文", "zh"), ("粵語", "yue"),
+                    ("日本語", "ja"), ("한국어", "ko"))
 
-
-DEMO_BANNER = ("**Demo model**: hand-set weights for trying the app offline. "
-               "Transcripts are not real speech recognition.")
+# the page's words: English, and Chinese (zh), for the components Gradio draws (keys prefixed: not
+# to shadow Gradio's own translation keys); static/app.js has the words it draws itself
+WORDS = {
+    "en": {
+        "sv_title": "## SenseVoice speech recognition\nUpload or record audio, or a video: the "
+                 "transcript shows its language, emotion and sound events.",
+        "sv_demo": "**Demo model**: hand-set weights for trying the app offline. Transcripts are not "
+                "real speech recognition.",
+        "sv_audio": "Audio",  # (the upload widget: audio or video; browser tests find it by this label)
+        "sv_language": "Language",
+        "sv_itn": "Punctuation and numbers",
+        "sv_itn_info": "Adds punctuation and writes numbers as digits (inverse text normalisation, ITN)",
+        "sv_split": "Stereo call: one speaker per channel",
+        "sv_submit": "Transcribe",
+        "sv_new": "New",
+        "sv_sample_hello": "English greeting",
+        "sv_sample_nihao": "Chinese greeting",
+        "sv_sample_call": "A call (two speakers, 40 s)",
+    },
+    "zh": {
+        "sv_title": "## SenseVoice 语音识别\n上传或录制音频（或视频）：转写结果标出语种、情绪和声音事件。",
+        "sv_demo": "**演示模型**：用于离线试用的手工权重，转写结果不是真正的语音识别。",
+        "sv_audio": "音频（或视频）",
+        "sv_language": "语种",
+        "sv_itn": "标点和数字",
+        "sv_itn_info": "加标点，数字写成阿拉伯数字（逆文本正则化，ITN）",
+        "sv_split": "立体声通话：每个声道一位说话人",
+        "sv_submit": "转写",
+        "sv_new": "新建",
+        "sv_sample_hello": "英语问候",
+        "sv_sample_nihao": "中文问候",
+        "sv_sample_call": "一段通话（两位说话人，40 秒）",
+    },
+}
 
 
 def head_html() -> str:
-    """Our scripts inlined into the page head (no extra route, works under any mount path)."""
-    return "".join(f"<script>{(STATIC / name).read_text(encoding='utf-8')}</script>"
-                   for name in ("richtext.js", "review.js"))
+    """Our scripts, and the sheets' page-level rules, inlined into the page head (no extra route,
+    works under any mount path). Gradio's ``css`` (:func:`css`) rewrites every rule under the
+    app's root and drops what it does not know: the rules on <html> and <body> (app.css) and the
+    container query of the narrow review table (review.css, ``!important`` there for this) work
+    from this unrewritten copy."""
+    sheets = "\n".join((STATIC / name).read_text(encoding="utf-8") for name in RAW_SHEETS)
+    scripts = "".join(f"<script>{(STATIC / name).read_text(encoding='utf-8')}</script>"
+                      for name in SCRIPTS)
+    return f'<link rel="icon" href="/favicon.ico" sizes="any"><style>{sheets}</style>{scripts}'
 
 
 def css() -> str:
-    sheets = [(STATIC / name).read_text(encoding="utf-8") for name in ("style.css", "review.css")]
+    sheets = [(STATIC / name).read_text(encoding="utf-8") for name in SHEETS]
     return "\n".join(sheets) + "\n.sv-hidden{display:none !important}\n"
 
 
 def status_line(job: Job) -> str:
+    """The job's state in words, for API clients of the UI's submit (the page shows its own)."""
     progress = job.meta.get("progress")
     if job.state is JobState.QUEUED:
         if progress:
@@ -69,6 +115,16 @@ def status_line(job: Job) -> str:
         return f"done in {job.duration_s:.2f} s ({job.audio_seconds:.1f} s of audio)"
     err = job.error.message if job.error else "unknown error"
     return f"failed: {err}"
+
+
+def refusal_view(code: str, message: str, retry_after: int | None = None) -> str:
+    """The page's view of a submit that made no job (the page words it from the code). ``at``
+    makes each one new: the same refusal twice still reaches the page (a change event)."""
+    error = {"code": code, "message": message}
+    if retry_after is not None:
+        error["retry_after"] = retry_after
+    return orjson.dumps({"id": None, "stage": "failed", "status": "refused", "error": error,
+                         "at": time.time()}).decode()
 
 
 def ui_login(settings):
@@ -89,16 +145,101 @@ def ui_login(settings):
     return check
 
 
-def build_ui(service: TranscriptionService, upload_dir: str | None = None) -> gr.Blocks:
-    """The UI; it reads audio only from ``upload_dir``, this server's Gradio upload directory
-    (default <data_dir>/ui-uploads; mount_ui points Gradio's upload route there)."""
+class Samples:
+    """One-click sample recordings made by this project with espeak-ng (never third-party audio),
+    generated on first use into ``<data_dir>/ui-samples`` and copied into the UI's upload
+    directory for each use (the only place the UI reads from). None without espeak-ng."""
+
+    RATE = 16_000  # Hz
+    TEXTS = {
+        "hello": ("en-us", "Hello, and thanks for calling. How can I help you today?"),
+        "nihao": ("cmn", "你好，欢迎使用语音识别。今天天气很好。"),
+    }
+    CALL = (  # (start s, channel, voice, text): a 40 s stereo call, agent left, customer right
+        (1.0, 0, "en-us", "Good morning, thanks for calling. How can I help you?"),
+        (7.0, 1, "en-gb", "Hi. I ordered a parcel last week and it has not arrived yet."),
+        (15.0, 0, "en-us", "I am sorry to hear that. Let me check the tracking number for you."),
+        (24.0, 1, "en-gb", "Thank you, that is great. I will wait for the email then."),
+        (32.0, 0, "en-us", "You are welcome. Have a lovely day."),
+    )
+    CALL_SECONDS = 40.0
+
+    def __init__(self, data_dir: str | Path, upload_dir: str):
+        self.dir = Path(os.path.realpath(data_dir)) / "ui-samples"
+        self.upload_dir = upload_dir
+        self.espeak = shutil.which("espeak-ng")
+        self._lock = threading.Lock()
+
+    @property
+    def available(self) -> bool:
+        return self.espeak is not None
+
+    def _speak(self, voice: str, text: str) -> np.ndarray:
+        done = subprocess.run([self.espeak, "-v", voice, "-s", "150", "--stdout", text],
+                              capture_output=True, timeout=30, check=True)
+        with wave.open(io.BytesIO(done.stdout)) as w:
+            rate = w.getframerate()
+            pcm = np.frombuffer(w.readframes(w.getnframes()), dtype="<i2").astype(np.float32)
+        if rate != self.RATE:  # espeak-ng speaks at 22.05 kHz: linear resampling is enough here
+            n = int(len(pcm) * self.RATE / rate)
+            pcm = np.interp(np.linspace(0, len(pcm) - 1, n), np.arange(len(pcm)), pcm)
+        return pcm.astype(np.float32)
+
+    def _write(self, path: Path, frames: np.ndarray) -> None:
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        with wave.open(str(tmp), "wb") as w:
+            w.setnchannels(1 if frames.ndim == 1 else frames.shape[1])
+            w.setsampwidth(2)
+            w.setframerate(self.RATE)
+            w.writeframes(np.clip(frames, -32768, 32767).astype("<i2").tobytes())
+        tmp.replace(path)
+
+    def _make(self, name: str) -> Path:
+        path = self.dir / f"{name}.wav"
+        if path.exists():
+            return path
+        self.dir.mkdir(parents=True, exist_ok=True)
+        if name == "call":
+            frames = np.zeros((int(self.CALL_SECONDS * self.RATE), 2), dtype=np.float32)
+            for start, channel, voice, text in self.CALL:
+                pcm = self._speak(voice, text)
+                at = int(start * self.RATE)
+                n = min(len(pcm), len(frames) - at)
+                frames[at:at + n, channel] = pcm[:n]
+        else:
+            frames = self._speak(*self.TEXTS[name])
+        self._write(path, frames)
+        return path
+
+    NAMES = ("hello", "nihao", "call")
+
+    def copy(self, name: str) -> str:
+        """Sample ``name`` (one of NAMES) as a new file in the upload directory (what the Audio
+        component gets): a hard link where it can (no second copy on disk), else a copy."""
+        if name not in self.NAMES:
+            raise KeyError(name)
+        with self._lock:
+            src = self._make(name)
+        folder = Path(self.upload_dir) / secrets.token_hex(16)
+        folder.mkdir(mode=0o700)
+        dst = folder / f"sample-{name}.wav"
+        try:
+            os.link(src, dst)
+        except OSError:
+            shutil.copyfile(src, dst)
+        return str(dst)
+
+
+def make_submit(service: TranscriptionService, upload_dir: str):
+    """The UI's submit (an event handler named ``submit``)."""
     settings = service.settings
-    upload_dir = upload_dir or prepare_upload_dir(settings.data_dir)
 
     def submit(path: str | None, language: str, use_itn: bool, split_channels: bool):
-        idle = gr.Timer(active=False)
+        """Accept one upload; returns (job id, a status line ending in "job <id>", the page's view
+        of the job). The page follows the job itself (GET /api/jobs/{id}/events)."""
         if not path:
-            return "", "error: choose or record an audio file first", "", "", idle
+            message = "choose or record an audio file first"
+            return "", f"error: {message}", refusal_view("no_file", message)
         try:
             # only a file Gradio received in this server's upload directory (checked again here:
             # AccessGuard refused any other path before Gradio saw the request)
@@ -109,27 +250,103 @@ def build_ui(service: TranscriptionService, upload_dir: str | None = None) -> gr
                                  lane=Lane.INTERACTIVE)
             service.own_file(job.id, path)  # Gradio's cached copy goes with the job
         except Busy as e:
-            return "", f"busy, try again in {e.retry_after} s", "", "", idle
+            return "", f"busy, try again in {e.retry_after} s", refusal_view(e.code, e.message,
+                                                                              e.retry_after)
         except SenseVoiceError as e:
-            return "", f"error: {e.message}", "", "", idle
-        return job.id, f"{status_line(job)} — job {job.id}", "", "", gr.Timer(active=True)
+            return "", f"error: {e.message}", refusal_view(e.code, e.message)
+        view = orjson.dumps(live_view(service.get_cached(job.id) or job, service)).decode()
+        return job.id, f"{status_line(job)} — job {job.id}", view
 
-    def poll(job_id: str):
-        if not job_id:
-            return gr.skip(), gr.skip(), gr.skip(), gr.Timer(active=False)
-        try:
-            job = service.get_cached(job_id) or service.get(job_id)
-        except SenseVoiceError as e:
-            return f"error: {e.message}", "", "", gr.Timer(active=False)
-        finished = job.state in (JobState.DONE, JobState.FAILED)
-        raw = job.result.raw_text if job.result else ""
-        review = ""
-        if job.result:
-            body = job_json(job)
-            body["links"] = job_links(job, settings.api_token, settings.retention_hours)
-            review = json.dumps(body, ensure_ascii=False)
-        return f"{status_line(job)} — job {job.id}", raw, review, gr.Timer(active=not finished)
+    return submit
 
+
+def make_sample(samples: Samples, name: str):
+    """The handler of one sample button: the sample into the Audio component (and the stereo
+    box ticked for the call)."""
+    def load():
+        if not samples.available:
+            raise gr.Error("samples need espeak-ng on the server")
+        return samples.copy(name), name == "call"
+
+    load.__name__ = f"sample_{name}"
+    return load
+
+
+def layout(i18n: gr.I18n, samples: Samples) -> SimpleNamespace:
+    """The page's components (static/app.js draws into the gr.HTML ones)."""
+    c = SimpleNamespace()
+    with gr.Row(elem_id="sv-header"):
+        gr.Markdown(i18n("sv_title"), elem_id="sv-title")
+        gr.HTML("", elem_id="sv-topbar")  # app.js: the language switch
+    # the model may still be resolving when the UI is built: decide on each page load
+    c.banner = gr.Markdown(i18n("sv_demo"), visible=False, elem_id="sv-demo-banner")
+    with gr.Row(elem_id="sv-main"):
+        with gr.Column(elem_id="sv-input", min_width=300):
+            c.audio = gr.Audio(sources=["upload", "microphone"], type="filepath",
+                               label=i18n("sv_audio"), elem_id="sv-audio")
+            with gr.Row(elem_id="sv-options"):
+                c.language = gr.Dropdown(list(LANGUAGE_CHOICES), value="auto",
+                                         label=i18n("sv_language"), elem_id="sv-language",
+                                         min_width=140)
+                c.use_itn = gr.Checkbox(value=True, label=i18n("sv_itn"), info=i18n("sv_itn_info"),
+                                        elem_id="sv-itn", min_width=160)
+            c.split = gr.Checkbox(value=False, label=i18n("sv_split"), elem_id="sv-split")
+            with gr.Row(elem_id="sv-actions"):
+                c.submit = gr.Button(i18n("sv_submit"), variant="primary", elem_id="sv-submit",
+                                     scale=3)
+                c.new = gr.Button(i18n("sv_new"), elem_id="sv-new", scale=1)
+            with gr.Row(elem_id="sv-samples", visible=samples.available):
+                c.samples = {name: gr.Button(i18n(f"sv_sample_{name}"), size="sm",
+                                             elem_id=f"sv-sample-{name}") for name in Samples.NAMES}
+        with gr.Column(elem_id="sv-output", min_width=300):
+            gr.HTML("", elem_id="sv-state-view")  # app.js: the job's state, honestly worded
+            gr.HTML("", elem_id="sv-result")  # richtext.js: a short clip's chips
+    gr.HTML("", elem_id="sv-review")  # review.js: a timed recording's review view
+    gr.HTML("", elem_id="sv-recent")  # app.js: this browser's recent jobs
+    # the channel from submit to the page script (and the text API clients of submit read)
+    c.status = gr.Textbox(elem_id="sv-status", elem_classes=["sv-hidden"], show_label=False,
+                          interactive=False)
+    c.view = gr.Textbox(elem_id="sv-job", elem_classes=["sv-hidden"], show_label=False,
+                        interactive=False)
+    c.job_id = gr.State("")
+    return c
+
+
+# the page script's hooks: the click time (the page measures "done in" from it) and Submit off at
+# once; after the submit, one that ended without an answer (an internal error) says so; the
+# answer; "New" (no server round trip)
+ON_SUBMIT = ("(...args) => { window.SenseVoiceApp && window.SenseVoiceApp.submitting();"
+             " return args; }")
+ON_ENDED = "() => { window.SenseVoiceApp && window.SenseVoiceApp.submitEnded(); return []; }"
+ON_VIEW = "(v) => { window.SenseVoiceApp && window.SenseVoiceApp.accepted(v); return []; }"
+ON_NEW = "() => window.SenseVoiceApp ? window.SenseVoiceApp.reset() : [null, '', '']"
+ON_LOAD = "() => { window.SenseVoiceApp && window.SenseVoiceApp.boot(); return []; }"
+
+
+def wire(demo: gr.Blocks, c: SimpleNamespace, service: TranscriptionService, submit,
+         samples: Samples) -> None:
+    demo.load(lambda: gr.Markdown(visible=service.is_demo), None, c.banner, js=ON_LOAD)
+    inputs = [c.audio, c.language, c.use_itn, c.split]
+    outputs = [c.job_id, c.status, c.view]
+    # queue=False: one plain POST answers it (no queue join and event stream round trips: the
+    # handler returns in milliseconds, the job itself waits in the service's own queue)
+    c.submit.click(submit, inputs, outputs, js=ON_SUBMIT, queue=False, show_progress="hidden",
+                   api_name="submit").then(None, None, None, js=ON_ENDED)
+    for name, btn in c.samples.items():
+        btn.click(make_sample(samples, name), None, [c.audio, c.split], concurrency_limit=None,
+                  show_progress="hidden", api_name=False).success(
+            submit, inputs, outputs, js=ON_SUBMIT, queue=False, show_progress="hidden",
+            api_name=False).then(None, None, None, js=ON_ENDED)
+    c.view.change(None, [c.view], None, js=ON_VIEW)
+    c.new.click(None, None, [c.audio, c.status, c.view], js=ON_NEW)
+
+
+def build_ui(service: TranscriptionService, upload_dir: str | None = None) -> gr.Blocks:
+    """The UI; it reads audio only from ``upload_dir``, this server's Gradio upload directory
+    (default <data_dir>/ui-uploads; mount_ui points Gradio's upload route there)."""
+    settings = service.settings
+    upload_dir = upload_dir or prepare_upload_dir(settings.data_dir)
+    samples = Samples(settings.data_dir, upload_dir)
     # Gradio's upload cache holds the page's copy of each recording (the player's fallback): a
     # submitted one is deleted with its job (service.own_file); Gradio's delete_cache sweep catches
     # the uploads of this process never submitted, and UploadSweeper (run by the service's janitor)
@@ -138,39 +355,8 @@ def build_ui(service: TranscriptionService, upload_dir: str | None = None) -> gr
     sweeper = UploadSweeper(upload_dir, retention_s, every_s=min(retention_s, 3600))
     sweeper.sweep()
     service.on_purge.append(sweeper)
+    i18n = gr.I18n(**WORDS)
     with gr.Blocks(title="SenseVoice", delete_cache=(min(retention_s, 3600), retention_s)) as demo:
-        gr.Markdown("## SenseVoice speech recognition\nUpload or record audio (or a video); "
-                    "the transcript shows language, emotion and audio events.")
-        # the model may still be resolving when the UI is built: decide on each page load
-        banner = gr.Markdown(DEMO_BANNER, visible=False, elem_id="sv-demo-banner")
-        demo.load(lambda: gr.Markdown(visible=service.is_demo), None, banner)
-        with gr.Row():
-            with gr.Column():
-                audio = gr.Audio(sources=["upload", "microphone"], type="filepath", label="Audio",
-                                 elem_id="sv-audio")
-                language = gr.Dropdown(list(LANGUAGES), value="auto", label="Language")
-                use_itn = gr.Checkbox(value=True, label="ITN (punctuation and numbers)")
-                split = gr.Checkbox(value=False, label="Stereo call: one speaker per channel",
-                                    elem_id="sv-split")
-                with gr.Row():
-                    submit_btn = gr.Button("Submit", variant="primary", elem_id="sv-submit")
-                    refresh_btn = gr.Button("Refresh", elem_id="sv-refresh")
-            with gr.Column():
-                status = gr.Textbox(label="Status", interactive=False, elem_id="sv-status")
-                gr.HTML("", elem_id="sv-result")
-                raw = gr.Textbox(elem_id="sv-raw", elem_classes=["sv-hidden"], show_label=False,
-                                 interactive=False)
-        gr.HTML("", elem_id="sv-review")
-        review = gr.Textbox(elem_id="sv-review-json", elem_classes=["sv-hidden"], show_label=False,
-                            interactive=False)
-        job_id = gr.State("")
-        timer = gr.Timer(settings.poll_interval_s, active=False)
-        submit_btn.click(submit, [audio, language, use_itn, split], [job_id, status, raw, review, timer],
-                         concurrency_limit=None)
-        timer.tick(poll, [job_id], [status, raw, review, timer], concurrency_limit=None,
-                   show_progress="hidden")
-        refresh_btn.click(poll, [job_id], [status, raw, review, timer], concurrency_limit=None)
-        raw.change(None, [raw], None, js=RENDER_JS)
-        review.change(None, [review], None, js=REVIEW_JS)
+        demo.i18n_instance = i18n  # what mount_gradio_app(i18n=...) would set
+        wire(demo, layout(i18n, samples), service, make_submit(service, upload_dir), samples)
     return demo
-

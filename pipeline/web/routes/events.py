@@ -1,0 +1,163 @@
+"""Server push of one job: ``GET /api/jobs/{id}/events``, a Server-Sent Events stream (and the
+site's ``/favicon.ico``).
+
+The stream sends the job as an ``event: job`` whenever it changes (queued position, segmenting %,
+pieces transcribed, done or failed) and ends after the final state, so the page shows a result the
+moment the worker stores it: no poll interval between the worker and the screen. The service's
+threads wake the stream through ``service.changes`` (pipeline/serving/job_events.py); a queued job
+is read again every ``QUEUED_REFRESH_S`` for its place in the queue, and in the distributed topology
+(workers in other processes notify nobody here) the broker is read every ``BROKER_REFRESH_S``.
+The REST poll (``GET /api/jobs/{id}``) stays as it is for API clients.
+
+Each event's data is the REST job JSON plus what a screen needs to word the state honestly
+(:func:`live_view`): ``stage`` (loading, queued, segmenting, transcribing, done, failed), the model's
+state, ``percent`` (segmenting), ``pieces_done`` / ``pieces`` (transcribing a long recording), and
+the job's signed player and download ``links``.
+
+Access is that of the job's audio and result: the API token, or the job's own signed link
+(``?exp=...&sig=...``, pipeline/web/links.py): a page holds that link, never the token. Without a
+token the route is as open as the rest of the API (the job id, 122 random bits, is the secret).
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import orjson
+from fastapi import APIRouter, Depends
+from fastapi.concurrency import run_in_threadpool
+from fastapi.responses import FileResponse, StreamingResponse
+
+from pipeline.domain.errors import SenseVoiceError
+from pipeline.domain.types import Job, JobState
+from pipeline.web.api import job_json, require_token_or_link
+from pipeline.web.links import expiry, job_links, link_key, sign
+
+# static/ installed as pipeline/static, or beside the package in a checkout (as ui.py finds it)
+FAVICON = next(p / "static" for p in Path(__file__).resolve().parents[2:4]
+               if (p / "static").is_dir()) / "favicon.ico"
+QUEUED_REFRESH_S = 0.5  # a queued job's place changes when other jobs start: read it this often
+BROKER_REFRESH_S = 0.02  # distributed: how often the broker is read (as service.wait does)
+KEEPALIVE_S = 15.0  # a comment line this often keeps proxies from closing a quiet stream
+STREAM_MAX_S = 600.0  # a stream ends after this; the page reconnects (bounded server state)
+SEGMENTING = re.compile(r"^segmenting(?: (\d+)%)?$")
+PIECES = re.compile(r"^segment (\d+) of (\d+)$")
+FINAL = (JobState.DONE, JobState.FAILED, JobState.PURGED)
+
+
+def stage_of(job: Job, model_state: str) -> dict:
+    """The state a screen shows, from the job and the service's progress note."""
+    progress = str(job.meta.get("progress") or "")
+    out: dict = {"stage": job.state.value, "percent": None, "pieces_done": None, "pieces": None}
+    if job.state in FINAL:
+        return out
+    seg = SEGMENTING.match(progress)
+    pieces = PIECES.match(progress)
+    if seg:
+        out.update(stage="segmenting", percent=int(seg.group(1) or 0))
+    elif pieces:  # a long recording's pieces: queued behind other work, or being transcribed
+        out.update(pieces_done=int(pieces.group(1)), pieces=int(pieces.group(2)))
+        waiting = job.state is JobState.QUEUED and (job.position or 0) > 1
+        out["stage"] = "queued" if waiting else "transcribing"
+    elif job.state is JobState.RUNNING:
+        out["stage"] = "transcribing"
+    if out["stage"] == "queued" and model_state in ("starting", "loading"):
+        out["stage"] = "loading"
+    return out
+
+
+def page_query(job: Job, token: str, retention_hours: float) -> str:
+    """``exp=...&sig=...`` for the page's own URL (``?job=ID&exp=...&sig=...``: a reload follows
+    the job again), empty without a token. Until the job ends it expires a retention period after
+    the job was accepted (a fixed value: the view does not change on every read); then as the
+    job's other links do, when its retention ends."""
+    key = link_key(token)
+    if not key:
+        return ""
+    if job.finished_at is not None:
+        exp = expiry(job, retention_hours)
+    else:
+        exp = expiry(replace(job, finished_at=job.created_at), retention_hours)
+    return f"exp={exp}&sig={sign(key, job.id, exp)}"
+
+
+def live_view(job: Job, service) -> dict:
+    """The job as the page shows it: the REST JSON, its stage, the model state, signed links."""
+    settings = service.settings
+    body = job_json(job)
+    body.update(stage_of(job, service.state))
+    body["model"] = service.state
+    # the player and download links once there is something to play or download (their expiry
+    # counts from the job's end)
+    body["links"] = (job_links(job, settings.api_token, settings.retention_hours)
+                     if job.state in FINAL else {})
+    query = page_query(job, settings.api_token, settings.retention_hours)
+    body["links"]["events"] = f"/api/jobs/{job.id}/events" + (f"?{query}" if query else "")
+    body["links"]["page"] = query
+    return body
+
+
+async def read_job(service, job_id: str) -> Job:
+    """The job without blocking the loop: memory, the async broker read, else the thread pool."""
+    job = await service.poll(job_id)
+    if job is None:
+        job = await run_in_threadpool(service.get, job_id)
+    return job
+
+
+def sse(event: str, data: dict) -> bytes:
+    return b"event: " + event.encode() + b"\ndata: " + orjson.dumps(data) + b"\n\n"
+
+
+async def job_stream(service, job_id: str, first: Job):
+    """The events of one job until it is final (or ``STREAM_MAX_S``)."""
+    deadline = time.monotonic() + STREAM_MAX_S
+    last = None
+    with service.changes.watch(job_id) as watch:
+        job = first
+        while True:
+            view = live_view(job, service)
+            if view != last:
+                yield sse("job", view)
+                last = view
+            if job.state in FINAL or time.monotonic() > deadline:
+                return
+            if service.distributed:
+                wait = BROKER_REFRESH_S
+            elif job.state is JobState.QUEUED or service.state != "ready":
+                wait = QUEUED_REFRESH_S
+            else:
+                wait = KEEPALIVE_S
+            if not await watch.wait(wait) and wait == KEEPALIVE_S:
+                yield b": keep-alive\n\n"
+            watch.clear()
+            try:
+                job = await read_job(service, job_id)
+            except SenseVoiceError as e:  # purged while watched
+                yield sse("error", {"error": {"code": e.code, "message": e.message}})
+                return
+
+
+def build_events_router(service) -> APIRouter:
+    router = APIRouter()
+    auth_or_link = [Depends(require_token_or_link(service.settings.api_token))]
+
+    @router.get("/api/jobs/{job_id}/events", dependencies=auth_or_link)
+    async def job_events(job_id: str):
+        """Server-Sent Events of one job (``event: job``, data = the job JSON with ``stage``)
+        until it is done or failed. 404 / 410 (JSON) for an unknown or purged job."""
+        job = await read_job(service, job_id)  # unknown / purged: the JSON error, not a stream
+        return StreamingResponse(job_stream(service, job_id, job), media_type="text/event-stream",
+                                 headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no",
+                                          "X-Content-Type-Options": "nosniff"})
+
+    @router.get("/favicon.ico", include_in_schema=False)
+    async def favicon():
+        return FileResponse(FAVICON, media_type="image/x-icon",
+                            headers={"Cache-Control": "public, max-age=86400"})
+
+    return router
+

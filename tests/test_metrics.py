@@ -1,6 +1,8 @@
-"""Metrics: the text exposition parses, counters and histograms add up under threads, label values are
-escaped, scrape-time gauges come from callbacks, and the NVML sampler works with a fake NVML and
-stays quiet without one."""
+"""Metrics: the exposition parses with prometheus_client's parser (families, types, units), counters
+and histograms add up under threads, label values are escaped, scrape-time gauges come from
+callbacks, the NVML sampler works with a fake NVML and stays quiet without one; over real HTTP a
+long recording is counted (and logged) once, refusals are counted by their code and the HTTP
+requests by route template."""
 
 from __future__ import annotations
 
@@ -8,19 +10,27 @@ import logging
 import math
 import threading
 import time
+import uuid
 from dataclasses import dataclass, field
 
+import httpx
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from pipeline.serving.metrics import CONTENT_TYPE, LATENCY_BUCKETS, Metrics, nvml_ids
 
 
-# ---------------------------------------------------------------------- a tiny 0.0.4 parser
+# ---------------------------------------------------------------------- the exposition, parsed
 @dataclass
 class Exposition:
-    help: dict[str, str] = field(default_factory=dict)
-    type: dict[str, str] = field(default_factory=dict)
+    """What prometheus_client's own parser reads back: families (name without ``_total``) with
+    their type, help and unit, and every sample."""
+    families: dict = field(default_factory=dict)
     samples: list[tuple[str, dict[str, str], float]] = field(default_factory=list)
+
+    @property
+    def type(self) -> dict[str, str]:
+        return {name: f.type for name, f in self.families.items()}
 
     def get(self, name: str, **labels: str) -> list[float]:
         return [v for n, ls, v in self.samples if n == name and labels.items() <= ls.items()]
@@ -31,57 +41,14 @@ class Exposition:
         return values[0]
 
 
-ESCAPES = {"\\": "\\", '"': '"', "n": "\n"}
-
-
-def _labels(line: str, i: int) -> tuple[dict[str, str], int]:
-    """Parse ``{a="x",b="y"}`` starting at line[i] == '{'; return the labels and the index after '}'."""
-    labels, i = {}, i + 1
-    while line[i] != "}":
-        eq = line.index("=", i)
-        name, i = line[i:eq], eq + 1
-        assert line[i] == '"', line
-        i, value = i + 1, []
-        while line[i] != '"':
-            if line[i] == "\\":
-                value.append(ESCAPES[line[i + 1]])  # KeyError: an escape the format does not have
-                i += 2
-            else:
-                value.append(line[i])
-                i += 1
-        labels[name] = "".join(value)
-        i += 1
-        if line[i] == ",":
-            i += 1
-    return labels, i + 1
-
-
 def parse(text: str) -> Exposition:
     assert text.endswith("\n")
     out = Exposition()
-    for line in text.splitlines():
-        if line.startswith("# HELP ") or line.startswith("# TYPE "):
-            _, kind, name, rest = line.split(" ", 3)
-            table = out.help if kind == "HELP" else out.type
-            assert name not in table, f"second {kind} for {name}"
-            table[name] = rest
-            continue
-        assert line and not line.startswith("#"), repr(line)
-        name_end = min(j for j in (line.find("{"), line.find(" ")) if j >= 0)
-        name, labels, i = line[:name_end], {}, name_end
-        if line[i] == "{":
-            labels, i = _labels(line, i)
-        assert line[i] == " " and " " not in line[i + 1:], repr(line)
-        out.samples.append((name, labels, float(line[i + 1:])))
+    for fam in text_string_to_metric_families(text):
+        assert fam.name not in out.families, f"second family {fam.name}"
+        out.families[fam.name] = fam
+        out.samples += [(s.name, dict(s.labels), s.value) for s in fam.samples]
     return out
-
-
-def family(sample_name: str, types: dict[str, str]) -> str:
-    for suffix in ("_bucket", "_sum", "_count"):
-        base = sample_name.removesuffix(suffix)
-        if base != sample_name and types.get(base) == "histogram":
-            return base
-    return sample_name
 
 
 def scrape(m: Metrics) -> Exposition:
@@ -161,7 +128,7 @@ class NoDriverNvml(FakeNvml):
 
 GPU_NAMES = ("sensevoice_gpu_memory_used_bytes", "sensevoice_gpu_memory_free_bytes",
              "sensevoice_gpu_memory_total_bytes", "sensevoice_gpu_temperature_celsius",
-             "sensevoice_gpu_power_watts", "sensevoice_gpu_sm_clock_mhz",
+             "sensevoice_gpu_power_watts", "sensevoice_gpu_sm_clock_hertz",
              "sensevoice_gpu_utilization_ratio")
 
 
@@ -171,29 +138,59 @@ def no_visible_env(monkeypatch):
 
 
 # ---------------------------------------------------------------------- format
-def test_every_sample_has_help_and_type_before_it():
+def test_families_types_units_and_names():
     m = Metrics(["cuda:0"])
-    m.request_success("bulk")
+    m.request_success("bulk", 12.5)
     m.request_failure("interactive", "out_of_memory")
     m.rejected("queue_full")
     m.observe_queue(0.02)
     m.observe_compute(0.1, 4, "cuda:0")
+    m.observe_http("GET", "/api/jobs/{job_id}", 404, 0.003, "job_not_found")
     m.set_queue_depth_fn(lambda: 3)
     m.set_jobs_by_state_fn(lambda: {"queued": 3})
-    text = m.render()
-    exp, seen_types = parse(text), set()
-    for line in text.splitlines():
-        if line.startswith("# TYPE "):
-            seen_types.add(line.split()[2])
-        elif not line.startswith("#"):
-            assert family(line.split("{")[0].split()[0], exp.type) in seen_types, line
-    assert set(exp.help) == set(exp.type)
-    assert set(exp.type.values()) <= {"counter", "gauge", "histogram"}
-    for name, kind in exp.type.items():
-        assert name.startswith("sensevoice_")
-        assert name.endswith("_total") == (kind == "counter"), name
-    assert exp.type["sensevoice_queue_duration_seconds"] == "histogram"
+    exp = scrape(m)
+    assert set(exp.type.values()) <= {"counter", "gauge", "histogram", "info"}
+    for name, fam in exp.families.items():
+        assert fam.documentation, name
+        if not name.startswith("sensevoice_"):
+            assert name.startswith(("process_", "python_")), name
+            continue
+        if fam.type == "counter":  # the family drops _total; every sample carries it
+            assert {s.name for s in fam.samples} <= {name + "_total"}, name
+        assert not name.endswith(("_ms", "_us", "_mhz")), f"{name}: not a base unit"
+    kinds = {"sensevoice_request_success": "counter", "sensevoice_request_failure": "counter",
+             "sensevoice_request_rejected": "counter", "sensevoice_audio_seconds": "counter",
+             "sensevoice_queue_duration_seconds": "histogram",
+             "sensevoice_compute_duration_seconds": "histogram",
+             "sensevoice_inference_count": "counter", "sensevoice_execution_count": "counter",
+             "sensevoice_http_requests": "counter", "sensevoice_http_refusals": "counter",
+             "sensevoice_http_request_duration_seconds": "histogram",
+             "sensevoice_build_info": "gauge", "sensevoice_queue_depth": "gauge",
+             "sensevoice_jobs": "gauge", "process_cpu_seconds": "counter",
+             "process_resident_memory_bytes": "gauge"}
+    assert {n: exp.type.get(n) for n in kinds} == kinds
+    assert exp.one("sensevoice_audio_seconds_total", lane="bulk") == 12.5
+    assert exp.one("sensevoice_http_refusals_total", route="/api/jobs/{job_id}", status="404",
+                   code="job_not_found") == 1
+    assert exp.one("process_cpu_seconds_total") >= 0
     assert CONTENT_TYPE == "text/plain; version=0.0.4; charset=utf-8"
+
+
+def test_build_info_says_what_runs():
+    import platform
+
+    info = scrape(Metrics(["cuda:0", "cuda:1"])).families["sensevoice_build_info"].samples
+    assert len(info) == 1 and info[0].value == 1
+    labels = info[0].labels
+    assert labels["version"] == "0.1.0" and labels["device"] == "cuda:0,cuda:1"
+    assert labels["python"] == platform.python_version() and labels["torch"]
+
+
+def test_each_metrics_has_its_own_registry():
+    a, b = Metrics(["cpu"]), Metrics(["cpu"])  # a second one in a process: no duplicate names
+    a.request_success("bulk")
+    assert scrape(a).one("sensevoice_request_success_total", lane="bulk") == 1
+    assert scrape(b).get("sensevoice_request_success_total") == []
 
 
 def test_fresh_metrics_have_zero_series_per_device():
@@ -202,15 +199,15 @@ def test_fresh_metrics_have_zero_series_per_device():
         assert exp.one("sensevoice_inference_count_total", device=dev) == 0
         assert exp.one("sensevoice_execution_count_total", device=dev) == 0
         assert exp.one("sensevoice_compute_duration_seconds_count", device=dev) == 0
-    assert exp.one("sensevoice_queue_duration_us_total") == 0
+    assert exp.one("sensevoice_queue_duration_seconds_count") == 0
     assert exp.get("sensevoice_request_success_total") == []
-    assert "sensevoice_request_success_total" in exp.type  # family announced before its first sample
+    assert "sensevoice_request_success" in exp.type  # family announced before its first sample
 
 
 def test_counters_increase():
     m = Metrics(["cuda:0"])
     for _ in range(3):
-        m.request_success("bulk")
+        m.request_success("bulk", 2.0)
     m.request_success("interactive")
     m.request_failure("bulk", "out_of_memory")
     m.request_failure("bulk", "out_of_memory")
@@ -221,14 +218,32 @@ def test_counters_increase():
     exp = scrape(m)
     assert exp.one("sensevoice_request_success_total", lane="bulk") == 3
     assert exp.one("sensevoice_request_success_total", lane="interactive") == 1
+    assert exp.one("sensevoice_audio_seconds_total", lane="bulk") == 6.0
     assert exp.one("sensevoice_request_failure_total", lane="bulk", code="out_of_memory") == 2
     assert exp.one("sensevoice_request_failure_total", lane="bulk", code="audio_lost") == 1
     assert exp.one("sensevoice_request_rejected_total", reason="queue_full") == 1
     assert exp.one("sensevoice_inference_count_total", device="cuda:0") == 10
     assert exp.one("sensevoice_execution_count_total", device="cuda:0") == 2
-    assert exp.one("sensevoice_compute_duration_us_total", device="cuda:0") == pytest.approx(750_000)
+    assert exp.one("sensevoice_compute_duration_seconds_sum", device="cuda:0") == pytest.approx(0.75)
     m.request_success("bulk")
     assert scrape(m).one("sensevoice_request_success_total", lane="bulk") == 4
+
+
+def test_http_refusal_codes_never_mint_series():
+    m = Metrics([])
+    m.observe_http("post", "/api/jobs", 400, 0.01, "invalid_request")
+    m.observe_http("POST", "/api/jobs", 400, 0.01, "Robert'); DROP TABLE")
+    m.observe_http("GET", "unmatched", 404, 0.01, None)
+    m.observe_http("GET", "/healthz", 200, 0.01, None)
+    exp = scrape(m)
+    assert exp.one("sensevoice_http_requests_total", method="POST", route="/api/jobs",
+                   status="400") == 2
+    assert exp.one("sensevoice_http_refusals_total", code="invalid_request") == 1
+    assert exp.one("sensevoice_http_refusals_total", route="/api/jobs", code="other") == 1
+    assert exp.one("sensevoice_http_refusals_total", route="unmatched", code="none") == 1
+    assert exp.get("sensevoice_http_refusals_total", route="/healthz") == []
+    assert exp.one("sensevoice_http_request_duration_seconds_count", method="GET",
+                   route="/healthz") == 1
 
 
 def test_enum_labels_become_lower_case_names():
@@ -258,7 +273,6 @@ def test_histogram_buckets_are_cumulative_and_inf_equals_count():
     assert by_le["60.0"] == 9
     clean = sum(max(w, 0.0) for w in waits)
     assert exp.one("sensevoice_queue_duration_seconds_sum") == pytest.approx(clean)
-    assert exp.one("sensevoice_queue_duration_us_total") == pytest.approx(clean * 1e6)
 
 
 def test_compute_histogram_per_device():
@@ -314,7 +328,7 @@ def test_a_failing_callback_leaves_its_gauge_out(caplog):
 # ---------------------------------------------------------------------- threads
 def test_updates_from_8_threads_are_exact():
     m = Metrics(["cuda:0", "cuda:1"])
-    n_threads, n = 8, 10_000
+    n_threads, n = 8, 2_000
     barrier = threading.Barrier(n_threads)
 
     def hammer(t: int):
@@ -326,7 +340,7 @@ def test_updates_from_8_threads_are_exact():
             m.rejected("queue_full")
             m.observe_queue(0.001)
             m.observe_compute(0.002, 3, dev)
-            if i % 1000 == 0:
+            if i % 500 == 0:
                 m.render()  # scrapes race with updates
 
     threads = [threading.Thread(target=hammer, args=(t,)) for t in range(n_threads)]
@@ -393,7 +407,7 @@ def test_fake_nvml_gauges_with_labels_and_units(no_visible_env):
         m.stop()
     assert gpu_names(exp) == set(GPU_NAMES)
     for name in GPU_NAMES:
-        assert exp.type[name] == "gauge" and exp.help[name]
+        assert exp.type[name] == "gauge" and exp.families[name].documentation
         assert [ls for n, ls, _ in exp.samples if n == name] == [
             {"device": "cuda:0", "gpu_uuid": "GPU-aaa"}, {"device": "cuda:1", "gpu_uuid": "GPU-bbb"}]
     a, b = {"device": "cuda:0"}, {"device": "cuda:1"}
@@ -402,7 +416,7 @@ def test_fake_nvml_gauges_with_labels_and_units(no_visible_env):
     assert exp.one("sensevoice_gpu_memory_total_bytes", **b) == 141 << 30
     assert exp.one("sensevoice_gpu_temperature_celsius", **b) == 55
     assert exp.one("sensevoice_gpu_power_watts", **a) == pytest.approx(123.456)
-    assert exp.one("sensevoice_gpu_sm_clock_mhz", **a) == 1980
+    assert exp.one("sensevoice_gpu_sm_clock_hertz", **a) == 1980e6
     assert exp.one("sensevoice_gpu_utilization_ratio", **a) == pytest.approx(0.37)
     assert exp.one("sensevoice_gpu_utilization_ratio", **b) == 1.0
     assert fake.inits == fake.shutdowns == 1
@@ -442,7 +456,7 @@ def test_a_device_nvml_cannot_find_is_skipped(no_visible_env):
     m.start()
     exp = scrape(m)
     m.stop()
-    assert [ls["device"] for n, ls, _ in exp.samples if n == "sensevoice_gpu_sm_clock_mhz"] == ["cuda:0"]
+    assert [ls["device"] for n, ls, _ in exp.samples if n == "sensevoice_gpu_sm_clock_hertz"] == ["cuda:0"]
 
 
 def test_nvml_ids_maps_cuda_ordinals():
@@ -453,17 +467,113 @@ def test_nvml_ids_maps_cuda_ordinals():
     assert nvml_ids(["cuda:0"], "") == []
 
 
-def test_prometheus_client_parses_the_exposition():
-    parser = pytest.importorskip("prometheus_client.parser")
+def test_gpu_collector_parses_with_prometheus_client(no_visible_env):
     m = Metrics(["cuda:0"], nvml=FakeNvml([FakeGpu("GPU-p")]))
-    m.request_failure("bulk", 'odd "code"\n\\')
-    m.observe_queue(0.2)
-    m.observe_compute(0.2, 2, "cuda:0")
-    m.set_jobs_by_state_fn(lambda: {"queued": 1})
     m.start()
     text = m.render()
     m.stop()
-    families = {f.name: f for f in parser.text_string_to_metric_families(text)}
-    assert families["sensevoice_queue_duration_seconds"].type == "histogram"
-    failure = families["sensevoice_request_failure"].samples[0]
-    assert failure.labels["code"] == 'odd "code"\n\\' and failure.value == 1
+    families = {f.name: f for f in text_string_to_metric_families(text)}
+    clock = families["sensevoice_gpu_sm_clock_hertz"]
+    assert clock.type == "gauge" and clock.samples[0].labels == {"device": "cuda:0",
+                                                                   "gpu_uuid": "GPU-p"}
+
+
+# ---------------------------------------------------------------------- over real HTTP
+@pytest.fixture(scope="module")
+def metrics_server(demo_dir, tmp_path_factory):
+    from tests.conftest import LiveServer, make_settings
+
+    server = LiveServer(make_settings(demo_dir, tmp_path_factory.mktemp("metrics"),
+                                      max_upload_bytes=8_000_000)).start()
+    yield server
+    server.stop()
+
+
+def http_scrape(server) -> Exposition:
+    r = httpx.get(server.url + "/metrics", timeout=10)
+    assert r.status_code == 200 and r.headers["content-type"] == CONTENT_TYPE
+    return parse(r.text)
+
+
+def _submit(server, path, **form):
+    with open(path, "rb") as f:
+        return httpx.post(server.url + "/api/jobs", files={"file": (path.name, f)},
+                          data={k: str(v) for k, v in form.items()}, timeout=60)
+
+
+def _wait(server, job_id, timeout=120.0) -> dict:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        body = httpx.get(f"{server.url}/api/jobs/{job_id}", timeout=10).json()
+        if body["status"] in ("done", "failed"):
+            return body
+        time.sleep(0.05)
+    raise TimeoutError(job_id)
+
+
+def _value(exp: Exposition, name: str, **labels: str) -> float:
+    return sum(exp.get(name, **labels))
+
+
+def test_a_long_recording_is_counted_and_logged_once(metrics_server, long_call, caplog):
+    before = http_scrape(metrics_server)
+    with caplog.at_level(logging.DEBUG, logger="sensevoice"):
+        r = _submit(metrics_server, long_call, language="en", split_channels="true")
+        assert r.status_code == 202, r.text
+        job_id = r.json()["id"]
+        done = _wait(metrics_server, job_id)
+    assert done["status"] == "done", done
+    after = http_scrape(metrics_server)
+    pieces = int(_value(after, "sensevoice_inference_count_total", device="cpu")
+                 - _value(before, "sensevoice_inference_count_total", device="cpu"))
+    assert pieces > 2, "the call was not split into pieces"
+    assert (_value(after, "sensevoice_request_success_total")
+            - _value(before, "sensevoice_request_success_total")) == 1
+    assert (_value(after, "sensevoice_audio_seconds_total")
+            - _value(before, "sensevoice_audio_seconds_total")) == pytest.approx(48, abs=0.5)
+    done_lines = [rec.getMessage() for rec in caplog.records
+                  if rec.getMessage().startswith("job done") and job_id in rec.getMessage()]
+    assert len(done_lines) == 1, done_lines
+    assert f"pieces={pieces} " in done_lines[0]
+    piece_lines = [rec for rec in caplog.records
+                   if rec.getMessage().startswith("piece done") and job_id in rec.getMessage()]
+    assert len(piece_lines) == pieces and all(rec.levelno == logging.DEBUG for rec in piece_lines)
+
+
+def test_refusals_are_counted_by_code_and_routes_by_template(metrics_server, clip_factory):
+    url = metrics_server.url
+    ids = [uuid.uuid4() for _ in range(3)]
+    for jid in ids:
+        assert httpx.get(f"{url}/api/jobs/{jid}").status_code == 404
+    bad_language = _submit(metrics_server, clip_factory("wav", 16000, 1), language="klingon")
+    assert bad_language.status_code == 400
+    no_file = httpx.post(url + "/api/jobs", data={"language": "en"})
+    assert no_file.status_code == 400 and no_file.json()["error"]["code"] == "invalid_request"
+    big = httpx.post(url + "/api/jobs", files={"file": ("big.wav", b"\0" * 9_000_000)})
+    assert big.status_code == 413 and big.json()["error"]["code"] == "upload_too_large"
+    assert httpx.get(f"{url}/no/such/{uuid.uuid4()}").status_code == 404
+    exp = http_scrape(metrics_server)
+
+    routes = {ls["route"] for n, ls, _ in exp.samples if n == "sensevoice_http_requests_total"}
+    assert not any(str(jid) in r for jid in ids for r in routes), routes  # no raw paths
+    assert exp.one("sensevoice_http_requests_total", method="GET", route="/api/jobs/{job_id}",
+                   status="404") == 3
+    assert exp.one("sensevoice_http_refusals_total", route="/api/jobs/{job_id}", status="404",
+                   code="job_not_found") == 3
+    bad_code = bad_language.json()["error"]["code"]
+    assert exp.one("sensevoice_http_refusals_total", route="/api/jobs", status="400",
+                   code=bad_code) >= 1
+    assert exp.one("sensevoice_http_refusals_total", route="/api/jobs", status="400",
+                   code="invalid_request") >= 1
+    assert exp.one("sensevoice_http_refusals_total", route="/api/jobs", status="413",
+                   code="upload_too_large") == 1
+    assert exp.one("sensevoice_http_refusals_total", route="unmatched", status="404",
+                   code="not_found") == 1
+    assert exp.one("sensevoice_http_request_duration_seconds_count", method="GET",
+                   route="/api/jobs/{job_id}") == sum(exp.get(  # polls of other tests included
+                       "sensevoice_http_requests_total", method="GET", route="/api/jobs/{job_id}"))
+    assert exp.one("sensevoice_http_requests_total", method="GET", route="/readyz",
+                   status="200") >= 1
+    assert exp.families["sensevoice_build_info"].samples[0].labels["device"] == "cpu"
+    assert exp.one("process_resident_memory_bytes") > 0
+    assert exp.one("process_cpu_seconds_total") > 0

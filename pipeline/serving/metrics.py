@@ -1,36 +1,56 @@
-"""Prometheus metrics named after Triton's (prefix ``sensevoice_``), rendered by hand in the text
-exposition format 0.0.4. No dependency beyond the standard library; NVML (``pynvml``) is optional.
+"""Prometheus metrics named after Triton's (prefix ``sensevoice_``), on ``prometheus_client``.
 
-Counters and histograms are updated from request threads and worker threads under one lock. Gauges
-are read at scrape time: the queue depth and the job counts from callbacks, the GPU gauges from the
-latest NVML sample, which a daemon thread takes every ``nvml_interval_s``. Without NVML (no driver,
-a CPU machine) there are simply no GPU gauges.
+Each ``Metrics`` has its own ``CollectorRegistry`` (never the process-global one: tests build several
+services in one process), served in the text format 0.0.4 (``CONTENT_TYPE``). Base units: seconds,
+bytes, hertz, watts, degrees Celsius; counters end in ``_total``. The registry holds:
+
+* counters and histograms updated from request and worker threads (``prometheus_client`` is
+  thread-safe): jobs finished / failed / refused, queue and compute time, batches and items per
+  device, audio seconds transcribed, and the HTTP requests per route template (``observe_http``);
+* gauges read at scrape time by a custom collector: the queue depth (per lane), the live workers,
+  the long-recording backlog and the jobs by state, from callbacks the service sets;
+* the GPU gauges (a custom collector over the latest NVML sample, which a daemon thread takes every
+  ``nvml_interval_s``; without NVML, e.g. no driver or a CPU machine, there are no GPU series);
+* ``sensevoice_build_info`` (version, torch, python, devices) and the ``process_*`` / ``python_*``
+  collectors.
 
 A *rejected* request never became a job (queue full, bad input, not ready); a *failure* is an
 accepted job that ended failed. Label values must come from small fixed sets (lanes, error codes,
-device names), never from user input: every distinct value is a series kept for the process's life.
+device names, route templates), never from user input: every distinct value is a series kept for
+the process's life.
 """
 
 from __future__ import annotations
 
-import bisect
 import enum
 import logging
-import math
 import os
+import platform
+import re
 import threading
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator
+
+import prometheus_client
+from prometheus_client import (CollectorRegistry, Counter, Gauge, GCCollector, Histogram,
+                               PlatformCollector, ProcessCollector, generate_latest)
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
 
 logger = logging.getLogger("sensevoice.metrics")
 
-CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+# the ``*_created`` series (one per labelled child) double the series count and no dashboard here
+# uses them; the switch is process-wide in prometheus_client
+prometheus_client.disable_created_metrics()
+
+CONTENT_TYPE = CONTENT_TYPE_PLAIN_0_0_4  # what ``generate_latest`` writes
 PREFIX = "sensevoice_"
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
                    1.0, 2.5, 5.0, 10.0, 30.0, 60.0)  # seconds (upper bounds); +Inf is implicit
 DEFAULT_NVML_INTERVAL_S = 0.5  # seconds between two NVML samples
-US_PER_S = 1_000_000  # microseconds per second
 MW_PER_W = 1000  # NVML reports power in milliwatts
+HZ_PER_MHZ = 1_000_000  # NVML reports clocks in MHz
 GPU_LABELS = ("device", "gpu_uuid")
 GPU_GAUGES = (  # name (without prefix), help; one sample per GPU, labelled GPU_LABELS
     ("gpu_memory_used_bytes", "GPU memory in use (all processes), bytes."),
@@ -38,103 +58,16 @@ GPU_GAUGES = (  # name (without prefix), help; one sample per GPU, labelled GPU_
     ("gpu_memory_total_bytes", "GPU memory in total, bytes."),
     ("gpu_temperature_celsius", "GPU core temperature, degrees Celsius."),
     ("gpu_power_watts", "GPU power draw, watts."),
-    ("gpu_sm_clock_mhz", "GPU SM clock, MHz."),
+    ("gpu_sm_clock_hertz", "GPU SM clock, hertz."),
     ("gpu_utilization_ratio", "Fraction of NVML's last sample period in which a kernel ran (0..1)."),
 )
-
-
-# ---------------------------------------------------------------------- exposition helpers
-def escape_label_value(value: str) -> str:
-    """Escape a label value: backslash, double quote and newline (format 0.0.4)."""
-    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
-
-
-def _escape_help(text: str) -> str:
-    return text.replace("\\", "\\\\").replace("\n", "\\n")
-
-
-def _number(value: float) -> str:
-    if isinstance(value, int):
-        return str(value)
-    if math.isnan(value):
-        return "NaN"
-    if math.isinf(value):
-        return "+Inf" if value > 0 else "-Inf"
-    return repr(float(value))
-
-
-def _sample(name: str, labels: Iterable[tuple[str, str]], value: float) -> str:
-    body = ",".join(f'{k}="{escape_label_value(v)}"' for k, v in labels)
-    return f"{name}{{{body}}} {_number(value)}" if body else f"{name} {_number(value)}"
-
-
-def _header(name: str, kind: str, help_text: str) -> list[str]:
-    return [f"# HELP {name} {_escape_help(help_text)}", f"# TYPE {name} {kind}"]
+UNMATCHED_ROUTE = "unmatched"  # the route label of a path no route answers (never the raw path)
+_CODE_RE = re.compile(r"^[a-z][a-z0-9_]{0,63}$")  # an error code fit to be a label value
 
 
 def _text(value: Any) -> str:
     """A label value from a str, or an Enum's lower-case name (``Lane.BULK`` -> ``bulk``)."""
     return value.name.lower() if isinstance(value, enum.Enum) else str(value)
-
-
-# ---------------------------------------------------------------------- metric families
-class _Counter:
-    """A counter family; series keyed by their label values. Callers hold the Metrics lock."""
-
-    def __init__(self, name: str, help_text: str, label_names: tuple[str, ...] = ()):
-        self.name, self.help, self.label_names = name, help_text, label_names
-        self.values: dict[tuple[str, ...], float] = {}
-
-    def inc(self, key: tuple[str, ...], amount: float = 1) -> None:
-        self.values[key] = self.values.get(key, 0) + amount
-
-    def lines(self) -> list[str]:
-        out = _header(self.name, "counter", self.help)
-        for key in sorted(self.values):
-            out.append(_sample(self.name, zip(self.label_names, key), self.values[key]))
-        return out
-
-
-class _Series:
-    __slots__ = ("buckets", "sum", "count")
-
-    def __init__(self, n_buckets: int):
-        self.buckets = [0] * (n_buckets + 1)  # per bucket, not cumulative; the last is +Inf
-        self.sum = 0.0
-        self.count = 0
-
-
-class _Histogram:
-    """A histogram family; ``le`` is inclusive, as Prometheus defines it. Callers hold the lock."""
-
-    def __init__(self, name: str, help_text: str, label_names: tuple[str, ...] = (),
-                 bounds: tuple[float, ...] = LATENCY_BUCKETS):
-        self.name, self.help, self.label_names, self.bounds = name, help_text, label_names, bounds
-        self.series: dict[tuple[str, ...], _Series] = {}
-
-    def _get(self, key: tuple[str, ...]) -> _Series:
-        s = self.series.get(key)
-        if s is None:
-            s = self.series[key] = _Series(len(self.bounds))
-        return s
-
-    def observe(self, key: tuple[str, ...], value: float) -> None:
-        s = self._get(key)
-        s.buckets[bisect.bisect_left(self.bounds, value)] += 1
-        s.sum += value
-        s.count += 1
-
-    def lines(self) -> list[str]:
-        out = _header(self.name, "histogram", self.help)
-        for key in sorted(self.series):
-            s, labels = self.series[key], list(zip(self.label_names, key))
-            running = 0
-            for bound, n in zip((*self.bounds, math.inf), s.buckets):
-                running += n
-                out.append(_sample(f"{self.name}_bucket", [*labels, ("le", _number(bound))], running))
-            out.append(_sample(f"{self.name}_sum", labels, s.sum))
-            out.append(_sample(f"{self.name}_count", labels, s.count))
-        return out
 
 
 def _seconds(value: float) -> float:
@@ -143,9 +76,45 @@ def _seconds(value: float) -> float:
     return value if value >= 0 else 0.0
 
 
+def error_code_label(code: Any) -> str:
+    """An error code as a label value: our codes are short snake_case words; no code (a body
+    without one, e.g. a probe's 503) is ``none``, anything else ``other``, so a client cannot mint
+    series."""
+    if code is None:
+        return "none"
+    code = _text(code)
+    return code if _CODE_RE.match(code) else "other"
+
+
+def build_version() -> str:
+    """The distribution's version, else the checkout's pyproject.toml, else ``unknown``."""
+    try:
+        from importlib.metadata import version
+
+        return version("sensevoice-app")
+    except Exception:
+        pass
+    try:
+        import tomllib
+
+        path = Path(__file__).resolve().parents[2] / "pyproject.toml"
+        return str(tomllib.loads(path.read_text())["project"]["version"])
+    except Exception:
+        return "unknown"
+
+
+def _torch_version() -> str:
+    try:
+        import torch
+
+        return str(torch.__version__)
+    except Exception:  # the metrics must not need torch (a bare api process, a test)
+        return "none"
+
+
 # ---------------------------------------------------------------------- the service's metrics
 class Metrics:
-    """All metrics of one service process. Every method is thread-safe.
+    """All metrics of one service process, on their own registry. Every method is thread-safe.
 
     ``devices`` are the service's devices (``cuda:0``, ``cpu``): per-device series start at zero,
     and the CUDA ones are the GPUs the NVML sampler reads. ``nvml`` replaces the ``pynvml`` module
@@ -155,69 +124,94 @@ class Metrics:
     def __init__(self, devices: list[str], nvml_interval_s: float = DEFAULT_NVML_INTERVAL_S, *,
                  nvml: Any = None):
         self.devices = [_text(d) for d in devices]
-        self._lock = threading.Lock()
+        self.registry = r = CollectorRegistry()
         p = PREFIX
-        self._success = _Counter(f"{p}request_success_total",
-                                 "Jobs that finished with a transcript.", ("lane",))
-        self._failure = _Counter(f"{p}request_failure_total",
-                                 "Accepted jobs that ended failed, by error code.", ("lane", "code"))
-        self._rejected = _Counter(f"{p}request_rejected_total",
-                                  "Requests refused before they became a job.", ("reason",))
-        self._queue = _Histogram(f"{p}queue_duration_seconds",
-                                 "Time a job waited in the queue before its batch started, seconds.")
-        self._queue_us = _Counter(f"{p}queue_duration_us_total",
-                                  "Cumulative time jobs waited in the queue, microseconds.")
-        self._compute = _Histogram(f"{p}compute_duration_seconds",
-                                   "Time one batch ran on its device, seconds.", ("device",))
-        self._compute_us = _Counter(f"{p}compute_duration_us_total",
-                                    "Cumulative batch compute time, microseconds.", ("device",))
-        self._inferences = _Counter(f"{p}inference_count_total",
-                                    "Items (clips) inferred; divide by executions for the mean "
-                                    "batch size.", ("device",))
-        self._executions = _Counter(f"{p}execution_count_total",
-                                    "Batches executed.", ("device",))
-        self._families = (self._success, self._failure, self._rejected, self._queue, self._queue_us,
-                          self._compute, self._compute_us, self._inferences, self._executions)
-        self._queue_us.inc((), 0.0)
-        for d in self.devices:
-            self._compute._get((d,))
-            for family in (self._compute_us, self._inferences, self._executions):
-                family.inc((d,), 0)
+        self._success = Counter(f"{p}request_success_total",
+                                "Jobs that finished with a transcript (a long recording once, "
+                                "however many pieces it was split into).", ("lane",), registry=r)
+        self._failure = Counter(f"{p}request_failure_total",
+                                "Accepted jobs that ended failed, by error code.", ("lane", "code"),
+                                registry=r)
+        self._rejected = Counter(f"{p}request_rejected_total",
+                                 "Submissions refused before they became a job (REST, OpenAI "
+                                 "route or UI), by error code.", ("reason",), registry=r)
+        self._audio = Counter(f"{p}audio_seconds_total",
+                              "Audio seconds of the jobs that finished with a transcript.",
+                              ("lane",), registry=r)
+        self._queue = Histogram(f"{p}queue_duration_seconds",
+                                "Time a job (or a piece of a long one) waited in the queue before "
+                                "its batch started, seconds.", buckets=LATENCY_BUCKETS, registry=r)
+        self._compute = Histogram(f"{p}compute_duration_seconds",
+                                  "Time one batch ran on its device, seconds.", ("device",),
+                                  buckets=LATENCY_BUCKETS, registry=r)
+        self._inferences = Counter(f"{p}inference_count_total",
+                                   "Items (clips, pieces) inferred; divide by executions for the "
+                                   "mean batch size.", ("device",), registry=r)
+        self._executions = Counter(f"{p}execution_count_total", "Batches executed.", ("device",),
+                                   registry=r)
+        self._http = Counter(f"{p}http_requests_total",
+                             "HTTP requests answered, by method, route template and status.",
+                             ("method", "route", "status"), registry=r)
+        self._http_time = Histogram(f"{p}http_request_duration_seconds",
+                                    "Time from a request's arrival to the end of its answer, "
+                                    "seconds.", ("method", "route"), buckets=LATENCY_BUCKETS,
+                                    registry=r)
+        self._refusals = Counter(f"{p}http_refusals_total",
+                                 "HTTP answers with an error status (4xx, 5xx), by route template, "
+                                 "status and the error code of the JSON body.",
+                                 ("route", "status", "code"), registry=r)
+        build = Gauge(f"{p}build_info", "Always 1; the labels say what runs.",
+                      ("version", "torch", "python", "device"), registry=r)
+        build.labels(build_version(), _torch_version(), platform.python_version(),
+                     ",".join(self.devices) or "none").set(1)
+        for d in self.devices:  # per-device series start at zero
+            for family in (self._compute, self._inferences, self._executions):
+                family.labels(d)
+        ProcessCollector(registry=r)  # process_cpu_seconds_total, process_resident_memory_bytes, ...
+        PlatformCollector(registry=r)  # python_info
+        GCCollector(registry=r)  # python_gc_*
         self._queue_depth_fn: Callable[[], int] | None = None
         self._jobs_fn: Callable[[], dict[str, int]] | None = None
         self._backlog_fn: Callable[[], tuple[int, float]] | None = None
         self._lanes_fn: Callable[[], dict] | None = None
         self._workers_fn: Callable[[], int] | None = None
+        r.register(_CallbackCollector(self))
         self._gpus = GpuSampler(self.devices, nvml_interval_s, nvml=nvml)
+        r.register(self._gpus)
 
     # ------------------------------------------------------------------ updates
-    def request_success(self, lane: str) -> None:
-        with self._lock:
-            self._success.inc((_text(lane),))
+    def request_success(self, lane: str, audio_seconds: float = 0.0) -> None:
+        """One job finished with a transcript (call once per job, not per piece)."""
+        key = _text(lane)
+        self._success.labels(key).inc()
+        self._audio.labels(key).inc(_seconds(audio_seconds))
 
     def request_failure(self, lane: str, code: str) -> None:
-        with self._lock:
-            self._failure.inc((_text(lane), _text(code)))
+        self._failure.labels(_text(lane), _text(code)).inc()
 
     def rejected(self, reason: str) -> None:
-        with self._lock:
-            self._rejected.inc((_text(reason),))
+        self._rejected.labels(_text(reason)).inc()
 
     def observe_queue(self, seconds: float) -> None:
         """One job's wait in the queue (call once per job, when its batch starts)."""
-        seconds = _seconds(seconds)
-        with self._lock:
-            self._queue.observe((), seconds)
-            self._queue_us.inc((), seconds * US_PER_S)
+        self._queue.observe(_seconds(seconds))
 
     def observe_compute(self, seconds: float, batch_size: int, device: str) -> None:
         """One batch of ``batch_size`` items that ran ``seconds`` on ``device``."""
-        seconds, key = _seconds(seconds), (_text(device),)
-        with self._lock:
-            self._compute.observe(key, seconds)
-            self._compute_us.inc(key, seconds * US_PER_S)
-            self._inferences.inc(key, int(batch_size))
-            self._executions.inc(key, 1)
+        key = _text(device)
+        self._compute.labels(key).observe(_seconds(seconds))
+        self._inferences.labels(key).inc(int(batch_size))
+        self._executions.labels(key).inc()
+
+    def observe_http(self, method: str, route: str, status: int, seconds: float,
+                     code: str | None = None) -> None:
+        """One HTTP answer; ``route`` is the route template (``/api/jobs/{job_id}``), never the raw
+        path. An error status (>= 400) is also counted by its error ``code``."""
+        method, status_s = method.upper(), str(int(status))
+        self._http.labels(method, route, status_s).inc()
+        self._http_time.labels(method, route).observe(_seconds(seconds))
+        if int(status) >= 400:
+            self._refusals.labels(route, status_s, error_code_label(code)).inc()
 
     # ------------------------------------------------------------------ scrape-time gauges
     def set_queue_depth_fn(self, fn: Callable[[], int]) -> None:
@@ -238,37 +232,6 @@ class Metrics:
         """``fn() -> (jobs, audio seconds)`` of long recordings accepted and not yet finished."""
         self._backlog_fn = fn
 
-    def _callback_lines(self) -> list[str]:
-        out: list[str] = []
-        depth = _call(self._queue_depth_fn, "queue depth")
-        if depth is not None:
-            out += _header(f"{PREFIX}queue_depth", "gauge", "Jobs waiting in the queue.")
-            out.append(_sample(f"{PREFIX}queue_depth", (), int(depth)))
-        lanes = _call(self._lanes_fn, "queue depth per lane")
-        if lanes is not None:
-            out += _header(f"{PREFIX}queue_depth_lane", "gauge", "Jobs waiting in the queue, by lane.")
-            out += [_sample(f"{PREFIX}queue_depth_lane", [("lane", _text(k))],
-                            int(n)) for k, n in sorted(lanes.items())]
-        workers = _call(self._workers_fn, "live workers")
-        if workers is not None:
-            out += _header(f"{PREFIX}workers_alive", "gauge",
-                           "Worker processes that claimed work within the visibility timeout.")
-            out.append(_sample(f"{PREFIX}workers_alive", (), int(workers)))
-        backlog = _call(self._backlog_fn, "backlog")
-        if backlog is not None:
-            out += _header(f"{PREFIX}backlog_jobs", "gauge",
-                           "Long recordings accepted and not yet finished (splitting or running).")
-            out.append(_sample(f"{PREFIX}backlog_jobs", (), int(backlog[0])))
-            out += _header(f"{PREFIX}backlog_audio_seconds", "gauge",
-                           "Audio seconds of the long recordings in the backlog.")
-            out.append(_sample(f"{PREFIX}backlog_audio_seconds", (), float(backlog[1])))
-        jobs = _call(self._jobs_fn, "jobs by state")
-        if jobs is not None:
-            out += _header(f"{PREFIX}jobs", "gauge", "Jobs in the store, by state.")
-            out += [_sample(f"{PREFIX}jobs", [("state", _text(s))], int(n))
-                    for s, n in sorted(jobs.items(), key=lambda kv: _text(kv[0]))]
-        return out
-
     # ------------------------------------------------------------------ lifecycle and output
     def start(self) -> None:
         """Start the NVML sampler if a CUDA device and NVML are present; never raises for their lack."""
@@ -279,11 +242,46 @@ class Metrics:
 
     def render(self) -> str:
         """All metrics in the Prometheus text format 0.0.4 (serve with ``CONTENT_TYPE``)."""
-        with self._lock:
-            lines = [line for family in self._families for line in family.lines()]
-        lines += self._callback_lines()  # outside the lock: callbacks may be slow (SQLite)
-        lines += self._gpus.lines()
-        return "\n".join(lines) + "\n"
+        return generate_latest(self.registry).decode("utf-8")
+
+
+class _CallbackCollector:
+    """The gauges read from the service's callbacks when Prometheus scrapes (no thread)."""
+
+    def __init__(self, metrics: Metrics):
+        self._m = metrics
+
+    def describe(self) -> list:
+        return []  # names vary with the callbacks set; nothing to check at registration
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        m, p = self._m, PREFIX
+        depth = _call(m._queue_depth_fn, "queue depth")
+        if depth is not None:
+            yield GaugeMetricFamily(f"{p}queue_depth", "Jobs waiting in the queue.", value=int(depth))
+        lanes = _call(m._lanes_fn, "queue depth per lane")
+        if lanes is not None:
+            g = GaugeMetricFamily(f"{p}queue_depth_lane", "Jobs waiting in the queue, by lane.",
+                                  labels=("lane",))
+            for k, n in sorted(lanes.items(), key=lambda kv: _text(kv[0])):
+                g.add_metric([_text(k)], int(n))
+            yield g
+        workers = _call(m._workers_fn, "live workers")
+        if workers is not None:
+            yield GaugeMetricFamily(f"{p}workers_alive", "Worker processes that claimed work "
+                                    "within the visibility timeout.", value=int(workers))
+        backlog = _call(m._backlog_fn, "backlog")
+        if backlog is not None:
+            yield GaugeMetricFamily(f"{p}backlog_jobs", "Long recordings accepted and not yet "
+                                    "finished (splitting or running).", value=int(backlog[0]))
+            yield GaugeMetricFamily(f"{p}backlog_audio_seconds", "Audio seconds of the long "
+                                    "recordings in the backlog.", value=float(backlog[1]))
+        jobs = _call(m._jobs_fn, "jobs by state")
+        if jobs is not None:
+            g = GaugeMetricFamily(f"{p}jobs", "Jobs in the store, by state.", labels=("state",))
+            for s, n in sorted(jobs.items(), key=lambda kv: _text(kv[0])):
+                g.add_metric([_text(s)], int(n))
+            yield g
 
 
 def _call(fn: Callable[[], Any] | None, what: str) -> Any:
@@ -336,7 +334,8 @@ def nvml_ids(devices: Iterable[str], cuda_visible: str | None) -> list[tuple[str
 
 
 class GpuSampler:
-    """Samples the service's GPUs through NVML on a daemon thread; ``lines`` renders the latest."""
+    """Samples the service's GPUs through NVML on a daemon thread; a custom collector: ``collect``
+    yields the latest sample as gauges (none before ``start``, after ``stop`` or without NVML)."""
 
     def __init__(self, devices: list[str], interval_s: float = DEFAULT_NVML_INTERVAL_S, *,
                  nvml: Any = None):
@@ -444,7 +443,8 @@ class GpuSampler:
         clock = self._try(gpu, "clock", nvml.nvmlDeviceGetClockInfo, h,
                           getattr(nvml, "NVML_CLOCK_SM", 1))
         util = self._try(gpu, "utilization", nvml.nvmlDeviceGetUtilizationRates, h)
-        for name, value in (("gpu_temperature_celsius", temp), ("gpu_sm_clock_mhz", clock),
+        for name, value in (("gpu_temperature_celsius", temp),
+                            ("gpu_sm_clock_hertz", None if clock is None else clock * HZ_PER_MHZ),
                             ("gpu_power_watts", None if power is None else power / MW_PER_W),
                             ("gpu_utilization_ratio", None if util is None else util.gpu / 100)):
             if value is not None:
@@ -459,17 +459,17 @@ class GpuSampler:
                        "metrics: %s: NVML cannot read %s (%s); gauge left out", gpu.device, what, e)
             return None
 
-    def lines(self) -> list[str]:
+    def describe(self) -> list:
+        return []  # the GPU series come and go with NVML; nothing to check at registration
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
         with self._lock:
             latest = self._latest
-        return list(_gpu_lines(latest))
-
-
-def _gpu_lines(latest: dict[_Gpu, dict[str, float]]) -> Iterator[str]:
-    for name, help_text in GPU_GAUGES:
-        rows = [(gpu, values[name]) for gpu, values in latest.items() if name in values]
-        if not rows:
-            continue
-        yield from _header(PREFIX + name, "gauge", help_text)
-        for gpu, value in rows:
-            yield _sample(PREFIX + name, zip(GPU_LABELS, (gpu.device, gpu.uuid)), value)
+        for name, help_text in GPU_GAUGES:
+            rows = [(gpu, values[name]) for gpu, values in latest.items() if name in values]
+            if not rows:
+                continue
+            g = GaugeMetricFamily(PREFIX + name, help_text, labels=GPU_LABELS)
+            for gpu, value in rows:
+                g.add_metric([gpu.device, gpu.uuid], value)
+            yield g

@@ -162,37 +162,53 @@ class Worker(threading.Thread):
         whole = [(i, w, o) for i, w, o in zip(batch, waves, outs) if i.pieces == 1]
         parts = [(i, w, o) for i, w, o in zip(batch, waves, outs) if i.pieces > 1]
         results = [(i.job_id, transcript_from_pieces([_piece(i, w, o)])) for i, w, o in whole]
+        audio_s = {i.job_id: w.shape[0] / SAMPLE_RATE for i, w, _ in whole}
         if parts:
-            results += self._save_pieces(parts)
+            complete = self._save_pieces(parts)
+            results += [(jid, transcript) for jid, transcript, _ in complete]
+            audio_s.update((jid, seconds) for jid, _, seconds in complete)
         written = self.store.finish_many(results)
         self.items_done += len(written)
         if self.delete_audio_when_done:
             for jid in written:
                 self.store.delete_spool(jid)
+        counted = set()  # a long job's last pieces may share this batch: count and log it once
         for item, wave in zip(batch, waves):
-            if item.job_id in written:
-                self.metrics.request_success(item.lane)
+            queue_ms = (t_start - item.enqueued_at) * 1e3
+            if item.pieces > 1:
+                logger.debug("piece done id=%s piece=%d/%d audio_s=%.2f queue_ms=%.1f",
+                             item.job_id, item.piece + 1, item.pieces, wave.shape[0] / SAMPLE_RATE,
+                             queue_ms)
+            if item.job_id in written and item.job_id not in counted:
+                counted.add(item.job_id)
+                self.metrics.request_success(item.lane, audio_s[item.job_id])
                 logger.info(
-                    "job done id=%s audio_s=%.2f queue_ms=%.1f compute_ms=%.1f batch=%d",
-                    item.job_id, wave.shape[0] / SAMPLE_RATE, (t_start - item.enqueued_at) * 1e3,
-                    compute_ms, len(batch))
+                    "job done id=%s audio_s=%.2f pieces=%d queue_ms=%.1f compute_ms=%.1f batch=%d",
+                    item.job_id, audio_s[item.job_id], item.pieces, queue_ms, compute_ms,
+                    len(batch))
             self.on_done(item.job_id)
 
-    def _save_pieces(self, parts) -> list[tuple[str, Transcript]]:
-        """Store the pieces of long jobs; return the transcripts of jobs whose last piece is in."""
+    def _save_pieces(self, parts) -> list[tuple[str, Transcript, float]]:
+        """Store the pieces of long jobs; return (job id, transcript, audio seconds of the
+        recording) of the jobs whose last piece is in."""
         self.store.save_segments([_piece(i, w, o) for i, w, o in parts])
         complete = []
         for job_id, total in {i.job_id: i.pieces for i, _, _ in parts}.items():
             done = self.store.segment_count(job_id)  # the pieces themselves only once complete
             self.on_progress(job_id, done, total)
             if done >= total:
-                complete.append((job_id, transcript_from_pieces(self.store.segments(job_id))))
+                pieces = self.store.segments(job_id)
+                seconds = _recording_seconds(self.store, job_id, pieces)
+                complete.append((job_id, transcript_from_pieces(pieces), seconds))
         return complete
 
     def _fail(self, item: WorkItem, code: str, message: str) -> None:
-        self.store.fail(item.job_id, code, message)
-        self.metrics.request_failure(item.lane, code)
-        logger.info("job failed id=%s code=%s", item.job_id, code)
+        if self.store.fail(item.job_id, code, message) is not False:  # a long job fails once
+            self.metrics.request_failure(item.lane, code)
+            logger.info("job failed id=%s code=%s", item.job_id, code)
+        else:
+            logger.debug("job %s already finished; piece %d failed with %s", item.job_id,
+                         item.piece, code)
         self.on_done(item.job_id)
 
 
@@ -214,6 +230,17 @@ def transcript_from_pieces(pieces: Sequence[SegmentResult]) -> Transcript:
     raw = "".join(p.raw_text for p in sorted(pieces, key=lambda p: (p.start_s, p.idx)))
     text = " ".join(s.text for s in segments if s.text)
     return Transcript(text=text, raw_text=raw, segments=tuple(segments))
+
+
+def _recording_seconds(store, job_id: str, pieces: Sequence[SegmentResult]) -> float:
+    """A long job's audio seconds for the metrics: the job's own figure, else where its last piece
+    ends (split channels overlap in time, so never the sum of the pieces)."""
+    try:
+        seconds = float(store.get(job_id).audio_seconds)
+    except Exception as e:  # purged meanwhile, a store without get: the pieces still tell
+        logger.debug("job %s: audio seconds from its pieces (%s)", job_id, e)
+        seconds = 0.0
+    return seconds or max((p.end_s for p in pieces), default=0.0)
 
 
 def _is_fatal(e: BaseException) -> bool:

@@ -9,6 +9,7 @@ from contextlib import asynccontextmanager
 
 from pipeline.config import Settings
 from pipeline.serving.runtime import Runtime, build_runtime
+from pipeline.web.http_metrics import HttpMetrics
 
 os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 
@@ -54,6 +55,8 @@ def create_app(settings: Settings | None = None, service=None, start: bool = Tru
     # outermost (inside only Starlette's error handler): a Host this server does not answer for or
     # a cross-site browser request is refused before anything else runs, FastPolls included
     app.add_middleware(HostOriginGuard, allowed=allowed_hosts(settings))
+    # outermost of ours: every answer is counted, the Host guard's refusals included
+    app.add_middleware(HttpMetrics, metrics=service.metrics, routes_of=app)
     return app
 
 

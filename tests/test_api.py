@@ -228,6 +228,7 @@ def test_stereo_call_split_into_speakers(live_server, long_call, clip_factory):
 def test_word_timestamps_in_long_recording(live_server, long_call):
     r = submit(live_server, long_call, language="en", word_timestamps="true")
     done = wait_done(live_server, r.json()["id"], timeout=120)
+    assert done["options"]["word_timestamps"] is True  # the job says what was asked of it
     segs = [s for s in done["result"]["segments"] if s["text"]]
     assert segs and all(s["words"] for s in segs)
     for s in segs:  # absolute times inside their segment

@@ -710,3 +710,14 @@ def test_dockerignore_keeps_local_state_out_and_what_the_image_copies_in():
             assert files, source
             for f in files:
                 assert not dockerignored(f), f".dockerignore leaves out {f}, which the Dockerfile COPYs"
+
+
+def test_sensevoice_pods_run_as_the_images_non_root_user():
+    """The api and worker pods run as the image's uid 10001 (never root) and own their volumes
+    through fsGroup (a ReadWriteMany model cache is otherwise root-owned and unwritable)."""
+    deployments = by_kind("Deployment")
+    for name in ("sensevoice-api", "sensevoice-worker"):
+        pod = deployments[name]["spec"]["template"]["spec"]
+        sc = pod["securityContext"]
+        assert sc["runAsNonRoot"] is True and sc["runAsUser"] == 10001, name
+        assert sc["runAsGroup"] == 10001 and sc["fsGroup"] == 10001, name

@@ -149,7 +149,6 @@ class Settings(BaseSettings):
     access_log: bool = Field(
         False, description="Log every HTTP request (polls included: 200 pollers are 400 lines/s); "
         "each job is logged once either way.")
-    poll_interval_s: float = Field(0.5, description="UI polling period, seconds.")
 
     def resolved_device(self) -> str:
         return self.device or default_device()

@@ -60,8 +60,8 @@ def ui_server(demo_dir, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def token_server(demo_dir, tmp_path_factory):
-    server = LiveServer(make_settings(demo_dir, tmp_path_factory.mktemp("ui-tok"), api_token=TOKEN,
-                                      poll_interval_s=0.3)).start()
+    server = LiveServer(make_settings(demo_dir, tmp_path_factory.mktemp("ui-tok"),
+                                      api_token=TOKEN)).start()
     yield server
     server.stop()
 

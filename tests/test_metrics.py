@@ -18,6 +18,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from pipeline.serving.metrics import CONTENT_TYPE, LATENCY_BUCKETS, Metrics, nvml_ids
+from tests.test_api import submit, wait_done
 
 
 # ---------------------------------------------------------------------- the exposition, parsed
@@ -495,22 +496,6 @@ def http_scrape(server) -> Exposition:
     return parse(r.text)
 
 
-def _submit(server, path, **form):
-    with open(path, "rb") as f:
-        return httpx.post(server.url + "/api/jobs", files={"file": (path.name, f)},
-                          data={k: str(v) for k, v in form.items()}, timeout=60)
-
-
-def _wait(server, job_id, timeout=120.0) -> dict:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        body = httpx.get(f"{server.url}/api/jobs/{job_id}", timeout=10).json()
-        if body["status"] in ("done", "failed"):
-            return body
-        time.sleep(0.05)
-    raise TimeoutError(job_id)
-
-
 def _value(exp: Exposition, name: str, **labels: str) -> float:
     return sum(exp.get(name, **labels))
 
@@ -518,10 +503,10 @@ def _value(exp: Exposition, name: str, **labels: str) -> float:
 def test_a_long_recording_is_counted_and_logged_once(metrics_server, long_call, caplog):
     before = http_scrape(metrics_server)
     with caplog.at_level(logging.DEBUG, logger="sensevoice"):
-        r = _submit(metrics_server, long_call, language="en", split_channels="true")
+        r = submit(metrics_server, long_call, language="en", split_channels="true")
         assert r.status_code == 202, r.text
         job_id = r.json()["id"]
-        done = _wait(metrics_server, job_id)
+        done = wait_done(metrics_server, job_id, timeout=120.0)
     assert done["status"] == "done", done
     after = http_scrape(metrics_server)
     pieces = int(_value(after, "sensevoice_inference_count_total", device="cpu")
@@ -545,7 +530,7 @@ def test_refusals_are_counted_by_code_and_routes_by_template(metrics_server, cli
     ids = [uuid.uuid4() for _ in range(3)]
     for jid in ids:
         assert httpx.get(f"{url}/api/jobs/{jid}").status_code == 404
-    bad_language = _submit(metrics_server, clip_factory("wav", 16000, 1), language="klingon")
+    bad_language = submit(metrics_server, clip_factory("wav", 16000, 1), language="klingon")
     assert bad_language.status_code == 400
     no_file = httpx.post(url + "/api/jobs", data={"language": "en"})
     assert no_file.status_code == 400 and no_file.json()["error"]["code"] == "invalid_request"

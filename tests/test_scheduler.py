@@ -133,3 +133,47 @@ def test_a_worker_bug_is_not_a_fatal_device_error(tmp_path):
         worker.join(5)
     assert sched.raised and worker.fatal is None  # still healthy: the job ran after the bug
     assert store.get(jid).state is JobState.DONE
+
+
+def test_live_redecodes_go_first_and_never_touch_the_store(tmp_path):
+    """A live stream's re-decode is no job: it is served before both job lanes, batched with them,
+    its output comes back on its future, and the store never hears of it (nothing to poll,
+    nothing to purge). It does not count against the job queue's bound."""
+    from concurrent.futures import Future
+
+    sched = Scheduler(2, max_batch=3, max_wait_s=0.0)
+    store = JobStore(tmp_path / "store")
+    jobs = []
+    for n in range(2):
+        jid = str(uuid.uuid4())
+        store.create(Job(jid, JobState.QUEUED, OPTS, Lane.INTERACTIVE, time.time(), 0.1), b"")
+        sched.put(WorkItem(jid, Lane.INTERACTIVE, OPTS, 1600, audio=torch.zeros(1600)))
+        jobs.append(jid)
+    replies = [Future() for _ in range(2)]
+    for n, reply in enumerate(replies):  # the job queue is full: live items still go in
+        sched.put(WorkItem(f"live-{n}", Lane.INTERACTIVE, OPTS, 3200, audio=torch.zeros(3200),
+                           reply=reply))
+    assert sched.queue_depth()[Lane.INTERACTIVE] == 2 and sched.live_depth() == 2
+    first = sched.next_batch(timeout=1)
+    assert [i.job_id for i in first[:2]] == ["live-0", "live-1"] and len(first) == 3
+    sched = Scheduler(2, max_batch=3, max_wait_s=0.0)  # a fresh queue for the worker
+    sched.put(WorkItem("live-x", Lane.INTERACTIVE, OPTS, 3200, audio=torch.zeros(3200),
+                       reply=replies[0]))
+    sched.put(WorkItem(jobs[0], Lane.INTERACTIVE, OPTS, 1600, audio=torch.zeros(1600)))
+    cancelled = Future()
+    cancelled.cancel()  # a stream that closed meanwhile: dropped, nothing breaks
+    sched.put(WorkItem("live-gone", Lane.INTERACTIVE, OPTS, 3200, audio=torch.zeros(3200),
+                       reply=cancelled))
+    done = threading.Event()
+    worker = Worker("w", FakeEngine(), sched, store, load_audio=lambda j: None,
+                    on_done=lambda jid: done.set())
+    worker.start()
+    try:
+        out = replies[0].result(timeout=10)
+        assert done.wait(10)
+    finally:
+        worker.stop()
+        worker.join(5)
+    assert out.raw_text == FakeEngine().transcribe([torch.zeros(3200)], [OPTS])[0].raw_text
+    assert store.get(jobs[0]).state is JobState.DONE and worker.fatal is None
+    assert {j.id for j in store.recover()} == {jobs[1]}  # only real jobs were ever stored

@@ -1,4 +1,5 @@
-"""Bounded two-lane queue with dynamic batch formation (Triton-style).
+"""Bounded lane queue with dynamic batch formation (Triton-style): live re-decodes first, then the
+interactive and bulk job lanes.
 
 ``put`` never blocks: a full queue raises QueueFull at once. ``next_batch`` waits for a first item,
 then up to ``max_wait`` for more -- but only while arrivals are dense (the previous one came less than
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import threading
 import time
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Optional
 
@@ -25,6 +27,7 @@ from pipeline.domain.errors import QueueFull
 from pipeline.domain.types import Lane, TranscribeOptions
 
 SAMPLE_RATE = 16_000  # Hz
+LIVE_RANK = -1  # live captions' re-decodes go before every job lane (they are never stored jobs)
 
 
 @dataclass(eq=False)
@@ -40,6 +43,12 @@ class WorkItem:
     pieces: int = 1  # how many pieces the job has; 1 = the whole clip in one item
     start_s: float = 0.0  # where the piece starts in the recording, seconds
     speaker: Optional[str] = None  # channel label when a stereo call is split
+    reply: Optional[Future] = None  # a live re-decode: no job in the store; the output goes here
+
+    @property
+    def rank(self) -> int:
+        """Serving priority, lower first: live re-decodes, then the job lanes."""
+        return LIVE_RANK if self.reply is not None else int(self.lane)
 
 
 class Scheduler:
@@ -64,7 +73,13 @@ class Scheduler:
     def queue_depth(self) -> dict[Lane, int]:
         """Items waiting per lane."""
         with self._cond:
-            return {lane: sum(1 for i in self._items if i.lane == lane) for lane in Lane}
+            return {lane: sum(1 for i in self._items if i.lane == lane and i.reply is None)
+                    for lane in Lane}
+
+    def live_depth(self) -> int:
+        """Live re-decodes waiting (bounded by the live streams, one each at most)."""
+        with self._cond:
+            return sum(1 for i in self._items if i.reply is not None)
 
     def check_capacity(self) -> None:
         """Raise QueueFull now if a put would be refused (a cheap answer before any work)."""
@@ -78,9 +93,10 @@ class Scheduler:
                 f"try again in {self.retry_after_s} s", retry_after=self.retry_after_s)
 
     def put(self, item: WorkItem, force: bool = False) -> None:
-        """Enqueue or raise QueueFull. ``force`` admits recovered jobs beyond the bound."""
+        """Enqueue or raise QueueFull. ``force`` admits recovered jobs beyond the bound; live
+        re-decodes are bounded by the live streams instead (one in flight per stream)."""
         with self._cond:
-            if not force:
+            if not force and item.reply is None:
                 self._check_capacity()
             self._seq += 1
             item.seq = self._seq
@@ -93,7 +109,7 @@ class Scheduler:
     def position(self, job_id: str) -> int | None:
         """1-based place in serving order (lane, then age), or None when not queued."""
         with self._cond:
-            order = sorted(self._items, key=lambda i: (i.lane, i.seq))
+            order = sorted(self._items, key=lambda i: (i.rank, i.seq))
         for n, it in enumerate(order, 1):
             if it.job_id == job_id:
                 return n
@@ -142,10 +158,10 @@ class Scheduler:
             return batch
 
     def _select(self) -> list[WorkItem]:
-        anchor = min(self._items, key=lambda i: (i.lane, i.seq))
-        # same lane first, closest in length; then the other lane's items, closest in length
+        anchor = min(self._items, key=lambda i: (i.rank, i.seq))
+        # same lane first, closest in length; then the other lanes' items, by lane, closest in length
         def key(i: WorkItem):
-            return (i.lane != anchor.lane, abs(i.n_samples - anchor.n_samples), i.seq)
+            return (i.rank != anchor.rank, i.rank, abs(i.n_samples - anchor.n_samples), i.seq)
 
         batch = [anchor]
         longest = anchor.n_samples

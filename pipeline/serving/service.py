@@ -24,7 +24,7 @@ import time
 import uuid
 from collections import OrderedDict
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import replace
 from pathlib import Path
 
@@ -436,6 +436,22 @@ class TranscriptionService:
             raise
         self._remember(job)
         return replace(job, position=self.queue.position(job.id))
+
+    def decode_live(self, wave: torch.Tensor, options: TranscribeOptions) -> Future:
+        """Queue one re-decode of a live stream's utterance (16 kHz mono) ahead of every job lane,
+        batched with whatever the workers run; the future gets the engine's output. Nothing is
+        stored. Only a process that holds the model (role ``all``, the default) serves it."""
+        if not self.serves_worker:
+            raise NotReady("live captions need a process that holds the model (role all); "
+                           "this one has the api role")
+        if self.state != "ready" or not self.workers:
+            raise NotReady("the model is still loading; try again in a few seconds"
+                           if self.state in ("starting", "loading") else
+                           f"the service is not available: {self.error}")
+        reply: Future = Future()
+        self.scheduler.put(WorkItem(f"live-{uuid.uuid4().hex}", Lane.INTERACTIVE, options,
+                                    int(wave.shape[-1]), audio=wave, reply=reply))
+        return reply
 
     def _accept_long(self, job: Job, data: bytes, wave: torch.Tensor) -> Job:
         """Count a long job in the backlog (or BacklogFull), store it, and leave its decoded audio

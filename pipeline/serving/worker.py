@@ -83,7 +83,10 @@ class Worker(threading.Thread):
                     self._run_batch(batch)
             except BrokerUnavailable as e:  # the broker is down: its entries stay pending and
                 logger.warning("%s", e)      # are reclaimed later, never lost; wait and go on
-                self.store.release([i.job_id for i in batch])
+                self.store.release([i.job_id for i in batch if i.reply is None])
+                for item in batch:
+                    if item.reply is not None:
+                        self._fail(item, "broker_unavailable", str(e), e)
                 time.sleep(1.0)
             except Exception as e:
                 if _is_fatal(e):  # a poisoned CUDA context: give up, let the supervisor restart
@@ -101,20 +104,27 @@ class Worker(threading.Thread):
     # ------------------------------------------------------------------ one batch
     def _run_batch(self, batch: list[WorkItem]) -> None:
         t_start = time.monotonic()
+        live = [i for i in batch if i.reply is not None]
+        if live:  # live re-decodes are no jobs: no store, no queue timeout; batched with the jobs
+            batch = [i for i in batch if i.reply is None]
+            live = [i for i in live if i.reply.set_running_or_notify_cancel()]
         for item in [i for i in batch if t_start - i.enqueued_at > self.queue_timeout_s]:
             self._fail(item, "queue_timeout",
                        f"timed out in queue after {t_start - item.enqueued_at:.0f} s")
             batch.remove(item)
-        moved = self.store.mark_running([i.job_id for i in batch if i.pieces == 1])
+        moved = self.store.mark_running([i.job_id for i in batch if i.pieces == 1]) if batch else set()
         pieces = [i.job_id for i in batch if i.pieces > 1]
         if pieces:  # a long job's later pieces find it already running
             moved |= self.store.mark_running(pieces, already_running_ok=True)
         self.on_running(moved)
         batch = [i for i in batch if i.job_id in moved]  # cancelled or already handled elsewhere
+        if live:
+            batch = live + batch
         if not batch:
             return
         for item in batch:
-            self.metrics.observe_queue(t_start - item.enqueued_at)
+            if item.reply is None:
+                self.metrics.observe_queue(t_start - item.enqueued_at)
         waves = []
         for item in list(batch):
             try:
@@ -137,9 +147,9 @@ class Worker(threading.Thread):
             outs = self.engine.transcribe(waves, [i.options for i in batch])
             compute_ms = (time.monotonic() - t0) * 1e3
             self.metrics.observe_compute(compute_ms / 1e3, len(batch), str(self.engine.device))
-        except torch.cuda.OutOfMemoryError:
+        except torch.cuda.OutOfMemoryError as e:
             if len(batch) == 1:
-                self._fail(batch[0], "out_of_memory", "the GPU ran out of memory on this clip alone")
+                self._fail(batch[0], "out_of_memory", "the GPU ran out of memory on this clip alone", e)
                 return
             torch.cuda.empty_cache()
             half = len(batch) // 2
@@ -152,13 +162,20 @@ class Worker(threading.Thread):
             if _is_fatal(e) or len(batch) == 1:
                 if _is_fatal(e):
                     raise
-                self._fail(batch[0], "inference_error", f"inference failed: {e}")
+                self._fail(batch[0], "inference_error", f"inference failed: {e}", e)
                 return
             logger.warning("batch of %d failed (%s); retrying one by one", len(batch), e)
             for item, wave in zip(batch, waves):
                 self._infer([item], [wave], t_start)
             return
         self.batches += 1
+        for item, out in zip(batch, outs):
+            if item.reply is not None:
+                item.reply.set_result(out)
+        jobs = [(i, w, o) for i, w, o in zip(batch, waves, outs) if i.reply is None]
+        if not jobs:
+            return
+        batch, waves, outs = (list(t) for t in zip(*jobs))
         whole = [(i, w, o) for i, w, o in zip(batch, waves, outs) if i.pieces == 1]
         parts = [(i, w, o) for i, w, o in zip(batch, waves, outs) if i.pieces > 1]
         results = [(i.job_id, transcript_from_pieces([_piece(i, w, o)])) for i, w, o in whole]
@@ -202,7 +219,12 @@ class Worker(threading.Thread):
                 complete.append((job_id, transcript_from_pieces(pieces), seconds))
         return complete
 
-    def _fail(self, item: WorkItem, code: str, message: str) -> None:
+    def _fail(self, item: WorkItem, code: str, message: str,
+              error: BaseException | None = None) -> None:
+        if item.reply is not None:  # a live re-decode: its stream reports the error
+            if not item.reply.done():
+                item.reply.set_exception(error or RuntimeError(message))
+            return
         if self.store.fail(item.job_id, code, message) is not False:  # a long job fails once
             self.metrics.request_failure(item.lane, code)
             logger.info("job failed id=%s code=%s", item.job_id, code)

@@ -58,7 +58,8 @@ def main() -> int:
         broker = RedisBroker(server.url, retention_s=600, queue_size=10**6, shared_dir=shared)
         sched = Scheduler(10**6, max_batch=64, max_wait_s=0.002)
         done: list[str] = []
-        worker = Worker("w", NoOpEngine(), sched, broker, load_audio=lambda j: None, on_done=done.append)
+        broker.feed.on_finished(done.append)
+        worker = Worker("w", NoOpEngine(), sched, broker)
         feeder = Feeder(broker, sched, "bench", prefetch=128)
         t1 = time.perf_counter()
         feeder.start()

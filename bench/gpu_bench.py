@@ -346,7 +346,8 @@ class Bench:
                 done_at[jid] = time.perf_counter()
                 cv.notify_all()
 
-        worker = Worker("bench-worker", eng, sched, store, load_audio=lambda j: None, on_done=on_done)
+        store.feed.on_finished(on_done)
+        worker = Worker("bench-worker", eng, sched, store)
         worker.start()
         S["sqlite_journal_mode"] = store._conn().execute("PRAGMA journal_mode").fetchone()[0]
         log("store", S["sqlite_journal_mode"], store.db_path)
@@ -520,8 +521,8 @@ class Bench:
         opts = TranscribeOptions("auto", True)
         jid = "long-1"
         store.create(Job(jid, JobState.QUEUED, opts, Lane.BULK, time.time(), len(wave) / SR), b"")
-        worker = Worker("long-worker", eng, sched, store, load_audio=lambda j: None,
-                        on_done=lambda j: finished.set() if store.get(j).state is JobState.DONE else None)
+        store.feed.on_finished(lambda j: finished.set() if store.get(j).state is JobState.DONE else None)
+        worker = Worker("long-worker", eng, sched, store)
         worker.start()
         gpu_wave = torch.from_numpy(wave).to(self.dev)
         if self.cuda:

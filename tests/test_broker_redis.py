@@ -442,8 +442,7 @@ def test_existing_worker_runs_against_the_broker(redis_url):  # noqa: F811
     for n in range(2):  # two worker processes' worth: a Scheduler, a Feeder and a Worker each
         sched = Scheduler(1000, max_batch=8, max_wait_s=0.005)
         feeder = Feeder(broker, sched, f"gpu-{n}", prefetch=8, block_ms=50)
-        worker = Worker(f"w{n}", FakeEngine(), sched, broker, load_audio=lambda j: None,
-                        delete_audio_when_done=True)
+        worker = Worker(f"w{n}", FakeEngine(), sched, broker, delete_audio_when_done=True)
         feeder.start()
         worker.start()
         stops += [feeder, worker]
@@ -568,7 +567,7 @@ def test_feeder_rides_out_an_outage(redis_server):  # noqa: F811
     broker = RedisBroker(redis_server.url, retention_s=60, queue_size=100, visibility_timeout_s=1.0)
     sched = Scheduler(100, max_batch=8, max_wait_s=0.005)
     feeder = Feeder(broker, sched, "gpu-0", prefetch=8, block_ms=50, error_backoff_s=0.1)
-    worker = Worker("w0", FakeEngine(), sched, broker, load_audio=lambda j: None)
+    worker = Worker("w0", FakeEngine(), sched, broker)
     feeder.start()
     worker.start()
     try:

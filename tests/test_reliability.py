@@ -66,7 +66,8 @@ def run_worker(tmp_path, engine, lengths, enqueued_at: float | None = None, **wo
         jid = str(uuid.uuid4())
         store.create(Job(jid, JobState.QUEUED, OPTS, Lane.BULK, time.time(), n / 16000), b"")
         ids.append(jid)
-    worker = Worker("w", engine, sched, store, load_audio=lambda j: None, on_done=on_done, **worker_kw)
+    store.feed.on_finished(on_done)
+    worker = Worker("w", engine, sched, store, **worker_kw)
     for jid, n in zip(ids, lengths):
         sched.put(WorkItem(jid, Lane.BULK, OPTS, n, audio=torch.zeros(n),
                            enqueued_at=enqueued_at or time.monotonic()))

@@ -77,8 +77,8 @@ def test_several_workers_with_one_scheduler_finish_every_job(tmp_path):
             if len(done) >= n_jobs:
                 all_done.set()
 
-    workers = [Worker(f"w{k}", FakeEngine(), sched, store, load_audio=lambda j: None,
-                      on_done=on_done) for k in range(6)]
+    store.feed.on_finished(on_done)
+    workers = [Worker(f"w{k}", FakeEngine(), sched, store) for k in range(6)]
     for w in workers:
         w.start()
     ids = []
@@ -120,8 +120,8 @@ def test_a_worker_bug_is_not_a_fatal_device_error(tmp_path):
     store = JobStore(tmp_path / "store")
     sched = _BuggyScheduler()
     finished = threading.Event()
-    worker = Worker("w", FakeEngine(), sched, store, load_audio=lambda j: None,
-                    on_done=lambda jid: finished.set())
+    store.feed.on_finished(lambda jid: finished.set())
+    worker = Worker("w", FakeEngine(), sched, store)
     jid = str(uuid.uuid4())
     store.create(Job(jid, JobState.QUEUED, OPTS, Lane.BULK, time.time(), 0.1), b"")
     sched.put(WorkItem(jid, Lane.BULK, OPTS, 1600, audio=torch.zeros(1600)))
@@ -165,8 +165,8 @@ def test_live_redecodes_go_first_and_never_touch_the_store(tmp_path):
     sched.put(WorkItem("live-gone", Lane.INTERACTIVE, OPTS, 3200, audio=torch.zeros(3200),
                        reply=cancelled))
     done = threading.Event()
-    worker = Worker("w", FakeEngine(), sched, store, load_audio=lambda j: None,
-                    on_done=lambda jid: done.set())
+    store.feed.on_finished(lambda jid: done.set())
+    worker = Worker("w", FakeEngine(), sched, store)
     worker.start()
     try:
         out = replies[0].result(timeout=10)
@@ -177,3 +177,46 @@ def test_live_redecodes_go_first_and_never_touch_the_store(tmp_path):
     assert out.raw_text == FakeEngine().transcribe([torch.zeros(3200)], [OPTS])[0].raw_text
     assert store.get(jobs[0]).state is JobState.DONE and worker.fatal is None
     assert {j.id for j in store.recover()} == {jobs[1]}  # only real jobs were ever stored
+
+
+def test_the_worker_writes_the_broker_and_the_broker_tells_subscribers(tmp_path):
+    """No callbacks into the worker's owner: whoever keeps state about jobs subscribes to the
+    broker's feed, which reports each committed change once: a long job's start, its pieces'
+    progress and its end; a failed job's end; nothing for a write that changed nothing."""
+    import inspect
+
+    from pipeline.serving.job_events import JobEvent
+
+    params = set(inspect.signature(Worker.__init__).parameters) - {"self"}
+    assert params == {"name", "engine", "scheduler", "store", "queue_timeout_s",
+                      "delete_audio_when_done", "metrics", "cpu_threads"}
+    store = JobStore(tmp_path / "store")
+    events: list[JobEvent] = []
+    store.feed.subscribe(events.append)
+    sched = Scheduler(100, max_batch=1, max_wait_s=0.0)  # one piece per batch: two progress steps
+    long_id, poison_id = str(uuid.uuid4()), str(uuid.uuid4())
+    store.create(Job(long_id, JobState.QUEUED, OPTS, Lane.BULK, time.time(), 2.0), b"")
+    store.create(Job(poison_id, JobState.QUEUED, OPTS, Lane.BULK, time.time(), 0.1), b"")
+    for k in range(2):
+        sched.put(WorkItem(long_id, Lane.BULK, OPTS, 16000, audio=torch.zeros(16000), piece=k,
+                           pieces=2, start_s=float(k)))
+    sched.put(WorkItem(poison_id, Lane.BULK, OPTS, 777, audio=torch.zeros(777)))
+    finished = threading.Event()
+    ends = []
+    store.feed.on_finished(lambda jid: (ends.append(jid), len(ends) == 2 and finished.set()))
+    worker = Worker("w", FakeEngine(poison_len=777), sched, store)
+    worker.start()
+    try:
+        assert finished.wait(10)
+    finally:
+        worker.stop()
+        worker.join(5)
+    mine = [(e.state, e.progress) for e in events if e.job_id == long_id]
+    assert mine == [(JobState.RUNNING, None), (None, "segment 1 of 2"), (None, "segment 2 of 2"),
+                    (JobState.DONE, None)]
+    assert [(e.state, e.progress) for e in events if e.job_id == poison_id] == [
+        (JobState.RUNNING, None), (JobState.FAILED, None)]
+    assert store.get(long_id).state is JobState.DONE
+    assert not store.fail(long_id, "late", "a late failure of a finished job")  # changes nothing
+    assert store.finish_many([(poison_id, store.get(long_id).result)]) == set()
+    assert len([e for e in events if e.job_id in (long_id, poison_id)]) == 6

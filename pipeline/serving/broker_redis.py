@@ -91,6 +91,7 @@ from redis.retry import Retry
 
 from pipeline.domain.errors import AudioGone, BrokerUnavailable, JobGone, JobNotFound, QueueFull
 from pipeline.serving.broker_sqlite import SegmentResult, _dump_options
+from pipeline.serving.job_events import Feed, JobEvent
 from pipeline.serving.payloads import Payloads
 from pipeline.serving.scheduler import Scheduler, WorkItem
 from pipeline.domain.types import Job, JobError, JobState, Lane, TranscribeOptions, Transcript, Word
@@ -444,6 +445,7 @@ class RedisBroker:
                  tombstone_s: float = TOMBSTONE_S, socket_timeout_s: float = 5.0,
                  max_hold_s: float = 900.0, shared_dir: str | os.PathLike | None = None):
         self.url = url
+        self.feed = Feed()  # this process's writes (other processes' are read from Redis)
         # audio and uploads: inline in Redis, or files in a directory all processes share
         self.payloads = Payloads(shared_dir)
         self._swept_at = 0.0
@@ -618,6 +620,7 @@ class RedisBroker:
         moved = {ids[int(i) - 1] for i in self._run("mark_running",
                                                     [self._k("job", j) for j in ids], args)}
         self._release(set(ids) - moved)  # dropped by the worker: acked if ended, else reclaimable
+        self.feed.publish([JobEvent(jid, JobState.RUNNING) for jid in moved])
         return moved
 
     @_translated
@@ -686,6 +689,7 @@ class RedisBroker:
             self._reclaimed.difference_update(jid for jid, _ in results)
         self._release(jid for jid, _ in results)
         self.payloads.delete_audio(written)
+        self.feed.publish([JobEvent(jid, JobState.DONE) for jid in written])
         return written
 
     @_translated
@@ -701,6 +705,7 @@ class RedisBroker:
         self._release([job_id])
         if failed:
             self.payloads.delete_audio([job_id])
+            self.feed.publish([JobEvent(job_id, JobState.FAILED)])
         return failed
 
     @_translated
@@ -712,6 +717,7 @@ class RedisBroker:
     def set_progress(self, job_id: str, text: str) -> None:
         """Progress of an unfinished job (Job.meta["progress"]); ignored once it finished."""
         self._run("set_progress", [self._k("job", job_id)], [text])
+        self.feed.publish([JobEvent(job_id, None, text)])
 
     @_translated
     def discard(self, job_id: str) -> None:

@@ -16,7 +16,7 @@ import sqlite3
 import threading
 import time
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Iterable, Iterator
 
@@ -24,6 +24,7 @@ import numpy as np
 
 from pipeline.domain.errors import JobGone, JobNotFound, SenseVoiceError, StorageError, StorageFull
 from pipeline.domain.types import Job, JobError, JobState, Lane, TranscribeOptions, Transcript, Word
+from pipeline.serving.job_events import Feed, JobEvent
 
 logger = logging.getLogger("sensevoice.jobs")
 
@@ -71,10 +72,13 @@ class SegmentResult:
     speaker: str | None
     raw_text: str
     words: tuple[Word, ...] = ()  # absolute times in the recording
+    pieces: int = 0  # how many pieces the job has (for its progress; 0 when unknown)
 
 
 class JobStore:
-    """SQLite-backed job store; one connection per thread."""
+    """SQLite-backed job store; one connection per thread. After each write that changes a job it
+    publishes a :class:`JobEvent` on ``feed`` (the embedded topology's counterpart of what the
+    Redis broker's readers see)."""
 
     def __init__(self, data_dir: str | Path):
         self.data_dir = Path(data_dir)
@@ -84,6 +88,8 @@ class JobStore:
             stale.unlink(missing_ok=True)
         self.db_path = self.data_dir / "jobs.sqlite3"
         self._local = threading.local()
+        self.feed = Feed()
+        self._progress: dict[str, str] = {}  # unfinished long job -> "segment n of total"
         with self._conn() as c:
             c.executescript(SCHEMA)
 
@@ -143,21 +149,26 @@ class JobStore:
         """queued -> running (attempts + 1), in one transaction. Returns the ids that really moved
         (plus, with ``already_running_ok``, those already running: later pieces of a long job)."""
         now = time.time()
-        moved = set()
+        moved, started = set(), []
         with self._transaction() as conn:
             for jid in job_ids:
                 cur = conn.execute(
                     "UPDATE jobs SET state=?, started_at=?, attempts=attempts+1 WHERE id=? AND state=?",
                     (JobState.RUNNING.value, now, jid, JobState.QUEUED.value),
                 )
+                if cur.rowcount:
+                    started.append(jid)
                 if cur.rowcount or (already_running_ok and conn.execute(
                         "SELECT 1 FROM jobs WHERE id=? AND state=?",
                         (jid, JobState.RUNNING.value)).fetchone()):
                     moved.add(jid)
+        self.feed.publish([JobEvent(jid, JobState.RUNNING) for jid in started])
         return moved
 
     def save_segments(self, results: Iterable[SegmentResult]) -> None:
-        """Store piece results of long jobs (one transaction); re-running a piece overwrites it."""
+        """Store piece results of long jobs (one transaction); re-running a piece overwrites it.
+        Sets each job's progress ("segment n of total") when the pieces say their total."""
+        results = list(results)
         with self._transaction() as conn:
             conn.executemany(
                 "INSERT OR REPLACE INTO segments (job_id, idx, start_s, end_s, speaker, raw_text, words)"
@@ -165,6 +176,12 @@ class JobStore:
                 [(r.job_id, r.idx, r.start_s, r.end_s, r.speaker, r.raw_text,
                   json.dumps([[w.text, w.start, w.end] for w in r.words], ensure_ascii=False))
                  for r in results])
+        events = []
+        for jid, total in {r.job_id: r.pieces for r in results if r.pieces}.items():
+            text = f"segment {self.segment_count(jid)} of {total}"
+            self._progress[jid] = text
+            events.append(JobEvent(jid, None, text))
+        self.feed.publish(events)
 
     def segments(self, job_id: str) -> list[SegmentResult]:
         rows = self._conn().execute(
@@ -197,6 +214,9 @@ class JobStore:
                 if cur.rowcount:
                     written.add(jid)
                     conn.execute("DELETE FROM segments WHERE job_id=?", (jid,))
+        for jid in written:
+            self._progress.pop(jid, None)
+        self.feed.publish([JobEvent(jid, JobState.DONE) for jid in written])
         return written
 
     def fail(self, job_id: str, code: str, message: str) -> bool:
@@ -207,6 +227,9 @@ class JobStore:
             (JobState.FAILED.value, time.time(), code, message, job_id,
              JobState.QUEUED.value, JobState.RUNNING.value),
         )
+        if cur.rowcount:
+            self._progress.pop(job_id, None)
+            self.feed.publish([JobEvent(job_id, JobState.FAILED)])
         return bool(cur.rowcount)
 
     def release(self, job_ids: Iterable[str]) -> None:
@@ -266,7 +289,17 @@ class JobStore:
         if row["state"] == JobState.PURGED.value:
             raise JobGone(f"job {job_id} finished more than the retention period ago; its result "
                           "and audio were deleted")
-        return _row_to_job(row)
+        job = _row_to_job(row)
+        progress = self._progress.get(job_id)
+        if progress and job.state in (JobState.QUEUED, JobState.RUNNING):
+            job = replace(job, meta={**job.meta, "progress": progress})
+        return job
+
+    def set_progress(self, job_id: str, text: str) -> None:
+        """Progress of an unfinished job (Job.meta["progress"]; held in memory, like the service's
+        segmenting progress: it means nothing after a restart)."""
+        self._progress[job_id] = text
+        self.feed.publish([JobEvent(job_id, None, text)])
 
     def load_upload(self, job_id: str) -> bytes:
         return self.spool_path(job_id).read_bytes()

@@ -1,4 +1,12 @@
-"""Job change notices, from the threads that change a job to the coroutines that watch it.
+"""Job change notices: what a broker publishes after a write, and the fan-out to the coroutines
+that stream a job.
+
+:class:`Feed` is the broker's side: after a write commits (a job starts running, advances, finishes
+or fails), the broker publishes a :class:`JobEvent` to its subscribers, in the writer's thread. The
+worker writes the broker and knows no one else (it takes no callbacks from its owner); whoever
+keeps state about jobs (the service's snapshots, its backlog, waiters) subscribes to the broker.
+A broker publishes the writes of its own process: in the distributed topology the api processes
+read the other processes' writes from Redis.
 
 The service's threads (workers, the splitter, the start-up thread) call :meth:`JobChanges.notify`
 when a job's state, queue position or progress changes; a coroutine on the event loop that streams
@@ -14,7 +22,47 @@ nothing: take it, then read the job, then wait; a notice that came in between is
 from __future__ import annotations
 
 import asyncio
+import logging
 import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from pipeline.domain.types import JobState
+
+logger = logging.getLogger("sensevoice.events")
+
+
+@dataclass(frozen=True)
+class JobEvent:
+    """A committed change of one job: its new state, or (``state`` None) its progress text."""
+
+    job_id: str
+    state: JobState | None
+    progress: str | None = None
+
+
+class Feed:
+    """A broker's publisher. Subscribers run in the writing thread: they must be quick and must not
+    raise (one that does is logged and the others still run)."""
+
+    def __init__(self):
+        self._subscribers: list[Callable[[JobEvent], None]] = []
+
+    def subscribe(self, fn: Callable[[JobEvent], None]) -> None:
+        self._subscribers.append(fn)
+
+    def on_finished(self, fn: Callable[[str], None]) -> None:
+        """Subscribe ``fn(job_id)`` to the jobs that finish (done or failed)."""
+        self.subscribe(lambda e: fn(e.job_id) if e.state in (JobState.DONE, JobState.FAILED) else None)
+
+    def publish(self, events: list[JobEvent]) -> None:
+        for fn in self._subscribers:
+            for event in events:
+                try:
+                    fn(event)
+                except Exception:
+                    logger.exception("a subscriber failed on %s", event)
+
 
 class Watch:
     """One coroutine's interest in one job. Use as a context manager (or call :meth:`close`)."""

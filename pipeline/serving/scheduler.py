@@ -19,7 +19,7 @@ import threading
 import time
 from concurrent.futures import Future
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Optional, Protocol, Union
 
 import torch
 
@@ -30,13 +30,19 @@ SAMPLE_RATE = 16_000  # Hz
 LIVE_RANK = -1  # live captions' re-decodes go before every job lane (they are never stored jobs)
 
 
+class DeferredAudio(Protocol):
+    """Audio that is read when the worker needs it (a recovered job's spooled upload)."""
+
+    def load(self) -> torch.Tensor: ...
+
+
 @dataclass(eq=False)
 class WorkItem:
     job_id: str
     lane: Lane
     options: TranscribeOptions
     n_samples: int  # 16 kHz samples
-    audio: Optional[torch.Tensor] = None  # 16 kHz wave; None -> load from the spool
+    audio: Union[torch.Tensor, DeferredAudio, None] = None  # the 16 kHz wave, or how to read it
     enqueued_at: float = field(default_factory=time.monotonic)
     seq: int = 0
     piece: int = 0  # index of this piece (VAD segment / channel) within a long job

@@ -25,7 +25,7 @@ import uuid
 from collections import OrderedDict
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
@@ -36,7 +36,7 @@ from pipeline.config import Settings
 from pipeline.audio.decoder_pool import Decoder
 from pipeline.domain.errors import MemoryPressure, NotReady, SenseVoiceError
 from pipeline.serving.broker_sqlite import JobStore, WaveSpool
-from pipeline.serving.job_events import JobChanges
+from pipeline.serving.job_events import JobChanges, JobEvent
 from pipeline.serving.metrics import Metrics
 from pipeline.model.loading import ModelSource, load_automodel, resolve_model
 from pipeline.serving.scheduler import SAMPLE_RATE, Scheduler, WorkItem
@@ -117,6 +117,7 @@ class TranscriptionService:
         self._segmenter_lock = threading.Lock()
         self._progress: dict[str, str] = {}  # job id -> "segmenting 40%" / "segment 12 of 90"
         self.changes = JobChanges()  # wakes whoever streams a job (state, progress, model state)
+        self.store.feed.subscribe(self._on_job_event)  # what the workers (and we) wrote
         self._recent: OrderedDict[str, Job] = OrderedDict()  # id -> latest snapshot (bounded)
         self._recent_lock = threading.Lock()
         self._owned_files: dict[str, list[Path]] = {}  # job id -> intermediate copies to delete with it
@@ -236,11 +237,7 @@ class TranscriptionService:
             engine.warmup()
             self.startup.update({f"{k}_s[{dev}]": v for k, v in engine.startup_seconds.items()})
             self.workers.append(Worker(f"sensevoice-worker-{n}", engine, self.scheduler,
-                                       self.store, load_audio=self._load_spooled(dev),
-                                       on_done=self._notify, on_fatal=self._on_fatal,
-                                       on_running=self._mark_running_cached,
-                                       on_progress=self._piece_progress,
-                                       queue_timeout_s=self.settings.queue_timeout_s,
+                                       self.store, queue_timeout_s=self.settings.queue_timeout_s,
                                        metrics=self.metrics,
                                        cpu_threads=self.settings.cpu_threads,
                                        delete_audio_when_done=self.settings.delete_audio_when_done))
@@ -271,10 +268,14 @@ class TranscriptionService:
         if self.distributed:
             self.store.close()
 
-    def _on_fatal(self, e: BaseException) -> None:
-        self.state = "failed"
-        self.error = f"fatal device error: {e}"
-        self.changes.notify_all()
+    def _watch_workers(self) -> None:
+        """A worker that died of a fatal device error fails the service (readyz 503; the pages
+        that follow a job are told at once)."""
+        fatal = next((w.fatal for w in self.workers if w.fatal is not None), None)
+        if fatal is not None and self.state != "failed":
+            self.state = "failed"
+            self.error = f"fatal device error: {fatal}"
+            self.changes.notify_all()
 
     def purge_expired(self) -> int:
         cutoff = time.time() - self.settings.retention_hours * 3600
@@ -308,6 +309,7 @@ class TranscriptionService:
             ticks += 1
             if self.distributed:
                 self._check_broker()
+            self._watch_workers()
             if ticks % round(JANITOR_PERIOD_S / JANITOR_TICK_S) == 0:
                 try:
                     n = self.purge_expired()
@@ -321,8 +323,19 @@ class TranscriptionService:
                 logging.shutdown()
                 os._exit(FATAL_EXIT_CODE)
 
+    def _on_job_event(self, event: JobEvent) -> None:
+        """The broker committed a change (in the writer's thread: a worker, the splitter, a
+        request): keep the snapshot that polls read, free what a finished job held, wake waiters."""
+        if event.state is JobState.RUNNING:
+            self._mark_running_cached({event.job_id})
+        elif event.state in (JobState.DONE, JobState.FAILED):
+            self._notify(event.job_id)
+        elif event.progress is not None:
+            self._progress[event.job_id] = event.progress
+            self.changes.notify(event.job_id)
+
     def _notify(self, job_id: str) -> None:
-        """A job finished (worker thread): refresh its snapshot, wake waiters."""
+        """A job finished: refresh its snapshot, free its backlog seat, wake waiters."""
         self._progress.pop(job_id, None)
         if self.backlog.release(job_id):
             self.waves.delete(job_id)  # pieces already queued keep their memory map
@@ -380,16 +393,6 @@ class TranscriptionService:
         return replace(job, position=self.scheduler.position(job.id),
                        meta={**job.meta, "progress": self._progress.get(job.id)})
 
-    def _load_spooled(self, device: str):
-        resampler = Resampler(device)
-
-        def load(job_id: str) -> torch.Tensor:
-            audio = self.decoder(self.store.load_upload(job_id),
-                                 max_seconds=self.settings.max_audio_seconds)
-            return resampler(audio)
-
-        return load
-
     def _recover(self) -> None:
         """Put jobs that a previous process accepted back on the queue (long ones are split again)."""
         jobs = self.store.recover()
@@ -401,7 +404,9 @@ class TranscriptionService:
                 self._segment_pool.submit(self._split_and_enqueue, job)
                 continue
             n = int(job.audio_seconds * SAMPLE_RATE)
-            self.scheduler.put(WorkItem(job.id, job.lane, job.options, n), force=True)
+            audio = SpooledUpload(self.store, self.decoder, self.resampler, job.id,
+                                  self.settings.max_audio_seconds)
+            self.scheduler.put(WorkItem(job.id, job.lane, job.options, n, audio=audio), force=True)
         if jobs:
             logger.info("recovered %d queued jobs from the store", len(jobs))
 
@@ -522,7 +527,6 @@ class TranscriptionService:
         if not items:  # no speech at all: an empty transcript, not an error
             self.store.mark_running([job.id])
             self.store.finish(job.id, Transcript(text="", raw_text="", segments=()))
-            self._notify(job.id)
             return
         self._progress[job.id] = f"segment 0 of {len(items)}"
         self.changes.notify(job.id)
@@ -559,11 +563,6 @@ class TranscriptionService:
         except Exception as e:
             logger.exception("segmenting job %s failed", job.id)
             self.store.fail(job.id, "segmentation_failed", f"splitting the recording failed: {e}")
-            self._notify(job.id)
-
-    def _piece_progress(self, job_id: str, done: int, total: int) -> None:
-        self._progress[job_id] = f"segment {done} of {total}"
-        self.changes.notify(job_id)
 
     def progress(self, job_id: str) -> str | None:
         return self._progress.get(job_id)
@@ -637,6 +636,22 @@ class TranscriptionService:
                     return job
                 # workers of other processes notify nobody here: poll the broker
                 self._done.wait(min(left, WAIT_POLL_S if self.distributed else 0.5))
+
+
+@dataclass(frozen=True)
+class SpooledUpload:
+    """A recovered job's audio: its spooled upload, decoded and resampled when a worker takes it
+    (waiting jobs hold no decoded audio)."""
+
+    store: JobStore
+    decoder: Decoder
+    resampler: Resampler
+    job_id: str
+    max_seconds: float
+
+    def load(self) -> torch.Tensor:
+        return self.resampler(self.decoder(self.store.load_upload(self.job_id),
+                                           max_seconds=self.max_seconds))
 
 
 def _display_name(name: str, limit: int = 200) -> str:

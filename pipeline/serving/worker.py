@@ -1,6 +1,8 @@
 """The resident inference thread: one per device. Pops dynamic batches, runs the engine, stores results.
 
-Only this thread touches its engine. A CUDA out-of-memory error halves the batch and retries; a job
+It reads a queue and writes the broker, and knows nothing else: no callbacks into its owner (the
+broker publishes what changed, pipeline/serving/job_events.py; a fatal error is left in ``fatal``
+for the owner's watchdog). Only this thread touches its engine. A CUDA out-of-memory error halves the batch and retries; a job
 that fails alone is failed with its reason, and the worker keeps serving.
 """
 
@@ -10,7 +12,7 @@ import logging
 import threading
 import time
 from dataclasses import replace
-from typing import Callable, Sequence
+from typing import Sequence
 
 import torch
 
@@ -30,23 +32,13 @@ FATAL_CUDA_MARKERS = ("illegal memory access", "device-side assert", "unspecifie
 
 
 class Worker(threading.Thread):
-    def __init__(self, name: str, engine: SenseVoiceEngine, scheduler: Scheduler, store: JobStore,
-                 load_audio: Callable[[str], torch.Tensor],
-                 on_done: Callable[[str], None] = lambda job_id: None,
-                 on_running: Callable[[set[str]], None] = lambda job_ids: None,
-                 on_progress: Callable[[str, int, int], None] = lambda job_id, done, total: None,
-                 on_fatal: Callable[[BaseException], None] = lambda e: None,
+    def __init__(self, name: str, engine: SenseVoiceEngine, scheduler: Scheduler, store: JobStore, *,
                  queue_timeout_s: float = float("inf"), delete_audio_when_done: bool = False,
                  metrics: Metrics | None = None, cpu_threads: int = 0):
         super().__init__(name=name, daemon=True)
         self.engine = engine
         self.scheduler = scheduler
         self.store = store
-        self.load_audio = load_audio
-        self.on_done = on_done
-        self.on_running = on_running
-        self.on_progress = on_progress
-        self.on_fatal = on_fatal
         self.queue_timeout_s = queue_timeout_s
         self.delete_audio_when_done = delete_audio_when_done
         self.metrics = metrics or Metrics([])
@@ -70,8 +62,7 @@ class Worker(threading.Thread):
             self._loop()
         except BaseException as e:  # the thread must never die silently: readiness reports it
             logger.critical("worker %s died: %s", self.name, e, exc_info=True)
-            self.fatal = e
-            self.on_fatal(e)
+            self.fatal = e  # the owner's watchdog reads it
 
     def _loop(self) -> None:
         while not self._stop_event.is_set():
@@ -92,7 +83,6 @@ class Worker(threading.Thread):
                 if _is_fatal(e):  # a poisoned CUDA context: give up, let the supervisor restart
                     logger.critical("fatal device error, worker stops: %s", e)
                     self.fatal = e
-                    self.on_fatal(e)
                     return
                 # a bug (here or in the scheduler) is not a device fault: fail what this batch
                 # held and keep serving; the process is not restarted for it
@@ -116,7 +106,6 @@ class Worker(threading.Thread):
         pieces = [i.job_id for i in batch if i.pieces > 1]
         if pieces:  # a long job's later pieces find it already running
             moved |= self.store.mark_running(pieces, already_running_ok=True)
-        self.on_running(moved)
         batch = [i for i in batch if i.job_id in moved]  # cancelled or already handled elsewhere
         if live:
             batch = live + batch
@@ -136,10 +125,13 @@ class Worker(threading.Thread):
         if batch:
             self._infer(batch, waves, t_start)
 
-    def _audio(self, item: WorkItem) -> torch.Tensor:
-        if item.audio is not None:
+    @staticmethod
+    def _audio(item: WorkItem) -> torch.Tensor:
+        if isinstance(item.audio, torch.Tensor):
             return item.audio
-        return self.load_audio(item.job_id)  # a recovered job: decode its spooled upload
+        if item.audio is None:
+            raise ValueError("the work item carries no audio")
+        return item.audio.load()  # a recovered job: its spooled upload is decoded now
 
     def _infer(self, batch: Sequence[WorkItem], waves: Sequence[torch.Tensor], t_start: float) -> None:
         try:
@@ -203,7 +195,6 @@ class Worker(threading.Thread):
                     "job done id=%s audio_s=%.2f pieces=%d queue_ms=%.1f compute_ms=%.1f batch=%d",
                     item.job_id, audio_s[item.job_id], item.pieces, queue_ms, compute_ms,
                     len(batch))
-            self.on_done(item.job_id)
 
     def _save_pieces(self, parts) -> list[tuple[str, Transcript, float]]:
         """Store the pieces of long jobs; return (job id, transcript, audio seconds of the
@@ -212,7 +203,6 @@ class Worker(threading.Thread):
         complete = []
         for job_id, total in {i.job_id: i.pieces for i, _, _ in parts}.items():
             done = self.store.segment_count(job_id)  # the pieces themselves only once complete
-            self.on_progress(job_id, done, total)
             if done >= total:
                 pieces = self.store.segments(job_id)
                 seconds = _recording_seconds(self.store, job_id, pieces)
@@ -231,7 +221,6 @@ class Worker(threading.Thread):
         else:
             logger.debug("job %s already finished; piece %d failed with %s", item.job_id,
                          item.piece, code)
-        self.on_done(item.job_id)
 
 
 def _piece(item: WorkItem, wave: torch.Tensor, out) -> SegmentResult:
@@ -239,7 +228,7 @@ def _piece(item: WorkItem, wave: torch.Tensor, out) -> SegmentResult:
     words = tuple(replace(w, start=round(w.start + start, 3), end=round(w.end + start, 3))
                   for w in out.words)
     return SegmentResult(item.job_id, item.piece, start, start + wave.shape[0] / SAMPLE_RATE,
-                         item.speaker, out.raw_text, words)
+                         item.speaker, out.raw_text, words, pieces=item.pieces)
 
 
 def transcript_from_pieces(pieces: Sequence[SegmentResult]) -> Transcript:

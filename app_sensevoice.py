@@ -136,7 +136,7 @@ def main(argv=None) -> int:
         rest = [a for a in (sys.argv[1:] if argv is None else argv) if a != "--supervise"]
         return supervise([sys.executable, __file__, *rest])
     from pipeline.config import Settings
-    from pipeline.web.edge import http_protocol
+    from pipeline.web.edge import http_protocol, websocket_limits
     from pipeline.domain.errors import ModelUnavailable
     from pipeline.serving.runtime import build_runtime
 
@@ -173,7 +173,8 @@ def main(argv=None) -> int:
     # and the edge guards (pipeline/web/edge.py): a header deadline, a header size cap, connection
     # counts per client and in all, on top of uvicorn's httptools protocol
     uvicorn.run(app, host=settings.host, port=settings.port, log_level="info", loop="uvloop",
-                http=http_protocol(settings), access_log=settings.access_log)
+                http=http_protocol(settings), access_log=settings.access_log,
+                **websocket_limits(settings))
     return 0
 
 

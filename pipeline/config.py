@@ -146,6 +146,36 @@ class Settings(BaseSettings):
     gil_switch_ms: float = Field(
         0.5, ge=0, description="Python's thread switch interval, ms (0 = Python's own 5 ms). Smaller "
         "hands the GIL to the event loop sooner when threads compete (poll latency under load).")
+    # live captions (WebSocket /api/stream and /api/stream/funasr; pipeline/serving/live.py)
+    max_live_streams: int = Field(
+        64, ge=0, description="Live caption streams served at once (both WebSocket endpoints); "
+        "beyond it a new stream gets the error too_many_streams and close code 1013. 0 = live "
+        "captions off. Raise it on a GPU (one H200 is meant to hold 500).")
+    live_partial_interval_s: float = Field(
+        0.4, gt=0, description="A live stream's utterance in progress is re-decoded at most this "
+        "often (wall clock); a partial is sent only when its text changed.")
+    live_pause_s: float = Field(
+        0.7, ge=0.05, description="Silence after speech that closes a live utterance (its final "
+        "follows). 0.7 s cuts where the offline splitter cuts (its 500 ms merge gap plus 100 ms of "
+        "padding on each side); less gives earlier, shorter finals.")
+    live_max_utterance_s: float = Field(
+        30.0, ge=2.0, le=60.0, description="A live utterance reaching this is cut at its quietest "
+        "point and finalised, as long recordings are cut.")
+    live_idle_timeout_s: float = Field(
+        30.0, gt=0, description="A live stream that sends nothing for this long is finalised and "
+        "closed (idle_timeout).")
+    live_max_stream_s: float = Field(
+        4 * 3600.0, gt=0, description="Audio one live stream may send, seconds; then its "
+        "utterances are finalised and it ends with stream_too_long.")
+    live_max_frame_bytes: int = Field(
+        256 * 1024, ge=4096, description="Largest frame a live stream may send, bytes (256 KiB: "
+        "2.7 s of 48 kHz PCM); larger gets frame_too_large. The WebSocket layer itself refuses "
+        "messages over twice this (close 1009).")
+    live_max_buffered_s: float = Field(
+        60.0, gt=0, description="Audio one live stream may hold while it waits for the model "
+        "(the utterance in progress plus finals not yet decoded; at least the longest utterance "
+        "plus 5 s). Beyond it the server stops reading that stream until it catches up, and ends "
+        "it with live_overloaded after live_idle_timeout_s.")
     access_log: bool = Field(
         False, description="Log every HTTP request (polls included: 200 pollers are 400 lines/s); "
         "each job is logged once either way.")

@@ -99,11 +99,12 @@ class LiveServer:
         self.app = create_app(settings)
         self.service = self.app.state.service
         self.url = f"http://127.0.0.1:{settings.port}"
-        from pipeline.web.edge import http_protocol
+        from pipeline.web.edge import http_protocol, websocket_limits
 
-        # the connection guards main() runs with (header deadline, connection limits)
+        # the connection guards main() runs with (header deadline, connection limits, WebSocket
+        # message limits)
         config = uvicorn.Config(self.app, host="127.0.0.1", port=settings.port, log_level="warning",
-                                http=http_protocol(settings))
+                                http=http_protocol(settings), **websocket_limits(settings))
         self.server = uvicorn.Server(config)
         self.thread = threading.Thread(target=self.server.run, daemon=True)
 

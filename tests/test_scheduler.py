@@ -220,3 +220,29 @@ def test_the_worker_writes_the_broker_and_the_broker_tells_subscribers(tmp_path)
     assert not store.fail(long_id, "late", "a late failure of a finished job")  # changes nothing
     assert store.finish_many([(poison_id, store.get(long_id).result)]) == set()
     assert len([e for e in events if e.job_id in (long_id, poison_id)]) == 6
+
+
+def test_live_redecodes_never_hang_when_no_worker_will_run_them(tmp_path):
+    """A live stream waits on its future: a server that stops, or a worker that dies of a device
+    error, fails the re-decodes it will never run (NotReady), queued or in the fatal batch."""
+    from concurrent.futures import Future
+
+    from pipeline.domain.errors import NotReady
+
+    sched = Scheduler(10, max_batch=4, max_wait_s=0.0)
+    queued = Future()
+    sched.put(WorkItem("live-q", Lane.INTERACTIVE, OPTS, 1600, audio=torch.zeros(1600), reply=queued))
+    sched.close()
+    assert isinstance(queued.exception(timeout=1), NotReady) and sched.live_depth() == 0
+
+    sched = Scheduler(10, max_batch=4, max_wait_s=0.0)
+    in_batch = Future()
+    sched.put(WorkItem("live-b", Lane.INTERACTIVE, OPTS, 1600, audio=torch.zeros(1600), reply=in_batch))
+    worker = Worker("w", FakeEngine(fatal=True), sched, JobStore(tmp_path / "store"))
+    worker.start()
+    try:
+        assert isinstance(in_batch.exception(timeout=10), NotReady)
+    finally:
+        worker.stop()
+        worker.join(5)
+    assert worker.fatal is not None

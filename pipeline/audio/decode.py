@@ -531,6 +531,9 @@ class _ToTargetRate:
             yield np.frombuffer(frame.planes[0], np.float32, frame.samples)
 
 
+StreamResampler = _ToTargetRate  # live streams (pipeline/audio/stream_vad.py) resample frame by frame
+
+
 class _MonoSink:
     """Where the mono batches of one decode go, bounded by the 16 kHz budget.
 

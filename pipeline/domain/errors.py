@@ -226,3 +226,52 @@ class BrokerUnavailable(Busy):
 
     code = "broker_unavailable"
     retry_after = 5
+
+
+# ---------------------------------------------------------------------------- live captions
+class TooManyStreams(Busy):
+    """The server holds the most live caption streams it serves at once."""
+
+    code = "too_many_streams"
+    retry_after = 5
+
+
+class LiveOverloaded(Busy):
+    """A live stream's audio arrives faster than the server transcribes it, for too long."""
+
+    code = "live_overloaded"
+
+
+class IdleTimeout(SenseVoiceError):
+    """A live stream sent nothing for too long."""
+
+    status = 408
+    code = "idle_timeout"
+
+
+class FrameTooLarge(SenseVoiceError):
+    """A live stream's frame is larger than the server takes."""
+
+    status = 413
+    code = "frame_too_large"
+
+
+class StreamTooLong(SenseVoiceError):
+    """A live stream reached the longest audio one stream may send."""
+
+    status = 413
+    code = "stream_too_long"
+
+
+class InvalidMessage(SenseVoiceError):
+    """A live stream's text frame is not one of the protocol's messages."""
+
+    status = 400
+    code = "invalid_message"
+
+
+class LiveDecodeFailed(SenseVoiceError):
+    """The model failed on a live stream's audio (the worker logged why)."""
+
+    status = 500
+    code = "decode_failed"

@@ -23,7 +23,7 @@ from typing import Optional, Protocol, Union
 
 import torch
 
-from pipeline.domain.errors import QueueFull
+from pipeline.domain.errors import NotReady, QueueFull
 from pipeline.domain.types import Lane, TranscribeOptions
 
 SAMPLE_RATE = 16_000  # Hz
@@ -133,6 +133,18 @@ class Scheduler:
         with self._cond:
             self._closed = True
             self._cond.notify_all()
+        self.drop_live(NotReady("the server is stopping"))
+
+    def drop_live(self, error: BaseException) -> int:
+        """Fail the live re-decodes still waiting (no worker will run them: the server stops, or
+        its worker died); their streams report ``error``. Returns how many there were."""
+        with self._cond:
+            live = [i for i in self._items if i.reply is not None]
+            self._items = [i for i in self._items if i.reply is None]
+        for item in live:
+            if not item.reply.done():
+                item.reply.set_exception(error)
+        return len(live)
 
     def next_batch(self, timeout: float) -> list[WorkItem]:
         """Block up to ``timeout`` for work; return a batch (possibly empty)."""

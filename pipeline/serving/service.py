@@ -276,6 +276,7 @@ class TranscriptionService:
             self.state = "failed"
             self.error = f"fatal device error: {fatal}"
             self.changes.notify_all()
+            self.scheduler.drop_live(NotReady(f"the service is not available: {self.error}"))
 
     def purge_expired(self) -> int:
         cutoff = time.time() - self.settings.retention_hours * 3600

@@ -17,7 +17,7 @@ from typing import Sequence
 import torch
 
 from pipeline.model.engine import SenseVoiceEngine
-from pipeline.domain.errors import BrokerUnavailable
+from pipeline.domain.errors import BrokerUnavailable, NotReady
 from pipeline.serving.broker_sqlite import JobStore, SegmentResult
 from pipeline.serving.metrics import Metrics
 from pipeline.domain.richtext import parse_rich_text
@@ -83,6 +83,10 @@ class Worker(threading.Thread):
                 if _is_fatal(e):  # a poisoned CUDA context: give up, let the supervisor restart
                     logger.critical("fatal device error, worker stops: %s", e)
                     self.fatal = e
+                    for item in batch:  # a live stream hears it now (its jobs are recovered)
+                        if item.reply is not None:
+                            self._fail(item, "device_error", f"the GPU failed: {e}",
+                                       NotReady(f"the GPU failed: {e}"))
                     return
                 # a bug (here or in the scheduler) is not a device fault: fail what this batch
                 # held and keep serving; the process is not restarted for it

@@ -355,6 +355,14 @@ def http_protocol(settings, write_stall_s: float = WRITE_STALL_S) -> type[EdgeHt
         "write_stall_s": float(write_stall_s)})
 
 
+def websocket_limits(settings) -> dict:
+    """uvicorn's WebSocket options for this server: one message at most twice the largest live
+    frame (the live route answers frames over the frame limit itself, with a reason) and 16
+    messages buffered per connection, so that a live stream holds a bounded amount of memory in
+    the protocol layer whatever its client sends (uvicorn's defaults: 16 MiB x 32)."""
+    return {"ws_max_size": 2 * settings.live_max_frame_bytes, "ws_max_queue": 16}
+
+
 # ---------------------------------------------------------------------------- Host and Origin
 def split_host(value: str) -> tuple[str, int | None]:
     """'Example.COM:8080' -> ('example.com', 8080); '[::1]:80' -> ('::1', 80); a trailing dot is

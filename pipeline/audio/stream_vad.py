@@ -1,0 +1,374 @@
+"""Speech detection on live audio, as it arrives: the offline splitter's rules (pipeline/audio/vad.py)
+applied window by window, so that live captions are cut where the offline job is cut.
+
+Three parts:
+
+* :class:`StreamAudio` -- one stream's input side: 16-bit little-endian mono PCM in frames of any
+  size (an odd byte is carried to the next frame), at any rate from 8 to 192 kHz (FFmpeg's
+  resampler converts other rates to 16 kHz chunk by chunk, keeping its filter state between
+  frames), cut into silero's 512-sample windows with the previous 64 samples as context and the
+  LSTM state carried from window to window. A stream scored frame by frame gets the very windows
+  and states the offline splitter computes for the whole file in one lane.
+* :class:`StreamScorer` -- one thread that scores the windows of every live stream of the process:
+  each step stacks the next window of every waiting stream, with its state, into one silero call.
+  One window per call costs 0.25 ms and 64 rows per call 2 ms on this 2-core machine (vad.py's
+  figures), so 500 streams at real time (15,600 windows/s) take about half a core rather than four.
+  Conversion and resampling run on that thread too: the event loop only hands bytes over.
+* :class:`Endpointer` -- silero's hysteresis (``get_speech_timestamps_from_probs``: a region
+  starts at a window >= ``threshold`` and ends where ``min_silence`` of windows under
+  ``threshold - 0.15`` began; regions not longer than ``min_speech`` are dropped), the offline
+  splitter's padding, and its merging of neighbours: an utterance closes once the silence after
+  its last region exceeds ``close_gap`` (0.7 s by default: the 500 ms merge gap plus 100 ms of
+  padding on each side, the widest pause the offline splitter still merges). An utterance
+  that reaches ``max_len`` is cut at its quietest point between 60% and 100% of it, as the offline
+  splitter cuts a long region. On the same probabilities the spans equal the offline splitter's
+  (``tests/test_stream.py`` checks it).
+
+Hand-written because silero's own ``VADIterator`` keeps one state per model object, scores one
+window per call, and has neither the splitter's minimum speech length nor its merging.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from concurrent.futures import Future
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from pipeline.audio.vad import (CONTEXT, MIN_SPEECH_MS, SPLIT_WINDOW, STATE_SIZE, WINDOW, Segmenter,
+                                _init_scoring_thread, _load_net, _quietest, _torch_threads_kept)
+from pipeline.domain.types import SAMPLE_RATE  # 16000 Hz
+
+logger = logging.getLogger("sensevoice.live.vad")
+
+MIN_RATE = 8_000  # Hz, the lowest input rate a live stream may declare
+MAX_RATE = 192_000  # Hz, the highest
+MAX_ROWS = 256  # windows scored in one silero call (streams beyond it wait for the next step)
+PCM_SCALE = 32768.0  # s16 -> [-1, 1), as FFmpeg converts it
+
+
+@dataclass(frozen=True)
+class Scored:
+    """What one frame of a stream gave: its new 16 kHz samples and the speech probability of each
+    window it completed (the last, zero-padded window too when the stream was flushed)."""
+
+    samples: np.ndarray  # float32, 16 kHz
+    probs: np.ndarray  # float32, one per 512-sample window
+
+
+class StreamAudio:
+    """One stream's PCM -> 16 kHz float32 -> silero windows and state. Used by one thread at a
+    time (the scorer's): a stream sends its next frame once the previous one is scored."""
+
+    def __init__(self, sample_rate: int = SAMPLE_RATE):
+        if not MIN_RATE <= sample_rate <= MAX_RATE:
+            raise ValueError(f"sample rate {sample_rate} Hz is outside {MIN_RATE}..{MAX_RATE} Hz")
+        self.sample_rate = int(sample_rate)
+        self._odd = b""  # the odd byte of the previous frame
+        self._resampler = None
+        if self.sample_rate != SAMPLE_RATE:
+            from pipeline.audio.decode import StreamResampler
+
+            self._resampler = StreamResampler(self.sample_rate)
+        self._context = np.zeros(CONTEXT, dtype=np.float32)  # the 64 samples before _tail
+        self._tail = np.zeros(0, dtype=np.float32)  # samples not yet in a scored window
+        self.state = torch.zeros(2, 1, STATE_SIZE)  # silero's LSTM state after the last window
+        self.samples_in = 0  # 16 kHz samples produced so far
+
+    def convert(self, data: bytes, flush: bool = False) -> np.ndarray:
+        """16 kHz float32 samples for ``data`` (s16le); ``flush`` drains the resampler."""
+        data = self._odd + data
+        cut = len(data) - len(data) % 2
+        self._odd = data[cut:]
+        pcm = np.frombuffer(data[:cut], dtype="<i2").astype(np.float32) / PCM_SCALE
+        if self._resampler is not None:
+            parts = [part.copy() for part in self._resampler(pcm)] if len(pcm) else []
+            if flush:
+                parts += [part.copy() for part in self._resampler(None)]
+            pcm = np.concatenate(parts) if parts else np.zeros(0, dtype=np.float32)
+        self.samples_in += len(pcm)
+        return pcm
+
+    def windows(self, samples: np.ndarray, flush: bool = False) -> np.ndarray:
+        """The complete windows ``samples`` adds, each with its 64 samples of context: ``(k, 576)``.
+        ``flush`` zero-pads the last partial window (as the offline scorer pads the file's end)."""
+        buf = np.concatenate([self._tail, samples]) if len(self._tail) else samples
+        k = len(buf) // WINDOW
+        if flush and len(buf) % WINDOW:
+            k += 1
+            buf = np.concatenate([buf, np.zeros(k * WINDOW - len(buf), dtype=np.float32)])
+        if k == 0:
+            self._tail = buf.copy()
+            return np.zeros((0, CONTEXT + WINDOW), dtype=np.float32)
+        full = np.concatenate([self._context, buf])
+        view = np.lib.stride_tricks.sliding_window_view(full[:k * WINDOW + CONTEXT], CONTEXT + WINDOW)
+        rows = np.ascontiguousarray(view[::WINDOW])  # row i: buf[512 i - 64 : 512 i + 512]
+        self._context = full[k * WINDOW:k * WINDOW + CONTEXT].copy()
+        self._tail = buf[k * WINDOW:].copy()
+        return rows
+
+
+@dataclass(eq=False)
+class _Request:
+    audio: StreamAudio
+    data: bytes
+    flush: bool
+    future: Future
+    rows: np.ndarray | None = None
+    samples: np.ndarray | None = None
+    probs: np.ndarray | None = None
+
+
+class StreamScorer:
+    """Scores the windows of every live stream on one thread, batched (see the module docstring).
+
+    :meth:`score` never blocks: it queues the frame and returns a future of :class:`Scored`.
+    silero loads on the thread at the first request. Thread-safe."""
+
+    _shared: StreamScorer | None = None
+    _shared_lock = threading.Lock()
+
+    def __init__(self, max_rows: int = MAX_ROWS):
+        self.max_rows = max_rows
+        self._cond = threading.Condition()
+        self._pending: list[_Request] = []
+        self._thread: threading.Thread | None = None
+        self._net: Any = None
+        self.calls = 0  # silero calls made (for the benchmark and the tests)
+        self.rows = 0  # windows scored
+
+    @classmethod
+    def shared(cls) -> StreamScorer:
+        """The process's scorer (one thread and one silero for every live stream)."""
+        with cls._shared_lock:
+            if cls._shared is None:
+                cls._shared = cls()
+            return cls._shared
+
+    def score(self, audio: StreamAudio, data: bytes, flush: bool = False) -> Future:
+        """Queue one frame of ``audio``'s stream; the future gets its :class:`Scored`."""
+        request = _Request(audio, bytes(data), flush, Future())
+        with self._cond:
+            if self._thread is None:
+                with _torch_threads_kept():  # the thread's set_num_threads changes the default
+                    self._thread = threading.Thread(target=self._run, name="sensevoice-live-vad",
+                                                    daemon=True)
+                    self._thread.start()
+            self._pending.append(request)
+            self._cond.notify()
+        return request.future
+
+    def _run(self) -> None:
+        _init_scoring_thread()  # one intra-op thread (vad.py says why)
+        try:
+            self._net = _load_net()
+        except BaseException as e:  # every request fails with the reason, now and later
+            logger.exception("silero-vad could not be loaded for live captions")
+            self._net = e
+        while True:
+            with self._cond:
+                while not self._pending:
+                    self._cond.wait()
+                batch, self._pending = self._pending, []
+            self._serve(batch)
+
+    def _serve(self, batch: list[_Request]) -> None:
+        live = [r for r in batch if r.future.set_running_or_notify_cancel()]
+        if isinstance(self._net, BaseException):
+            for r in live:
+                r.future.set_exception(RuntimeError(f"speech detection is unavailable: {self._net}"))
+            return
+        ready = []
+        for r in live:
+            try:
+                r.samples = r.audio.convert(r.data, r.flush)
+                r.rows = r.audio.windows(r.samples, r.flush)
+                r.probs = np.zeros(len(r.rows), dtype=np.float32)
+                ready.append(r)
+            except Exception as e:  # a stream's own fault (never seen: any bytes are PCM)
+                r.future.set_exception(e)
+        try:
+            self._score(ready)
+        except Exception as e:
+            logger.exception("live speech detection failed")
+            for r in ready:
+                r.future.set_exception(RuntimeError(f"speech detection failed: {e}"))
+            return
+        for r in ready:
+            r.future.set_result(Scored(r.samples, r.probs))
+
+    def _score(self, requests: list[_Request]) -> None:
+        """Step through the requests' windows: step t scores window t of every request that has
+        one, in groups of at most ``max_rows``, each row with its stream's state."""
+        steps = max((len(r.rows) for r in requests), default=0)
+        with torch.inference_mode():
+            for t in range(steps):
+                active = [r for r in requests if len(r.rows) > t]
+                for g in range(0, len(active), self.max_rows):
+                    group = active[g:g + self.max_rows]
+                    x = torch.from_numpy(np.stack([r.rows[t] for r in group]))
+                    state = torch.cat([r.audio.state for r in group], dim=1)
+                    out, state = self._net(x, state)
+                    self.calls += 1
+                    self.rows += len(group)
+                    probs = out[:, 0].numpy()
+                    for j, r in enumerate(group):
+                        r.probs[t] = probs[j]
+                        r.audio.state = state[:, j:j + 1].clone()
+
+
+# ---------------------------------------------------------------------------- endpointing
+@dataclass(frozen=True)
+class EndpointRules:
+    """The endpointing rules in 16 kHz samples (see the module docstring)."""
+
+    threshold: float  # speech probability that starts a region
+    neg_threshold: float  # under it a window is silence (silero: threshold - 0.15)
+    min_silence: int  # silence that ends a region
+    min_speech: int  # regions not longer than this are dropped
+    pad: int  # added before an utterance's first region and after its last
+    close_gap: int  # silence after an utterance's last region that closes it
+    max_len: int  # an utterance reaching this is cut at its quietest point
+
+    @classmethod
+    def of(cls, segmenter: Segmenter, pause_s: float | None = None,
+           max_utterance_s: float | None = None) -> EndpointRules:
+        """The offline splitter's rules. ``pause_s`` (default: the widest pause the splitter merges,
+        its merge gap plus the padding on both sides, 0.7 s) and ``max_utterance_s`` (default: its
+        longest span) are the two a live stream may tune."""
+        ms = SAMPLE_RATE // 1000
+        pad = segmenter.speech_pad_ms * ms
+        merged = segmenter.merge_gap_ms * ms + 2 * pad  # from one region's end to the next's start
+        close_gap = merged if pause_s is None else max(WINDOW, round(pause_s * SAMPLE_RATE))
+        max_s = segmenter.max_segment_s if max_utterance_s is None else max_utterance_s
+        return cls(threshold=segmenter.threshold,
+                   neg_threshold=max(segmenter.threshold - 0.15, 0.01),
+                   min_silence=min(segmenter.min_silence_ms * ms, close_gap),
+                   min_speech=MIN_SPEECH_MS * ms, pad=pad, close_gap=close_gap,
+                   max_len=max(WINDOW * 4, round(max_s * SAMPLE_RATE)))
+
+
+@dataclass(frozen=True)
+class Closed:
+    """An utterance is complete: samples ``[start, end)`` of the stream (padded as the offline
+    splitter pads), closed by a ``pause``, the length ``limit`` or the stream's ``end``."""
+
+    start: int
+    end: int
+    reason: str  # "pause" | "limit" | "end"
+
+
+@dataclass(frozen=True)
+class Dropped:
+    """The utterance in progress was too short to be speech (its only region was dropped)."""
+
+    start: int
+
+
+class Endpointer:
+    """Utterances from speech probabilities, one 512-sample window at a time (see the module
+    docstring). ``quietest(lo, hi)`` gives a cut point in ``(lo, hi)`` for the length limit (the
+    caller holds the audio). Not thread-safe: one stream's event loop drives it."""
+
+    def __init__(self, rules: EndpointRules, quietest: Callable[[int, int], int]):
+        self.rules = rules
+        self.quietest = quietest
+        self.windows = 0  # windows seen
+        self.start: int | None = None  # padded start of the utterance in progress, or None
+        self.kept = False  # the utterance holds a region long enough to be speech
+        self.kept_end = 0  # where its last kept region ends
+        self.triggered = False  # inside a region
+        self.region_start = 0
+        self.temp_end = 0  # where the current silence inside a region began (0: none)
+        self.floor = 0  # an utterance never starts before the previous one's end
+
+    @property
+    def position(self) -> int:
+        """Samples covered by the windows seen."""
+        return self.windows * WINDOW
+
+    def push(self, probs: np.ndarray) -> list[Closed | Dropped]:
+        events: list[Closed | Dropped] = []
+        for p in probs.tolist():
+            self._window(float(p), events)
+        return events
+
+    def _window(self, p: float, events: list) -> None:
+        r = self.rules
+        cur = self.windows * WINDOW
+        self.windows += 1
+        if not self.triggered and self.kept and cur - self.kept_end > r.close_gap:
+            # no later region can merge with it: close it (its padding never passes this window)
+            events.append(self._close(min(self.kept_end + r.pad, cur + WINDOW), "pause"))
+        if p >= r.threshold and self.temp_end:
+            self.temp_end = 0
+        if p >= r.threshold and not self.triggered:
+            self.triggered = True
+            self.region_start = cur
+            if self.start is None:
+                self.start = max(self.floor, cur - r.pad, 0)
+        elif p < r.neg_threshold and self.triggered:
+            if not self.temp_end:
+                self.temp_end = cur
+            if cur - self.temp_end >= r.min_silence:
+                self._end_region(self.temp_end, events)
+        self._limit(events)
+
+    def _end_region(self, end: int, events: list) -> None:
+        if end - self.region_start > self.rules.min_speech:
+            self.kept, self.kept_end = True, end
+        elif not self.kept and self.start is not None:
+            events.append(Dropped(self.start))
+            self.start = None
+        self.triggered = False
+        self.temp_end = 0
+
+    def _limit(self, events: list) -> None:
+        """Cut an utterance that reached ``max_len``: at a pause (idle after a kept region) close
+        it there; in speech, at its quietest point between 60% and 100% of the limit."""
+        r = self.rules
+        if self.start is None or (self.windows * WINDOW) - self.start < r.max_len:
+            return
+        if not self.triggered:
+            if self.kept:
+                end = min(self.kept_end + r.pad, self.start + r.max_len)
+                events.append(self._close(end, "limit"))
+            return
+        lo_frac, hi_frac = SPLIT_WINDOW
+        lo, hi = self.start + int(lo_frac * r.max_len), self.start + int(hi_frac * r.max_len)
+        cut = self.quietest(lo, hi)
+        events.append(Closed(self.start, cut, "limit"))
+        self.start = self.floor = cut
+        self.kept = True  # what follows the cut belongs to speech already found
+        self.kept_end = max(self.kept_end, cut)
+        self.region_start = min(self.region_start, cut)
+
+    def _close(self, end: int, reason: str) -> Closed:
+        closed = Closed(self.start, max(end, self.start), reason)
+        self.floor = closed.end
+        self.start, self.kept, self.kept_end = None, False, 0
+        return closed
+
+    def finish(self, n: int) -> list[Closed | Dropped]:
+        """The stream ended after ``n`` samples (every window, the padded last one too, pushed)."""
+        events: list[Closed | Dropped] = []
+        if self.triggered:
+            self._end_region(n, events)  # silero: the open region ends with the audio
+        if self.start is not None and self.kept:
+            events.append(self._close(min(n, self.kept_end + self.rules.pad), "end"))
+        elif self.start is not None:
+            events.append(Dropped(self.start))
+            self.start = None
+        return events
+
+
+def quietest_point(samples: np.ndarray, lo: int, hi: int) -> int:
+    """A cut point in ``(lo, hi)`` of ``samples``: the middle of the longest quiet stretch (the
+    offline splitter's rule, :func:`pipeline.audio.vad._quietest`)."""
+    return _quietest(samples, lo, hi)
+

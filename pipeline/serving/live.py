@@ -1,0 +1,485 @@
+"""Live captions: a stream's transcript grows while the person speaks (issue 14).
+
+SenseVoiceSmall is no streaming model, but it decodes a few seconds of audio in milliseconds, so
+the utterance in progress is decoded again several times a second (partials) and once more when
+a pause or the stream's end closes it (its final). One :class:`LiveSession` per stream, whatever
+its protocol (pipeline/web/routes/stream.py serves the native one and FunASR's):
+
+* **audio in**: :meth:`LiveSession.feed` hands each frame to the process's
+  :class:`~pipeline.audio.stream_vad.StreamScorer` (conversion, resampling and silero run there,
+  batched across streams, never on the event loop) and runs the
+  :class:`~pipeline.audio.stream_vad.Endpointer` over the probabilities it gives back: utterances
+  are cut where the offline splitter cuts a recording.
+* **decodes**: one driver task per stream runs its decodes one at a time through
+  ``service.decode_live`` (the live lane of the dynamic batcher, above every job lane, batched with
+  whatever the workers run; nothing is stored). Finals go first, in order, and are never dropped.
+  Otherwise a partial of the utterance in progress starts once ``partial_interval_s`` has passed
+  since the previous one started and new speech arrived: a stream whose decodes take longer than
+  its audio skips the partials in between (each partial decodes the latest audio), and a partial
+  still queued when a final is due is withdrawn (the worker drops a cancelled future). A partial
+  is sent only when its text changed.
+* **captions out**: the driver awaits ``emit(caption)``: a client that reads slowly slows its own
+  stream only, and holds up its decodes rather than piling up captions.
+
+Bounded per stream whatever the client sends: the frame size (the route checks it), the audio held
+while it waits for the model (``max_buffered_s``: beyond it :meth:`feed` waits for the decodes,
+which stops reading the socket; after ``idle_timeout_s`` of that, ``live_overloaded``), a decode's
+wait (``decode_timeout_s``: a worker that died or hangs ends the stream with ``not_ready``), the audio
+of one stream in all (``max_stream_s``), an utterance's length (``max_utterance_s``, cut at its
+quietest point). :class:`LiveHub` bounds the streams of a process (``max_streams``) and counts them
+in the service's Prometheus registry.
+
+Times are seconds from the stream's start, on the 16 kHz clock of its audio.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import time
+from collections import deque
+from collections.abc import Awaitable, Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field, replace
+
+import numpy as np
+import torch
+
+from pipeline.audio.stream_vad import (Closed, Dropped, Endpointer, EndpointRules, StreamAudio,
+                                       StreamScorer, quietest_point)
+from pipeline.audio.vad import WINDOW, Segmenter
+from pipeline.domain.errors import (LiveDecodeFailed, LiveOverloaded, NotReady, SenseVoiceError,
+                                    StreamTooLong, TooManyStreams)
+from pipeline.domain.richtext import parse_rich_text
+from pipeline.domain.types import SAMPLE_RATE, Segment, TranscribeOptions, Word
+
+logger = logging.getLogger("sensevoice.live")
+
+DECODE_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)  # seconds
+TRIM_SLACK_S = 10.0  # audio no longer needed is dropped from a stream's buffer in steps of this
+MIN_FEED_S = 0.02  # audio handed to the speech scorer at once, at least (shorter frames wait)
+
+
+@dataclass(frozen=True)
+class LiveLimits:
+    """The live knobs of :class:`~pipeline.config.Settings` (``max_live_streams``, ``live_*``)."""
+
+    max_streams: int = 64
+    partial_interval_s: float = 0.4
+    pause_s: float = 0.7
+    max_utterance_s: float = 30.0
+    idle_timeout_s: float = 30.0
+    max_stream_s: float = 4 * 3600.0
+    max_frame_bytes: int = 256 * 1024
+    max_buffered_s: float = 60.0
+    decode_timeout_s: float = 60.0  # a decode not answered by then: the workers are gone or hung
+
+    @classmethod
+    def from_settings(cls, settings) -> LiveLimits:
+        return cls(max_streams=settings.max_live_streams,
+                   partial_interval_s=settings.live_partial_interval_s,
+                   pause_s=settings.live_pause_s, max_utterance_s=settings.live_max_utterance_s,
+                   idle_timeout_s=settings.live_idle_timeout_s,
+                   max_stream_s=settings.live_max_stream_s,
+                   max_frame_bytes=settings.live_max_frame_bytes,
+                   max_buffered_s=settings.live_max_buffered_s)
+
+    @property
+    def buffered_samples(self) -> int:
+        """Audio a stream may hold (never less than an utterance plus 5 s: a stream must be able
+        to finish the utterance it holds)."""
+        return int(max(self.max_buffered_s, self.max_utterance_s + 5.0) * SAMPLE_RATE)
+
+
+@dataclass(frozen=True)
+class Caption:
+    """A partial (the utterance in progress, provisional) or a final (the utterance, settled)."""
+
+    final: bool
+    start: float  # seconds from the stream's start
+    end: float  # seconds
+    raw_text: str  # what the model emitted, tags included
+    text: str  # the plain text
+    segments: tuple[Segment, ...]  # typed tags; times are the utterance's
+    reason: str | None = None  # finals: "pause", "limit" (utterance length) or "end"
+
+    @property
+    def words(self) -> tuple[Word, ...]:
+        return tuple(w for s in self.segments for w in s.words)
+
+
+@dataclass
+class LiveStats:
+    """What one stream did (logged when it ends)."""
+
+    audio_samples: int = 0
+    partials: int = 0  # sent
+    partials_dropped: int = 0  # decoded or queued, then overtaken by a final
+    partials_unchanged: int = 0  # decoded, same text as the previous one: not sent
+    finals: int = 0
+    decodes: int = 0
+    decode_s_max: float = 0.0
+    opened_at: float = field(default_factory=time.monotonic)
+
+
+@dataclass(frozen=True)
+class _Job:
+    kind: str  # "final" | "retract"
+    generation: int
+    start: int  # samples
+    end: int
+    reason: str | None = None
+
+
+class AudioBuffer:
+    """A stream's 16 kHz audio from ``base`` on (absolute sample positions). Appending never
+    writes into samples already handed out as views (a full array is replaced, not grown in place,
+    and trimming copies), so a view given to the worker stays valid and unchanged."""
+
+    def __init__(self, capacity: int = 4 * SAMPLE_RATE):
+        self._data = np.zeros(capacity, dtype=np.float32)
+        self.base = 0  # absolute position of _data[0]
+        self.end = 0  # absolute position after the last sample
+
+    def append(self, x: np.ndarray) -> None:
+        used, n = self.end - self.base, len(x)
+        if used + n > len(self._data):
+            grown = np.zeros(max(2 * len(self._data), used + n), dtype=np.float32)
+            grown[:used] = self._data[:used]
+            self._data = grown
+        self._data[used:used + n] = x
+        self.end += n
+
+    def view(self, start: int, end: int) -> np.ndarray:
+        return self._data[start - self.base:end - self.base]
+
+    def trim(self, keep_from: int) -> None:
+        """Forget audio before ``keep_from`` (in steps of TRIM_SLACK_S, copying what is kept)."""
+        if keep_from - self.base < TRIM_SLACK_S * SAMPLE_RATE:
+            return
+        kept = self._data[keep_from - self.base:self.end - self.base]
+        self._data = np.concatenate([kept, np.zeros(max(len(kept), 4 * SAMPLE_RATE), np.float32)])
+        self.base = keep_from
+
+
+def _seconds(samples: int) -> float:
+    return round(samples / SAMPLE_RATE, 3)
+
+
+class LiveSession:
+    """One live stream (see the module docstring). Driven from one event loop: :meth:`feed` per
+    binary frame, then :meth:`end`; or :meth:`abort`. ``failed`` resolves with the error that ended
+    the stream early (a decode, the readiness of the model, or ``emit`` itself)."""
+
+    def __init__(self, hub: LiveHub, options: TranscribeOptions, sample_rate: int,
+                 emit: Callable[[Caption], Awaitable[None]]):
+        self.hub = hub
+        self.limits = hub.limits
+        self.options = options
+        self.partial_options = replace(options, word_timestamps=False)
+        self.emit = emit
+        self.audio = StreamAudio(sample_rate)
+        self._min_feed = max(2, int(MIN_FEED_S * sample_rate) * 2)  # bytes
+        self._gathered = bytearray()  # short frames not yet handed to the scorer
+        self.buffer = AudioBuffer()
+        self.endpointer = Endpointer(hub.rules, self._quietest)
+        self.stats = LiveStats()
+        self._queue: deque[_Job] = deque()  # finals (and retractions) to run, in order
+        self._generation = 0  # the utterance in progress; bumped when it closes or is dropped
+        self._partial_started = -math.inf  # loop time the latest partial decode started
+        self._partial_upto = 0  # where the latest partial's audio ended
+        self._last_partial: str | None = None  # raw text of the latest partial sent (this utterance)
+        self._inflight = None  # (kind, concurrent future) of the decode running
+        self._wake = asyncio.Event()  # new audio, a final queued, the end
+        self._progress = asyncio.Event()  # a final decoded (held audio shrank)
+        self._ending = False
+        self.failed: asyncio.Future = asyncio.get_running_loop().create_future()
+        self._driver = asyncio.create_task(self._drive(), name="sensevoice-live-driver")
+
+    # ------------------------------------------------------------------ audio in
+    async def feed(self, data: bytes) -> None:
+        """One binary frame of s16le PCM (any length). Frames shorter than MIN_FEED_S are
+        gathered first: a client sending tiny frames costs the speech scorer no more calls."""
+        self._check()
+        if len(self._gathered) + len(data) < self._min_feed:
+            self._gathered += data
+            return
+        data, self._gathered = bytes(self._gathered) + data, bytearray()
+        scored = await asyncio.wrap_future(self.hub.scorer.score(self.audio, data))
+        self._take(scored)
+        if self.buffer.end > self.limits.max_stream_s * SAMPLE_RATE:
+            raise StreamTooLong(f"a live stream may send at most {self.limits.max_stream_s:g} s "
+                                "of audio; start a new stream")
+        await self._hold_back()
+
+    async def end(self) -> None:
+        """The client stopped: close every utterance, wait until each final is emitted."""
+        self._check()
+        data, self._gathered = bytes(self._gathered), bytearray()
+        scored = await asyncio.wrap_future(self.hub.scorer.score(self.audio, data, flush=True))
+        self._take(scored)
+        for event in self.endpointer.finish(self.buffer.end):
+            self._on_event(event)
+        self._ending = True
+        self._wake.set()
+        await asyncio.wait({self._driver})
+        self._check()
+
+    def abort(self) -> None:
+        """Stop now (the client left, or the route gave up): nothing more is decoded or emitted."""
+        self._driver.cancel()
+        if self._inflight is not None:
+            self._inflight[1].cancel()
+
+    def _check(self) -> None:
+        if self.failed.done():
+            raise self.failed.result()
+
+    def _take(self, scored) -> None:
+        self.buffer.append(scored.samples)
+        self.stats.audio_samples += len(scored.samples)
+        for event in self.endpointer.push(scored.probs):
+            self._on_event(event)
+        if self.endpointer.triggered:
+            self._wake.set()  # a partial may be due
+        self.buffer.trim(self._keep_from())  # a stream of silence holds no audio
+
+    def _on_event(self, event: Closed | Dropped) -> None:
+        if isinstance(event, Closed):
+            self._queue.append(_Job("final", self._generation, event.start, event.end, event.reason))
+            if self._inflight is not None and self._inflight[0] == "partial":
+                self._inflight[1].cancel()  # still queued: withdrawn; running: its result is dropped
+        elif self._last_partial is not None:  # a partial of it was shown: take it back
+            self._queue.append(_Job("retract", self._generation, event.start, event.start))
+        self._generation += 1
+        self._last_partial = None
+        self._partial_upto = 0
+        self._wake.set()
+
+    def _quietest(self, lo: int, hi: int) -> int:
+        base = self.buffer.base
+        return base + quietest_point(self.buffer.view(base, self.buffer.end), lo - base, hi - base)
+
+    def _keep_from(self) -> int:
+        """The earliest sample still needed: a final not yet decoded, the utterance in progress,
+        or the padding an utterance starting now would take."""
+        keep = max(0, self.endpointer.position - self.hub.rules.pad - WINDOW)
+        if self.endpointer.start is not None:
+            keep = min(keep, self.endpointer.start)
+        for job in self._queue:
+            keep = min(keep, job.start)
+        return keep
+
+    def held_samples(self) -> int:
+        return self.buffer.end - self._keep_from()
+
+    async def _hold_back(self) -> None:
+        """Wait while the stream holds more audio than it may (its finals are behind)."""
+        cap = self.limits.buffered_samples
+        if self.held_samples() <= cap:
+            return
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.limits.idle_timeout_s
+        while self.held_samples() > cap:
+            self._check()
+            self._progress.clear()
+            try:
+                await asyncio.wait_for(self._progress.wait(), max(0.0, deadline - loop.time()))
+            except TimeoutError:
+                raise LiveOverloaded(
+                    "the server has not kept up with this stream for "
+                    f"{self.limits.idle_timeout_s:g} s "
+                    f"({self.held_samples() / SAMPLE_RATE:.0f} s of audio wait for the model); "
+                    "try again later", retry_after=5) from None
+
+    # ------------------------------------------------------------------ decodes
+    async def _drive(self) -> None:
+        try:
+            while True:
+                self._wake.clear()
+                if self._queue:
+                    await self._run(self._queue.popleft())
+                    self.buffer.trim(self._keep_from())
+                    self._progress.set()
+                    continue
+                if self._ending:
+                    return
+                wait = self._partial_due_in()
+                if wait == 0.0:
+                    await self._run_partial()
+                    continue
+                try:
+                    await asyncio.wait_for(self._wake.wait(), wait)
+                except TimeoutError:
+                    pass
+        except asyncio.CancelledError:
+            raise
+        except SenseVoiceError as e:
+            self._fail(e)
+        except Exception as e:  # emit could not send (the client left), or a bug
+            if not isinstance(e, ConnectionError):
+                logger.debug("live stream driver stopped: %r", e)
+            self._fail(e)
+
+    def _fail(self, e: BaseException) -> None:
+        if not self.failed.done():
+            self.failed.set_result(e)
+        self._progress.set()  # a feed waiting for room learns it at once
+
+    def _partial_due_in(self) -> float | None:
+        """0 when a partial should start now; else seconds until one may (None: on new audio)."""
+        ep = self.endpointer
+        if ep.start is None or not ep.triggered or self.buffer.end - self._partial_upto < WINDOW:
+            return None
+        now = asyncio.get_running_loop().time()
+        left = self._partial_started + self.limits.partial_interval_s - now
+        return 0.0 if left <= 0 else left
+
+    async def _run_partial(self) -> None:
+        start, end, generation = self.endpointer.start, self.buffer.end, self._generation
+        self._partial_started = asyncio.get_running_loop().time()
+        self._partial_upto = end
+        out = await self._decode(start, end, self.partial_options, "partial")
+        if out is None or generation != self._generation:
+            self.stats.partials_dropped += 1
+            self.hub.metrics.partials_dropped.inc()
+            return
+        caption = self._caption(out, start, end, final=False)
+        if out.raw_text == self._last_partial or (self._last_partial is None and not caption.text):
+            self.stats.partials_unchanged += 1
+            return
+        self._last_partial = out.raw_text
+        await self.emit(caption)
+        self.stats.partials += 1
+        self.hub.metrics.captions.labels("partial").inc()
+
+    async def _run(self, job: _Job) -> None:
+        if job.kind == "retract":  # the utterance shown was too short to be speech
+            await self.emit(Caption(False, _seconds(job.start), _seconds(job.start), "", "", ()))
+            return
+        out = await self._decode(job.start, job.end, self.options, "final")
+        if out is None:  # cancelled by abort()
+            raise asyncio.CancelledError
+        await self.emit(self._caption(out, job.start, job.end, final=True, reason=job.reason))
+        self.stats.finals += 1
+        self.hub.metrics.captions.labels("final").inc()
+
+    async def _decode(self, start: int, end: int, options: TranscribeOptions, kind: str):
+        """The engine's output for ``[start, end)``; None when the decode was withdrawn."""
+        wave = torch.from_numpy(self.buffer.view(start, end))
+        future = self.hub.service.decode_live(wave, options)  # NotReady: the stream ends
+        self._inflight = (kind, future)
+        t0 = time.monotonic()
+        waiter = asyncio.wrap_future(future)
+        try:
+            await asyncio.wait({waiter}, timeout=self.limits.decode_timeout_s)
+        finally:
+            self._inflight = None
+            if not waiter.done():  # cancelled, or no answer: withdraw the decode
+                future.cancel()
+        if not waiter.done():
+            raise NotReady(f"the model has not answered this stream for "
+                           f"{self.limits.decode_timeout_s:g} s; try again later")
+        if waiter.cancelled():
+            return None
+        if waiter.exception() is not None:
+            e = waiter.exception()
+            raise LiveDecodeFailed(f"the model failed on this stream's audio: {e}") from e
+        seconds = time.monotonic() - t0
+        self.stats.decodes += 1
+        self.stats.decode_s_max = max(self.stats.decode_s_max, seconds)
+        self.hub.metrics.decode_seconds.labels(kind).observe(seconds)
+        return waiter.result()
+
+    def _caption(self, out, start: int, end: int, final: bool, reason: str | None = None) -> Caption:
+        t0, t1 = _seconds(start), _seconds(end)
+        words = tuple(replace(w, start=round(w.start + t0, 3), end=round(w.end + t0, 3))
+                      for w in out.words)
+        segments = tuple(replace(s, start=t0, end=t1, words=words if k == 0 else ())
+                         for k, s in enumerate(parse_rich_text(out.raw_text)))
+        text = " ".join(s.text for s in segments if s.text)
+        return Caption(final, t0, t1, out.raw_text, text, segments, reason)
+
+
+class LiveMetrics:
+    """The live series, in the service's registry (``/metrics``)."""
+
+    def __init__(self, registry=None):
+        from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+        r = registry if registry is not None else CollectorRegistry()
+        self.streams = Gauge("sensevoice_live_streams", "Live caption streams open.", registry=r)
+        self.captions = Counter("sensevoice_live_captions_total",
+                                "Captions sent to live streams, by kind (partial, final).",
+                                ("kind",), registry=r)
+        self.partials_dropped = Counter(
+            "sensevoice_live_partials_dropped_total",
+            "Partial re-decodes withdrawn or discarded because a final overtook them.", registry=r)
+        self.ended = Counter("sensevoice_live_streams_ended_total",
+                             "Live streams ended, by how (ok, or the error code).", ("code",),
+                             registry=r)
+        self.decode_seconds = Histogram("sensevoice_live_decode_seconds",
+                                        "Live re-decodes from queueing to output, by kind.",
+                                        ("kind",), buckets=DECODE_BUCKETS, registry=r)
+        self.audio = Counter("sensevoice_live_audio_seconds_total",
+                             "Audio seconds received by live streams.", registry=r)
+
+
+class LiveHub:
+    """The live streams of one process: their limit, the shared speech scorer, the endpointing
+    rules and the metrics. Only touched on the event loop."""
+
+    def __init__(self, service, limits: LiveLimits | None = None, scorer: StreamScorer | None = None):
+        self.service = service
+        self.limits = limits or LiveLimits.from_settings(service.settings)
+        self.scorer = scorer or StreamScorer.shared()
+        self.rules = EndpointRules.of(Segmenter(max_segment_s=self.limits.max_utterance_s),
+                                      self.limits.pause_s, self.limits.max_utterance_s)
+        self.open = 0
+        registry = getattr(getattr(service, "metrics", None), "registry", None)
+        self.metrics = LiveMetrics(registry)
+
+    def check_ready(self) -> None:
+        """NotReady unless this process can decode live audio now."""
+        if not self.service.serves_worker:
+            raise NotReady("live captions need a process that holds the model (role all); this "
+                           "one has the api role")
+        if not self.service.ready:
+            raise NotReady("the model is still loading; try again in a few seconds"
+                           if self.service.state in ("starting", "loading") else
+                           f"the service is not available: {self.service.error or 'unhealthy'}")
+
+    @asynccontextmanager
+    async def stream(self, options: TranscribeOptions, sample_rate: int,
+                     emit: Callable[[Caption], Awaitable[None]]):
+        """A :class:`LiveSession` holding one of the process's stream slots for the block."""
+        if self.limits.max_streams <= 0:
+            raise TooManyStreams("live captions are off on this server (max_live_streams is 0)")
+        if self.open >= self.limits.max_streams:
+            raise TooManyStreams(f"{self.open} live streams are open, the most this server serves "
+                                 "at once; try again in a few seconds")
+        self.check_ready()
+        self.open += 1
+        self.metrics.streams.inc()
+        session = LiveSession(self, options, sample_rate, emit)
+        code = "ok"
+        try:
+            yield session
+        except SenseVoiceError as e:
+            code = e.code
+            raise
+        except BaseException:
+            code = "client_gone"
+            raise
+        finally:
+            session.abort()
+            self.open -= 1
+            self.metrics.streams.dec()
+            self.metrics.ended.labels(code).inc()
+            self.metrics.audio.inc(session.stats.audio_samples / SAMPLE_RATE)
+            s = session.stats
+            logger.info("live stream ended (%s): audio %.1f s in %.1f s, %d partials (%d dropped, "
+                        "%d unchanged), %d finals, slowest decode %.0f ms", code,
+                        s.audio_samples / SAMPLE_RATE, time.monotonic() - s.opened_at, s.partials,
+                        s.partials_dropped, s.partials_unchanged, s.finals, s.decode_s_max * 1e3)

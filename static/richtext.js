@@ -12,6 +12,7 @@
  *                                    //   emptyText: 'No speech detected' ('' = show nothing) }
  *     renderInto(elemId, raw, opts), // finds the element by id; returns the host or null
  *     mountPoint(elemId, hostClass, ownClass), // the element to render into (shared with review.js)
+ *     segmentNode(seg, index),       // one parsed segment as its div.sv-seg (live.js: utterances)
  *     copyText(text),                // Promise: navigator.clipboard, textarea fallback
  *     escapeHtml(s)
  *   };
@@ -413,6 +414,7 @@
     render: render,
     renderInto: renderInto,
     mountPoint: mountPoint,
+    segmentNode: renderSegment,
     copyText: copyText,
     escapeHtml: escapeHtml
   });

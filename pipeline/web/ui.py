@@ -8,6 +8,10 @@ the result: static/richtext.js (chips of a short clip) and static/review.js (the
 timed recording), every piece of text escaped. A reload, or a job reopened from the browser's recent
 list, follows the job again from its URL.
 
+Live mode (static/live.js, static/live-worklet.js): the page streams the microphone over the
+WebSocket ``/api/stream`` and draws the growing transcript; the recording can then be saved as a
+job through this UI's own submit (the Gradio upload route, then the ``submit`` endpoint below).
+
 Labels are English and Chinese (gr.I18n, following the browser's language or the page's switch).
 """
 
@@ -31,17 +35,19 @@ import numpy as np
 import orjson
 
 from pipeline.domain.errors import Busy, SenseVoiceError
-from pipeline.domain.types import Job, JobState, Lane, TranscribeOptions
+from pipeline.domain.types import SAMPLE_RATE, Job, JobState, Lane, TranscribeOptions
 from pipeline.serving.service import TranscriptionService
 from pipeline.web.routes.events import live_view
-from pipeline.web.ui_guard import UploadSweeper, prepare_upload_dir, read_own_upload
+from pipeline.web.routes.stream import live_query
+from pipeline.web.ui_guard import UI_PATH, UploadSweeper, prepare_upload_dir, read_own_upload
 
 logger = logging.getLogger("sensevoice.ui")
 
 STATIC = next(p / "static" for p in Path(__file__).resolve().parents[1:3] if (p / "static").is_dir())  # installed | repo
-SCRIPTS = ("richtext.js", "review.js", "app.js")  # inlined into the page head, in this order
-SHEETS = ("style.css", "review.css", "app.css")  # through Gradio's css (scoped to the app)
-RAW_SHEETS = ("review.css", "app.css")  # also in the head as written (see head_html)
+SCRIPTS = ("richtext.js", "review.js", "app.js", "live-worklet.js", "live.js")  # inlined into the
+# page head, in this order
+SHEETS = ("style.css", "review.css", "app.css", "live.css")  # through Gradio's css (scoped to the app)
+RAW_SHEETS = ("review.css", "app.css", "live.css")  # also in the head as written (see head_html)
 # what the widget accepts besides audio/*: the video containers the decoder opens (the page
 # script hands them to the Audio component as audio; pipeline/audio/decode.py ALLOWED_DEMUXERS)
 VIDEO_TYPES = ("video/*", ".mp4", ".m4v", ".mov", ".mkv", ".webm", ".avi", ".ts", ".mts", ".wmv")
@@ -282,8 +288,10 @@ def layout(i18n: gr.I18n, samples: Samples) -> SimpleNamespace:
     c.banner = gr.Markdown(i18n("sv_demo"), visible=False, elem_id="sv-demo-banner")
     with gr.Row(elem_id="sv-main"):
         with gr.Column(elem_id="sv-input", min_width=300):
+            gr.HTML("", elem_id="sv-modes")  # live.js: the File | Live switch
             c.audio = gr.Audio(sources=["upload", "microphone"], type="filepath",
                                label=i18n("sv_audio"), elem_id="sv-audio")
+            gr.HTML("", elem_id="sv-live")  # live.js: Start/Stop, the state, Save as a job
             with gr.Row(elem_id="sv-options"):
                 c.language = gr.Dropdown(list(LANGUAGE_CHOICES), value="auto",
                                          label=i18n("sv_language"), elem_id="sv-language",
@@ -299,6 +307,7 @@ def layout(i18n: gr.I18n, samples: Samples) -> SimpleNamespace:
                 c.samples = {name: gr.Button(i18n(f"sv_sample_{name}"), size="sm",
                                              elem_id=f"sv-sample-{name}") for name in Samples.NAMES}
         with gr.Column(elem_id="sv-output", min_width=300):
+            gr.HTML("", elem_id="sv-live-transcript")  # live.js: the live transcript
             gr.HTML("", elem_id="sv-state-view")  # app.js: the job's state, honestly worded
             gr.HTML("", elem_id="sv-result")  # richtext.js: a short clip's chips
     gr.HTML("", elem_id="sv-review")  # review.js: a timed recording's review view
@@ -309,7 +318,52 @@ def layout(i18n: gr.I18n, samples: Samples) -> SimpleNamespace:
     c.view = gr.Textbox(elem_id="sv-job", elem_classes=["sv-hidden"], show_label=False,
                         interactive=False)
     c.job_id = gr.State("")
+    # live.js asks for a fresh live link through this event's endpoint (never drawn)
+    c.live_link = gr.Button(visible=False, elem_id="sv-live-link")
+    c.live_link_out = gr.Textbox(visible=False)
     return c
+
+
+# Live captions (static/live.js): the most of a live recording the page keeps to save as a job,
+# seconds (16 kHz 16-bit mono: 57.6 MB for 30 min in the browser's memory); lower when the server's
+# upload size or audio length limits are (the saved WAV must pass them)
+LIVE_KEEP_MAX_S = 30 * 60
+
+
+def live_config(settings, enabled: bool = True) -> dict:
+    """What static/live.js needs from the server: whether live captions are served here, where the
+    stream and the UI's own routes are (upload, submit, and a fresh live link when an API token is
+    set), and how much of a live recording the page may keep to save as a job."""
+    # the page sends and keeps 16-bit mono at SAMPLE_RATE: a WAV header, then the samples
+    by_size = (settings.max_upload_bytes - 44) / (2 * SAMPLE_RATE)
+    keep = int(max(0, min(LIVE_KEEP_MAX_S, settings.max_audio_seconds, by_size)))
+    api = UI_PATH + "/gradio_api"
+    return {"enabled": bool(enabled and settings.max_live_streams > 0),
+            "streamPath": "/api/stream", "linkPath": api + "/run/live_link" if settings.api_token else "",
+            "uploadPath": api + "/upload", "submitPath": api + "/run/submit", "keepSeconds": keep}
+
+
+def make_live_link(settings):
+    """The UI's ``live_link`` endpoint: a fresh signed live link (``exp=..&sig=..``, an hour) for
+    the page's stream when an API token is set ("" without one). Behind the UI's login, like the
+    page itself: the page never holds the token."""
+    def live_link() -> str:
+        return live_query(settings.api_token)
+
+    return live_link
+
+
+def on_live_load(settings, enabled: bool = True) -> str:
+    """Gradio's load hook for Live: the config (numbers and fixed paths, JSON) and the page's
+    current language and punctuation choices."""
+    config = orjson.dumps(live_config(settings, enabled)).decode()
+    return (f"(language, itn) => {{ window.SenseVoiceLive && window.SenseVoiceLive.boot({config},"
+            " {language: language, useItn: itn}); return []; }")
+
+
+ON_LIVE_LANGUAGE = ("(v) => { window.SenseVoiceLive && window.SenseVoiceLive.setOptions({language: v});"
+                    " return []; }")
+ON_LIVE_ITN = "(v) => { window.SenseVoiceLive && window.SenseVoiceLive.setOptions({useItn: v}); return []; }"
 
 
 # the page script's hooks: the click time (the page measures "done in" from it) and Submit off at
@@ -326,6 +380,15 @@ ON_LOAD = "() => { window.SenseVoiceApp && window.SenseVoiceApp.boot(); return [
 def wire(demo: gr.Blocks, c: SimpleNamespace, service: TranscriptionService, submit,
          samples: Samples) -> None:
     demo.load(lambda: gr.Markdown(visible=service.is_demo), None, c.banner, js=ON_LOAD)
+    # Live captions: the page script streams the microphone itself; these hand it the choices
+    # (live captions need a process that holds the model: not an api-role process)
+    settings = service.settings
+    demo.load(None, [c.language, c.use_itn], None,
+              js=on_live_load(settings, enabled=getattr(service, "serves_worker", True)))
+    c.live_link.click(make_live_link(settings), None, c.live_link_out, queue=False,
+                      show_progress="hidden", api_name="live_link")
+    c.language.change(None, [c.language], None, js=ON_LIVE_LANGUAGE)
+    c.use_itn.change(None, [c.use_itn], None, js=ON_LIVE_ITN)
     inputs = [c.audio, c.language, c.use_itn, c.split]
     outputs = [c.job_id, c.status, c.view]
     # queue=False: one plain POST answers it (no queue join and event stream round trips: the

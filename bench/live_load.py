@@ -197,6 +197,8 @@ def main() -> int:
                 s.bind(("127.0.0.1", 0))
                 port = s.getsockname()[1]
             proc = start_server(port, work, {"SENSEVOICE_MAX_LIVE_STREAMS": str(max(counts) + 1),
+                                             # every simulated microphone has this one address
+                                             "SENSEVOICE_MAX_LIVE_STREAMS_PER_CLIENT": "0",
                                              "SENSEVOICE_LIVE_PAUSE_S": str(args.pause_s)},
                                 Path(work) / "server.log")
             url = f"http://127.0.0.1:{port}"

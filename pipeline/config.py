@@ -151,6 +151,10 @@ class Settings(BaseSettings):
         64, ge=0, description="Live caption streams served at once (both WebSocket endpoints); "
         "beyond it a new stream gets the error too_many_streams and close code 1013. 0 = live "
         "captions off. Raise it on a GPU (one H200 is meant to hold 500).")
+    max_live_streams_per_client: int = Field(
+        8, ge=0, description="Live caption streams one client address may hold at once (0 = no "
+        "limit); more get too_many_streams, so one client cannot take every slot. Behind a reverse "
+        "proxy every client has the proxy's address: raise it there.")
     live_partial_interval_s: float = Field(
         0.4, gt=0, description="A live stream's utterance in progress is re-decoded at most this "
         "often (wall clock); a partial is sent only when its text changed.")

@@ -28,7 +28,7 @@ import websockets
 
 from pipeline.audio.stream_vad import Closed, Dropped, Endpointer, EndpointRules
 from pipeline.audio.vad import Segmenter, _merge
-from pipeline.domain.errors import LiveOverloaded, NotReady, StreamTooLong
+from pipeline.domain.errors import LiveOverloaded, NotReady, StreamTooLong, TooManyStreams
 from pipeline.domain.types import TranscribeOptions
 from pipeline.model.engine import EngineOutput
 from pipeline.serving.live import AudioBuffer, LiveHub, LiveLimits
@@ -521,6 +521,29 @@ def test_long_utterances_are_cut(speech):
     assert len(finals) >= 3 and all(c.end - c.start <= 2.0 for c in finals)
     assert {c.reason for c in finals[:-1]} == {"limit"}
     assert all(a.end == b.start for a, b in zip(finals, finals[1:]))  # no audio lost or doubled
+
+
+def test_one_client_cannot_take_every_live_slot():
+    """Per client address at most max_streams_per_client streams (a second address still gets
+    one); a slot comes back when its stream ends."""
+    hub = LiveHub(FakeService(), LiveLimits(max_streams=10, max_streams_per_client=2))
+
+    async def emit(caption):
+        pass
+
+    async def scenario():
+        async with hub.stream(TranscribeOptions(), RATE, emit, "10.0.0.1"), \
+                hub.stream(TranscribeOptions(), RATE, emit, "10.0.0.1"):
+            with pytest.raises(TooManyStreams, match="this address holds 2"):
+                async with hub.stream(TranscribeOptions(), RATE, emit, "10.0.0.1"):
+                    pass
+            async with hub.stream(TranscribeOptions(), RATE, emit, "10.0.0.2"):
+                assert hub.open == 3
+        async with hub.stream(TranscribeOptions(), RATE, emit, "10.0.0.1"):
+            assert hub.open == 1
+        assert hub.open == 0 and hub._by_client == {}
+
+    asyncio.run(scenario())
 
 
 def test_live_needs_a_process_holding_the_model():

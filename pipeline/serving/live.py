@@ -66,6 +66,7 @@ class LiveLimits:
     """The live knobs of :class:`~pipeline.config.Settings` (``max_live_streams``, ``live_*``)."""
 
     max_streams: int = 64
+    max_streams_per_client: int = 8
     partial_interval_s: float = 0.4
     pause_s: float = 0.7
     max_utterance_s: float = 30.0
@@ -78,6 +79,7 @@ class LiveLimits:
     @classmethod
     def from_settings(cls, settings) -> LiveLimits:
         return cls(max_streams=settings.max_live_streams,
+                   max_streams_per_client=settings.max_live_streams_per_client,
                    partial_interval_s=settings.live_partial_interval_s,
                    pause_s=settings.live_pause_s, max_utterance_s=settings.live_max_utterance_s,
                    idle_timeout_s=settings.live_idle_timeout_s,
@@ -437,6 +439,7 @@ class LiveHub:
         self.rules = EndpointRules.of(Segmenter(max_segment_s=self.limits.max_utterance_s),
                                       self.limits.pause_s, self.limits.max_utterance_s)
         self.open = 0
+        self._by_client: dict[str, int] = {}  # client address -> its open streams
         registry = getattr(getattr(service, "metrics", None), "registry", None)
         self.metrics = LiveMetrics(registry)
 
@@ -452,15 +455,21 @@ class LiveHub:
 
     @asynccontextmanager
     async def stream(self, options: TranscribeOptions, sample_rate: int,
-                     emit: Callable[[Caption], Awaitable[None]]):
-        """A :class:`LiveSession` holding one of the process's stream slots for the block."""
+                     emit: Callable[[Caption], Awaitable[None]], client: str = ""):
+        """A :class:`LiveSession` holding one of the process's stream slots (and one of
+        ``client``'s, the peer address) for the block."""
         if self.limits.max_streams <= 0:
             raise TooManyStreams("live captions are off on this server (max_live_streams is 0)")
         if self.open >= self.limits.max_streams:
             raise TooManyStreams(f"{self.open} live streams are open, the most this server serves "
                                  "at once; try again in a few seconds")
+        held = self._by_client.get(client, 0)
+        if client and 0 < self.limits.max_streams_per_client <= held:
+            raise TooManyStreams(f"this address holds {held} live streams, the most one client may "
+                                 "open at once; close one first")
         self.check_ready()
         self.open += 1
+        self._by_client[client] = held + 1
         self.metrics.streams.inc()
         session = LiveSession(self, options, sample_rate, emit)
         code = "ok"
@@ -475,6 +484,10 @@ class LiveHub:
         finally:
             session.abort()
             self.open -= 1
+            if self._by_client[client] <= 1:
+                del self._by_client[client]
+            else:
+                self._by_client[client] -= 1
             self.metrics.streams.dec()
             self.metrics.ended.labels(code).inc()
             self.metrics.audio.inc(session.stats.audio_samples / SAMPLE_RATE)

@@ -209,6 +209,11 @@ async def failing_with(session: LiveSession):
         session.failed.remove_done_callback(interrupt)
 
 
+def client_of(ws: WebSocket) -> str:
+    """The peer's address (the per-client stream limit's key)."""
+    return ws.client.host if ws.client else ""
+
+
 def authorized(ws: WebSocket, token: str) -> bool:
     """The API token as a header or a ``bearer.<token>`` subprotocol, or a live link."""
     if token_ok(ws.headers.get, token):
@@ -274,7 +279,8 @@ class NativeStream:
                 raise Unauthorized("missing or wrong API token (send 'Authorization: Bearer "
                                    "<token>', the subprotocol 'bearer.<token>' or a live link)")
             options, rate = self.options()
-            async with self.hub.stream(options, rate, self.emit) as session, failing_with(session):
+            async with self.hub.stream(options, rate, self.emit, client_of(self.ws)) as session, \
+                    failing_with(session):
                 await self.pump(session)
         except SenseVoiceError as e:
             await self.fail(e)
@@ -439,7 +445,8 @@ class FunAsrStream:
         self._reset()
         options = TranscribeOptions(language=self.config.language, use_itn=self.config.itn,
                                     word_timestamps=True)
-        async with self.hub.stream(options, self.config.audio_fs, self.emit) as session, \
+        async with self.hub.stream(options, self.config.audio_fs, self.emit,
+                                   client_of(self.ws)) as session, \
                 failing_with(session):
             if data:
                 await session.feed(data)

@@ -154,7 +154,7 @@ class Settings(BaseSettings):
     max_live_streams_per_client: int = Field(
         8, ge=0, description="Live caption streams one client address may hold at once (0 = no "
         "limit); more get too_many_streams, so one client cannot take every slot. Behind a reverse "
-        "proxy every client has the proxy's address: raise it there.")
+        "proxy the address is the proxy's unless FORWARDED_ALLOW_IPS trusts its X-Forwarded-For.")
     live_partial_interval_s: float = Field(
         0.4, gt=0, description="A live stream's utterance in progress is re-decoded at most this "
         "often (wall clock); a partial is sent only when its text changed.")

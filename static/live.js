@@ -158,17 +158,15 @@
       e_other: ['\u5b9e\u65f6\u5b57\u5e55\u5df2\u505c\u6b62', '\u8bf7\u91cd\u65b0\u5f00\u59cb\uff1b\u5982\u679c\u4e00\u76f4\u5931\u8d25\uff0c\u8bf7\u544a\u8bc9\u670d\u52a1\u5668\u7684\u7ba1\u7406\u8005\u3002']
     }
   };
-  // the server's error codes (and close codes' readings) that share one wording
+  // the server's error codes that share one wording: the live stream's refusals
+  // (pipeline/web/routes/stream.py) and those of the job submit behind "Save as a job"
   var ERROR_ALIAS = {
-    too_many_streams: 'too_many_streams', live_streams_full: 'too_many_streams',
-    stream_limit: 'too_many_streams', too_many_live_streams: 'too_many_streams',
-    queue_full: 'busy', gpu_memory_low: 'busy', backlog_full: 'busy', broker_unavailable: 'busy',
-    storage_error: 'busy', live_busy: 'busy', live_overloaded: 'busy',
-    model_unavailable: 'not_ready', model_loading: 'not_ready',
-    idle_timeout: 'idle', stream_idle: 'idle', idle: 'idle',
-    stream_too_long: 'too_long', audio_too_long: 'too_long', live_too_long: 'too_long',
-    invalid_option: 'invalid', bad_request: 'invalid', invalid_message: 'invalid',
-    invalid_frame: 'invalid', unsupported_sample_rate: 'invalid',
+    too_many_streams: 'too_many_streams',
+    live_overloaded: 'busy', queue_full: 'busy', gpu_memory_low: 'busy', backlog_full: 'busy',
+    broker_unavailable: 'busy', storage_error: 'busy', too_many_uploads: 'busy',
+    too_many_uploads_from_client: 'busy', model_unavailable: 'not_ready',
+    idle_timeout: 'idle', stream_too_long: 'too_long', audio_too_long: 'too_long',
+    invalid_option: 'invalid', invalid_message: 'invalid',
     cross_site_request: 'refused', host_not_allowed: 'refused'
   };
 

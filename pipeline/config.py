@@ -76,6 +76,12 @@ class Settings(BaseSettings):
     max_uploads_per_client: int = Field(
         4, ge=0, description="Large uploads one client address may have in flight (0 = no limit); more "
         "get 429 + Retry-After. Behind a reverse proxy every client has the proxy's address.")
+    auth_failures_per_client: int = Field(
+        20, ge=0, description="Failed sign-ins (401s, failed UI logins, live streams refused for "
+        "their token) one client address may make per auth_failure_window_s (0 = no limit); then "
+        "it gets 429 too_many_auth_failures until the window ends, the right token included.")
+    auth_failure_window_s: float = Field(
+        300.0, gt=0, description="The window of auth_failures_per_client, seconds.")
     max_connections_per_client: int = Field(
         256, ge=0, description="Open connections one client address may hold (0 = no limit); more are "
         "closed at once.")

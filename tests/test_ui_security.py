@@ -60,8 +60,10 @@ def ui_server(demo_dir, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def token_server(demo_dir, tmp_path_factory):
+    # this module sends many refused requests on purpose: the guessing throttle (which would lock
+    # its address out after 20) is off here and tested in tests/test_auth_throttle.py
     server = LiveServer(make_settings(demo_dir, tmp_path_factory.mktemp("ui-tok"),
-                                      api_token=TOKEN)).start()
+                                      api_token=TOKEN, auth_failures_per_client=0)).start()
     yield server
     server.stop()
 

@@ -186,6 +186,13 @@ class ClientUploadLimit(Busy):
     code = "too_many_uploads_from_client"
 
 
+class TooManyAuthFailures(SenseVoiceError):
+    """This client address failed to sign in too often; it waits until its window ends."""
+
+    status = 429
+    code = "too_many_auth_failures"
+
+
 class RequestTimeout(SenseVoiceError):
     """The request body did not arrive in time (too slow, or stalled)."""
 

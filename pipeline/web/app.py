@@ -63,6 +63,7 @@ def create_app(settings: Settings | None = None, service=None, start: bool = Tru
 def add_api(app, settings, service, bodies):
     """The job routes, the UI and the request guards inside the Host/Origin check."""
     from pipeline.web.api import FastPolls, UploadLimit, build_router
+    from pipeline.web.auth_throttle import AuthThrottle
     from pipeline.web.routes.events import build_events_router
     from pipeline.web.routes.openai import build_openai_router
     from pipeline.web.routes.stream import build_stream_router
@@ -82,6 +83,10 @@ def add_api(app, settings, service, bodies):
                        body_timeout_s=settings.body_timeout_s,
                        min_rate_bytes_s=settings.body_min_rate_bytes_s, grace_s=settings.body_grace_s)
     app.add_middleware(FastPolls, service=service, bodies=bodies)  # polls skip what is inside it
+    # outermost of these: failed sign-ins (any 401, the UI's login, a live stream's token) are
+    # counted per client address and a guessing client is refused
+    app.add_middleware(AuthThrottle, limit=settings.auth_failures_per_client,
+                       window_s=settings.auth_failure_window_s)
     return app
 
 

@@ -65,6 +65,7 @@ from pipeline.domain.errors import (Busy, FrameTooLarge, IdleTimeout, InvalidMes
 from pipeline.domain.types import LANGUAGES, SAMPLE_RATE, TranscribeOptions
 from pipeline.serving.live import Caption, LiveHub, LiveSession
 from pipeline.web.api import token_ok
+from pipeline.web.auth_throttle import AUTH_FAILED
 from pipeline.web.links import link_key, sign, verify
 
 NATIVE_SUBPROTOCOL = "sensevoice"
@@ -276,6 +277,7 @@ class NativeStream:
         await self.ws.accept(subprotocol=choose_subprotocol(self.ws, NATIVE_SUBPROTOCOL))
         try:
             if not authorized(self.ws, self.hub.service.settings.api_token):
+                self.ws.scope[AUTH_FAILED] = True  # counted against the client (auth_throttle)
                 raise Unauthorized("missing or wrong API token (send 'Authorization: Bearer "
                                    "<token>', the subprotocol 'bearer.<token>' or a live link)")
             options, rate = self.options()
@@ -421,6 +423,7 @@ class FunAsrStream:
         await self.ws.accept(subprotocol=choose_subprotocol(self.ws, FUNASR_SUBPROTOCOL))
         try:
             if not authorized(self.ws, self.hub.service.settings.api_token):
+                self.ws.scope[AUTH_FAILED] = True
                 raise Unauthorized("missing or wrong API token (send 'Authorization: Bearer "
                                    "<token>' or the subprotocol 'bearer.<token>')")
             while True:  # one recording after another, until the client closes

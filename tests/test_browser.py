@@ -419,6 +419,11 @@ def test_chinese_interface(page, server, clip_factory):
     page.wait_for_selector("#sv-submit", timeout=30_000)
     page.wait_for_function("() => window.SenseVoiceApp && document.querySelector('#sv-topbar .sv-langs')")
     try:
+        # Gradio's own labels switch when its locale module has loaded (app.js imports it after
+        # boot): the label must read 转写 then, not at the first paint
+        page.wait_for_function(
+            "() => { const b = document.querySelector('#sv-submit'); return b && b.innerText.trim() === '\u8f6c\u5199'; }",
+            timeout=15_000)
         assert page.locator("#sv-submit").inner_text().strip() == "转写"
         page.locator("input[type=file]").first.set_input_files(str(clip_factory("wav", 16000, 1)))
         page.wait_for_selector("#sv-audio [data-testid^='waveform-']", timeout=30_000)

@@ -493,7 +493,7 @@ def test_polls_take_no_queue_slots_and_work_while_the_queue_is_full(live_server,
         depth = len(sched)
         with httpx.Client(base_url=live_server.url) as client:
             assert all(client.get(f"/api/jobs/{job_id}").status_code == 200 for _ in range(200))
-        assert len(sched) == depth
+        assert len(sched) <= depth  # 200 polls added nothing (the worker may take the job meanwhile)
         assert submit(live_server, clip_factory("wav", 16000, 1)).status_code == 503
     finally:
         sched.maxsize = old

@@ -256,6 +256,28 @@ def _frame(message: dict, limit: int) -> tuple[bytes | None, str | None]:
     return data, text
 
 
+async def feed_until_text(sock: Socket, session: LiveSession, limit: int) -> dict:
+    """Feed the binary frames the client sends to ``session`` until a text frame comes; return
+    that frame's JSON. The audio that arrived is finalised before an idle time-out or the stream
+    limit ends the stream; a client that leaves raises ClientGone. Both protocols read this way."""
+    while True:
+        try:
+            message = await sock.receive()
+        except IdleTimeout:
+            await session.end()  # what arrived is finalised before the error
+            raise
+        if message["type"] == "websocket.disconnect":
+            raise ClientGone("the client closed the stream")
+        data, text = _frame(message, limit)
+        if data is None:
+            return parse_text(text or "")
+        try:
+            await session.feed(data)
+        except StreamTooLong:
+            await session.end()
+            raise
+
+
 # ---------------------------------------------------------------------------- native protocol
 class NativeStream:
     """``/api/stream``: see the module docstring."""
@@ -290,29 +312,12 @@ class NativeStream:
             pass
 
     async def pump(self, session: LiveSession) -> None:
-        limit = self.hub.limits.max_frame_bytes
-        while True:
-            try:
-                message = await self.sock.receive()
-            except IdleTimeout:
-                await session.end()  # what arrived is finalised before the error
-                raise
-            if message["type"] == "websocket.disconnect":
-                raise ClientGone("the client closed the stream")
-            data, text = _frame(message, limit)
-            if data is not None:
-                try:
-                    await session.feed(data)
-                except StreamTooLong:
-                    await session.end()
-                    raise
-                continue
-            if parse_text(text or "").get("type") != "end":
-                raise InvalidMessage('expected binary frames of 16-bit PCM or the text frame '
-                                     '{"type": "end"}')
-            await session.end()
-            await self.sock.close(NORMAL)
-            return
+        request = await feed_until_text(self.sock, session, self.hub.limits.max_frame_bytes)
+        if request.get("type") != "end":
+            raise InvalidMessage('expected binary frames of 16-bit PCM or the text frame '
+                                 '{"type": "end"}')
+        await session.end()
+        await self.sock.close(NORMAL)
 
     async def emit(self, caption: Caption) -> None:
         body = {"type": "final" if caption.final else "partial", "text": caption.text,
@@ -454,22 +459,8 @@ class FunAsrStream:
             if data:
                 await session.feed(data)
             while True:
-                try:
-                    message = await self.sock.receive()
-                except IdleTimeout:
-                    await session.end()
-                    raise
-                if message["type"] == "websocket.disconnect":
-                    raise ClientGone("the client closed the stream")
-                data, text = _frame(message, self.hub.limits.max_frame_bytes)
-                if data is not None:
-                    try:
-                        await session.feed(data)
-                    except StreamTooLong:
-                        await session.end()
-                        raise
-                    continue
-                request = parse_text(text or "")
+                request = await feed_until_text(self.sock, session,
+                                                self.hub.limits.max_frame_bytes)
                 if request.get("is_speaking") is False:
                     await session.end()
                     await self.finished()

@@ -16,7 +16,7 @@ import sqlite3
 import threading
 import time
 from contextlib import contextmanager
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Iterator
 
@@ -89,7 +89,6 @@ class JobStore:
         self.db_path = self.data_dir / "jobs.sqlite3"
         self._local = threading.local()
         self.feed = Feed()
-        self._progress: dict[str, str] = {}  # unfinished long job -> "segment n of total"
         with self._conn() as c:
             c.executescript(SCHEMA)
 
@@ -167,7 +166,8 @@ class JobStore:
 
     def save_segments(self, results: Iterable[SegmentResult]) -> None:
         """Store piece results of long jobs (one transaction); re-running a piece overwrites it.
-        Sets each job's progress ("segment n of total") when the pieces say their total."""
+        Publishes each job's progress ("segment n of total") when the pieces say their total
+        (the service keeps it: progress means nothing after a restart)."""
         results = list(results)
         with self._transaction() as conn:
             conn.executemany(
@@ -178,9 +178,7 @@ class JobStore:
                  for r in results])
         events = []
         for jid, total in {r.job_id: r.pieces for r in results if r.pieces}.items():
-            text = f"segment {self.segment_count(jid)} of {total}"
-            self._progress[jid] = text
-            events.append(JobEvent(jid, None, text))
+            events.append(JobEvent(jid, None, f"segment {self.segment_count(jid)} of {total}"))
         self.feed.publish(events)
 
     def segments(self, job_id: str) -> list[SegmentResult]:
@@ -214,8 +212,6 @@ class JobStore:
                 if cur.rowcount:
                     written.add(jid)
                     conn.execute("DELETE FROM segments WHERE job_id=?", (jid,))
-        for jid in written:
-            self._progress.pop(jid, None)
         self.feed.publish([JobEvent(jid, JobState.DONE) for jid in written])
         return written
 
@@ -228,7 +224,6 @@ class JobStore:
              JobState.QUEUED.value, JobState.RUNNING.value),
         )
         if cur.rowcount:
-            self._progress.pop(job_id, None)
             self.feed.publish([JobEvent(job_id, JobState.FAILED)])
         return bool(cur.rowcount)
 
@@ -289,17 +284,7 @@ class JobStore:
         if row["state"] == JobState.PURGED.value:
             raise JobGone(f"job {job_id} finished more than the retention period ago; its result "
                           "and audio were deleted")
-        job = _row_to_job(row)
-        progress = self._progress.get(job_id)
-        if progress and job.state in (JobState.QUEUED, JobState.RUNNING):
-            job = replace(job, meta={**job.meta, "progress": progress})
-        return job
-
-    def set_progress(self, job_id: str, text: str) -> None:
-        """Progress of an unfinished job (Job.meta["progress"]; held in memory, like the service's
-        segmenting progress: it means nothing after a restart)."""
-        self._progress[job_id] = text
-        self.feed.publish([JobEvent(job_id, None, text)])
+        return _row_to_job(row)
 
     def load_upload(self, job_id: str) -> bytes:
         return self.spool_path(job_id).read_bytes()

@@ -328,7 +328,7 @@ class TranscriptionService:
         """The broker committed a change (in the writer's thread: a worker, the splitter, a
         request): keep the snapshot that polls read, free what a finished job held, wake waiters."""
         if event.state is JobState.RUNNING:
-            self._mark_running_cached({event.job_id})
+            self._mark_running_cached(event.job_id)
         elif event.state in (JobState.DONE, JobState.FAILED):
             self._notify(event.job_id)
         elif event.progress is not None:
@@ -355,16 +355,13 @@ class TranscriptionService:
             while len(self._recent) > RECENT_JOBS:
                 self._recent.popitem(last=False)
 
-    def _mark_running_cached(self, job_ids: set[str]) -> None:
-        now = time.time()
+    def _mark_running_cached(self, job_id: str) -> None:
         with self._recent_lock:
-            for jid in job_ids:
-                job = self._recent.get(jid)
-                if job is not None:
-                    self._recent[jid] = replace(job, state=JobState.RUNNING, started_at=now,
-                                                attempts=job.attempts + 1)
-        for jid in job_ids:
-            self.changes.notify(jid)
+            job = self._recent.get(job_id)
+            if job is not None:
+                self._recent[job_id] = replace(job, state=JobState.RUNNING, started_at=time.time(),
+                                               attempts=job.attempts + 1)
+        self.changes.notify(job_id)
 
     async def poll(self, job_id: str) -> Job | None:
         """A poll on the event loop: the in-memory snapshot (embedded), or the broker read with

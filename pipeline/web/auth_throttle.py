@@ -15,10 +15,8 @@ import logging
 import time
 from dataclasses import dataclass
 
-import orjson
-
 from pipeline.domain.errors import TooManyAuthFailures
-from pipeline.web.edge import PROBE_PATHS, scope_client_key
+from pipeline.web.edge import PROBE_PATHS, refuse, scope_client_key
 from pipeline.web.ui_guard import UI_PATH
 
 logger = logging.getLogger("sensevoice.auth")
@@ -106,15 +104,6 @@ class AuthThrottle:
 
 async def _refuse(scope, send, wait: float) -> None:
     retry = max(1, round(wait))
-    e = TooManyAuthFailures(f"too many failed sign-ins from this address; try again in {retry} s")
-    body = orjson.dumps({"error": {"code": e.code, "message": e.message}})
-    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
-               (b"retry-after", str(retry).encode())]
-    if scope["type"] == "http":
-        await send({"type": "http.response.start", "status": e.status, "headers": headers})
-        await send({"type": "http.response.body", "body": body})
-    elif "websocket.http.response" in (scope.get("extensions") or {}):
-        await send({"type": "websocket.http.response.start", "status": e.status, "headers": headers})
-        await send({"type": "websocket.http.response.body", "body": body})
-    else:  # the server answers 403 to a close before accept
-        await send({"type": "websocket.close", "code": 1008})
+    await refuse(scope, send, TooManyAuthFailures(
+        f"too many failed sign-ins from this address; try again in {retry} s"),
+        [(b"retry-after", str(retry).encode())])

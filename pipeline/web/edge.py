@@ -464,32 +464,33 @@ class HostOriginGuard:
         if self.allowed is not None and scope["path"] not in self.probe_paths:
             name = split_host(host_header)[0]
             if not host_allowed(name, self.allowed):
-                return await self._refuse(scope, receive, send, HostNotAllowed(
+                return await refuse(scope, send, HostNotAllowed(
                     f"this server does not answer for host {name[:100]!r}; list it in "
                     "SENSEVOICE_ALLOWED_HOSTS to allow it"))
         if kind == "websocket" or scope["method"] not in SAFE_METHODS:
             site = fetch_site.lower() if fetch_site is not None else b""
             if site == b"cross-site" or site == b"same-site":
-                return await self._refuse(scope, receive, send, CrossSiteRequest(
+                return await refuse(scope, send, CrossSiteRequest(
                     f"a {site.decode()} browser request may not change anything here"))
             if origin is not None and not same_origin(origin.decode("latin-1"), scope["scheme"],
                                                       host_header):
-                return await self._refuse(scope, receive, send, CrossSiteRequest(
+                return await refuse(scope, send, CrossSiteRequest(
                     f"a request from origin {origin.decode('latin-1')[:100]!r} may not change "
                     "anything here"))
         await self.app(scope, receive, send)
 
-    @staticmethod
-    async def _refuse(scope, receive, send, e: SenseVoiceError) -> None:
-        body = orjson.dumps({"error": {"code": e.code, "message": e.message}})
-        headers = [(b"content-type", b"application/json"),
-                   (b"content-length", str(len(body)).encode())]
-        if scope["type"] == "http":
-            await send({"type": "http.response.start", "status": e.status, "headers": headers})
-            await send({"type": "http.response.body", "body": body})
-        elif "websocket.http.response" in (scope.get("extensions") or {}):
-            await send({"type": "websocket.http.response.start", "status": e.status,
-                        "headers": headers})
-            await send({"type": "websocket.http.response.body", "body": body})
-        else:  # the server answers 403 to a close before accept
-            await send({"type": "websocket.close", "code": 1008})
+
+async def refuse(scope, send, e: SenseVoiceError, headers: list[tuple[bytes, bytes]] = ()) -> None:
+    """Answer ``e`` as JSON before the app runs, on an HTTP or a WebSocket scope (a WebSocket
+    refusal is an HTTP answer to the upgrade where the server allows it, else a close)."""
+    body = orjson.dumps({"error": {"code": e.code, "message": e.message}})
+    headers = [(b"content-type", b"application/json"),
+               (b"content-length", str(len(body)).encode()), *headers]
+    if scope["type"] == "http":
+        await send({"type": "http.response.start", "status": e.status, "headers": headers})
+        await send({"type": "http.response.body", "body": body})
+    elif "websocket.http.response" in (scope.get("extensions") or {}):
+        await send({"type": "websocket.http.response.start", "status": e.status, "headers": headers})
+        await send({"type": "websocket.http.response.body", "body": body})
+    else:  # the server answers 403 to a close before accept
+        await send({"type": "websocket.close", "code": 1008})

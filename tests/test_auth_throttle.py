@@ -103,3 +103,24 @@ def test_the_table_of_failing_addresses_is_bounded():
     for n in range(MAX_CLIENTS + 10):
         table.failed(f"c{n}")
     assert len(table._clients) <= MAX_CLIENTS
+
+
+def test_many_failing_addresses_cost_constant_time_each():
+    """A guesser rotating through addresses (an IPv6 prefix holds many /64s) fills the table: each
+    new failure stays cheap (no scan of the table) and the oldest windows are forgotten first."""
+    import time
+
+    now = [0.0]
+    table = AuthFailures(limit=3, window_s=1e9, clock=lambda: now[0])
+    for n in range(MAX_CLIENTS):
+        now[0] = n
+        table.failed(f"old{n}")
+    t = time.perf_counter()
+    for n in range(2000):
+        now[0] = MAX_CLIENTS + n
+        table.failed(f"new{n}")
+    per_failure = (time.perf_counter() - t) / 2000
+    assert len(table._clients) == MAX_CLIENTS
+    assert "old0" not in table._clients and "old1999" not in table._clients
+    assert "old2000" in table._clients and "new1999" in table._clients
+    assert per_failure < 1e-3, per_failure  # a scan of 100,000 entries takes ~10 ms

@@ -5,14 +5,15 @@ included, so a password (``SENSEVOICE_UI_AUTH``) or a token cannot be guessed at
 A failure is any answer 401 (a REST, OpenAI or event route without the right token, /docs), a
 failed UI login (Gradio answers its ``/ui/login`` form with 400), or a live stream the route
 refused for its token (it marks the scope: WebSocket refusals are frames, not statuses).
-Successful requests cost nothing. Memory is one small entry per failing address, swept when the
-table grows (``MAX_CLIENTS``).
+Successful requests cost nothing. Memory is one small entry per failing address, at most
+``MAX_CLIENTS``, forgotten oldest first when its window ends or the table is full.
 """
 
 from __future__ import annotations
 
 import logging
 import time
+from collections import OrderedDict
 from dataclasses import dataclass
 
 from pipeline.domain.errors import TooManyAuthFailures
@@ -37,7 +38,7 @@ class AuthFailures:
 
     def __init__(self, limit: int, window_s: float, clock=time.monotonic):
         self.limit, self.window_s, self.clock = limit, window_s, clock
-        self._clients: dict[str, _Window] = {}
+        self._clients: OrderedDict[str, _Window] = OrderedDict()  # oldest window first
 
     def retry_after(self, key: str) -> float:
         """Seconds until ``key`` may try again (0: now)."""
@@ -54,19 +55,23 @@ class AuthFailures:
         now = self.clock()
         w = self._clients.get(key)
         if w is None or now - w.started >= self.window_s:
-            if len(self._clients) >= MAX_CLIENTS:
-                self._sweep(now)
+            self._sweep(now)
             w = self._clients[key] = _Window(now, 0)
+            self._clients.move_to_end(key)
         w.failures += 1
         if w.failures == self.limit:
             logger.warning("client %s: %d failed sign-ins in %.0f s; refused until the window ends",
                            key, w.failures, self.window_s)
 
     def _sweep(self, now: float) -> None:
-        self._clients = {k: w for k, w in self._clients.items()
-                         if now - w.started < self.window_s}
-        while len(self._clients) >= MAX_CLIENTS:  # all recent: forget the oldest
-            del self._clients[min(self._clients, key=lambda k: self._clients[k].started)]
+        """Forget ended windows, and the oldest beyond MAX_CLIENTS: O(1) per failure (the table
+        is in window order), whatever the number of addresses a guesser rotates through."""
+        clients = self._clients
+        while clients:
+            key, w = next(iter(clients.items()))
+            if now - w.started < self.window_s and len(clients) < MAX_CLIENTS:
+                break
+            del clients[key]
 
 
 class AuthThrottle:

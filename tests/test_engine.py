@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import time
 
 import numpy as np
 import pytest
@@ -147,3 +148,70 @@ def test_word_timestamps_follow_the_ctc_runs(demo_engine, clips):
     assert [w.text for w in words] == asked.raw_text.split(">")[-1].split()
     assert all(0 <= w.start < w.end <= len(wave) / 16000 for w in words)
     assert all(a.end <= b.start for a, b in zip(words, words[1:]))
+
+
+# ---------------------------------------------------------------- the fused encoder (the GPU default)
+def _inputs(engine, clips, opts):
+    f, _, frames = engine.features([torch.from_numpy(c) for c in clips])
+    return engine.encoder_inputs(f, frames, opts)
+
+
+def test_fused_block_arithmetic_matches_the_eager_reference(tiny_engine, clips):
+    """pipeline/model/fused.py, uncompiled, fp32: the same logits as the eager blocks (to float
+    rounding: the FSMN conv becomes a sum of shifted taps) and the same argmax, mixed batch."""
+    from pipeline.model.fused import CompiledBlocks
+
+    core = tiny_engine.core
+    with torch.inference_mode():
+        x, lens, ban = _inputs(tiny_engine, clips, OPTS)
+        ref = core.forward_eager(x, lens, ban, return_logits=True)
+        core.compiled = CompiledBlocks(compile=False)
+        try:
+            got = core(x, lens, ban, return_logits=True)
+            ids = core(x, lens, ban)
+        finally:
+            core.compiled = None
+    torch.testing.assert_close(got, ref, atol=1e-4, rtol=0)  # -inf (a banned tag) equals -inf
+    assert torch.equal(ids, ref.argmax(-1))
+
+
+def test_fused_block_notices_a_wrong_fsmn(tiny_engine, clips, monkeypatch):
+    """The check above can fail: a 1 % error in the FSMN memory moves the logits well past it."""
+    from pipeline.model import fused
+    from pipeline.model.fused import CompiledBlocks
+
+    right = fused.fsmn_memory
+    monkeypatch.setattr(fused, "fsmn_memory", lambda vm, taps, left: right(vm, taps, left) * 1.01)
+    core = tiny_engine.core
+    with torch.inference_mode():
+        x, lens, ban = _inputs(tiny_engine, clips, OPTS)
+        ref = core.forward_eager(x, lens, ban, return_logits=True)
+        core.compiled = CompiledBlocks(compile=False)
+        try:
+            got = core(x, lens, ban, return_logits=True)
+        finally:
+            core.compiled = None
+    finite = ref.isfinite()
+    assert (got - ref)[finite].abs().max().item() > 1e-3
+
+
+def test_compiled_fused_engine_gives_funasr_tokens(tiny_am, clips, tmp_path):
+    """The GPU default, compiled by TorchInductor (here its CPU backend): compiled in the
+    background by idle_step (as the worker does), then a mixed batch and a single clip give
+    funasr's own token ids (fp32); a new shape does not compile again."""
+    engine = SenseVoiceEngine(tiny_am.model, tiny_am.kwargs["tokenizer"],
+                              SenseVoiceEngine.from_automodel(tiny_am, "cpu").frontend, "cpu",
+                              "float32", fused=True, cache_dir=tmp_path)
+    assert engine.has_idle_work and not engine.core.fused
+    deadline = time.monotonic() + 600
+    while engine.idle_step():
+        assert time.monotonic() < deadline and engine.compile_error is None
+        time.sleep(0.2)
+    assert engine.compile_error is None and engine.core.fused and not engine.has_idle_work
+    outs = engine.transcribe([torch.from_numpy(c) for c in clips], OPTS)
+    for wave, opt, out in zip(clips, OPTS, outs):
+        assert list(out.token_ids) == funasr_ids(tiny_am, wave, opt), opt
+    single = engine.transcribe([torch.from_numpy(clips[2])], [OPTS[1]])[0]
+    assert list(single.token_ids) == funasr_ids(tiny_am, clips[2], OPTS[1])
+    with engine.compiled.no_recompile():  # batch and frames are dynamic: a new shape reuses it
+        engine.transcribe([torch.from_numpy(c[:20_000]) for c in clips[:3]], OPTS[:3])

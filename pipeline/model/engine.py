@@ -4,22 +4,34 @@ features (batched fbank + LFR + CMVN on the device) -> per-item query embeddings
 emotion, itn) -> SAN-M encoder with SDPA attention, masks in the compute dtype and precomputed
 positional encodings -> CTC head -> greedy decode on the device. Only token ids cross to the host.
 
-On CUDA the encoder+CTC+argmax core is captured as one CUDA graph per (batch bucket, length bucket)
-at start-up; anything outside the captured buckets, and every CPU run, executes the same code eagerly.
+Two implementations of the encoder+CTC+argmax core share the weights:
+- the eager reference (:class:`EncoderCore`'s own blocks): the arithmetic tested token for token
+  against funasr, and the path on CPU and with ``fused=False``;
+- the fused blocks (:mod:`pipeline.model.fused`): one torch.compile'd SAN-M block for all 70
+  blocks and every shape, its kernels cached on disk; the default on CUDA.
+On CUDA the core is then captured as CUDA graphs per (batch bucket, length bucket), lazily: the
+worker asks for :meth:`SenseVoiceEngine.idle_step` when it has nothing to do, which compiles
+(once, in a background thread) and then captures one wanted bucket at a time, in the worker's own
+thread, so a capture never races the engine's user. Until a bucket exists its shape runs
+uncaptured (compiled, or eager until the compile is done): the engine serves from the first second.
 The weights are funasr's own modules (loaded by ``pipeline.model.loading``), used read-only.
 """
 
 from __future__ import annotations
 
 import logging
+import threading
 import time
+from contextlib import nullcontext
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Sequence
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
+from pipeline.model import fused as fused_mod
 from pipeline.model.features import BatchedFrontend, num_lfr_frames
 from pipeline.domain.types import TranscribeOptions, Word
 
@@ -31,7 +43,8 @@ ITN = {True: 14, False: 15}  # withitn, woitn embed rows
 EVENT_ROW, EMO_ROW = 1, 2
 BLANK_ID = 0
 EMO_UNKNOWN_ID = 25009
-LENGTH_BUCKET = 32  # LFR frames (~1.9 s): captured graphs pad up to a multiple of this
+LENGTH_BUCKET = 16  # LFR frames (~0.96 s): captured graphs pad up to a multiple of this (a 10 s
+# clip's 171 frames pad to 176, 3 % of waste; 32 gave 192, 12 %)
 FRAME_SECONDS = 0.06  # one LFR frame
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
@@ -52,7 +65,8 @@ class EncoderCore(torch.nn.Module):
     """Encoder + CTC head + argmax over a padded batch, written for capture: no host syncs,
     no tensor creation that depends on data, masks in the compute dtype, SDPA attention."""
 
-    def __init__(self, sv_model, dtype: torch.dtype, max_frames: int, fp32_residual: bool = False):
+    def __init__(self, sv_model, dtype: torch.dtype, max_frames: int, fp32_residual: bool = False,
+                 compiled: "fused_mod.CompiledBlocks | None" = None):
         super().__init__()
         self.fp32_residual = fp32_residual and dtype != torch.float32
         enc = sv_model.encoder
@@ -71,6 +85,15 @@ class EncoderCore(torch.nn.Module):
         norms = [n for layer in self.layers + self.tp_layers for n in (layer.norm1, layer.norm2)]
         self._ln_params = {id(n): (n.weight.detach().to(ln_dtype), n.bias.detach().to(ln_dtype))
                            for n in norms + [enc.after_norm, enc.tp_norm]}
+        # the fused path: the same weights as views, one compiled block function for all blocks
+        self.compiled = compiled
+        self.blocks = [fused_mod.block_weights(layer, dtype, ln_dtype) for layer in self.layers]
+        self.tp_blocks = [fused_mod.block_weights(layer, dtype, ln_dtype) for layer in self.tp_layers]
+
+    @property
+    def fused(self) -> bool:
+        """True once the compiled blocks are ready: forward then runs them."""
+        return self.compiled is not None and self.compiled.ready
 
     def _layer(self, layer, x: torch.Tensor, mask: torch.Tensor, key_mask: torch.Tensor) -> torch.Tensor:
         """One SAN-M block. With fp32_residual the residual stream stays fp32 and only the
@@ -106,17 +129,31 @@ class EncoderCore(torch.nn.Module):
         w, b = self._ln_params[id(norm)]
         return F.layer_norm(x, norm.normalized_shape, w, b, norm.eps)
 
-    def forward(self, x: torch.Tensor, lengths: torch.Tensor, ban_emo_unk: torch.Tensor,
-                return_logits: bool = False):
-        """x [B, T, 560] (queries + features, compute dtype); lengths [B] (frames, incl. queries);
-        ban_emo_unk [B] bool. Returns argmax ids [B, T] (int64), or logits if asked."""
+    def _prologue(self, x: torch.Tensor, lengths: torch.Tensor):
         t = x.shape[1]
         valid = torch.arange(t, device=x.device)[None, :] < lengths[:, None]  # [B, T] bool
         mask = valid[:, :, None].to(self.dtype)
         key_mask = valid[:, None, None, :]  # [B, 1, 1, T]: True = attend
         if self.fp32_residual:
             x = x.float()
-        x = x * self.scale + self.pe[:t]
+        return x * self.scale + self.pe[:t], mask, key_mask
+
+    def forward(self, x: torch.Tensor, lengths: torch.Tensor, ban_emo_unk: torch.Tensor,
+                return_logits: bool = False):
+        """x [B, T, 560] (queries + features, compute dtype); lengths [B] (frames, incl. queries);
+        ban_emo_unk [B] bool. Returns argmax ids [B, T] (int64), or logits if asked.
+        Runs the fused blocks once they are ready, else the eager reference."""
+        if self.fused:
+            return self.forward_fused(x, lengths, ban_emo_unk, return_logits)
+        return self.forward_eager(x, lengths, ban_emo_unk, return_logits)
+
+    def forward_fused(self, x, lengths, ban_emo_unk, return_logits: bool = False):
+        x, mask, key_mask = self._prologue(x, lengths)
+        return self._forward_fused(x, mask, key_mask, ban_emo_unk, return_logits)
+
+    def forward_eager(self, x, lengths, ban_emo_unk, return_logits: bool = False):
+        """The reference: funasr's arithmetic, block by block, uncompiled."""
+        x, mask, key_mask = self._prologue(x, lengths)
         for layer in self.layers:
             x = self._layer(layer, x, mask, key_mask)
         x = self._ln(self.enc.after_norm, x)
@@ -129,22 +166,47 @@ class EncoderCore(torch.nn.Module):
             return logits
         return logits.argmax(-1)
 
+    def _forward_fused(self, x, mask, key_mask, ban_emo_unk, return_logits: bool):
+        """The compiled blocks (pipeline.model.fused); batch and frames dynamic."""
+        c = self.compiled
+        c.mark((mask, (0, 1)), (key_mask, (0, 3)), (ban_emo_unk, (0,)))
+        for n, (w, spec) in enumerate(self.blocks + self.tp_blocks):
+            if n == len(self.blocks):
+                x = self._ln(self.enc.after_norm, x)
+            c.mark((x, (0, 1)))
+            x = c.block(x, mask, key_mask, w, spec)
+        ln_w, ln_b = self._ln_params[id(self.enc.tp_norm)]
+        if return_logits:  # fidelity checks: the same head, uncompiled, logits kept
+            h = F.layer_norm(x, self.enc.tp_norm.normalized_shape, ln_w, ln_b, self.enc.tp_norm.eps)
+            logits = self.lo(h.to(self.dtype))
+            logits[:, :, EMO_UNKNOWN_ID] = torch.where(ban_emo_unk[:, None], float("-inf"),
+                                                       logits[:, :, EMO_UNKNOWN_ID])
+            return logits
+        c.mark((x, (0, 1)))
+        return c.head(x, ln_w, ln_b, float(self.enc.tp_norm.eps), self.lo.weight, self.lo.bias,
+                      ban_emo_unk, EMO_UNKNOWN_ID)
+
 
 class _Graph:
-    """One captured forward for a fixed (batch, frames) shape with static input/output buffers."""
+    """One captured forward for a fixed (batch, frames) shape. Its input is a view of the engine's
+    one shared input buffer (graphs never run at the same time: one thread owns the engine)."""
 
-    def __init__(self, core: EncoderCore, batch: int, frames: int, in_dim: int, pool, stream):
-        dev = core.pe.device
-        self.x = torch.zeros(batch, frames, in_dim, device=dev, dtype=core.dtype)
+    def __init__(self, core: EncoderCore, x: torch.Tensor, pool, stream):
+        batch, frames, _ = x.shape
+        dev = x.device
+        self.x = x
         self.lengths = torch.full((batch,), frames, device=dev, dtype=torch.long)
         self.ban = torch.zeros(batch, device=dev, dtype=torch.bool)
+        self.x.zero_()
         stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(stream):
             for _ in range(2):  # warm up kernels and the allocator outside capture
                 core(self.x, self.lengths, self.ban)
         torch.cuda.current_stream().wait_stream(stream)
         self.graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(self.graph, pool=pool, stream=stream):
+        # thread_local: another thread's CUDA work (decoding, speech detection, a live stream's
+        # resampling) during this capture neither breaks it nor is refused
+        with torch.cuda.graph(self.graph, pool=pool, stream=stream, capture_error_mode="thread_local"):
             self.ids = core(self.x, self.lengths, self.ban)
 
     def run(self, x: torch.Tensor, lengths: torch.Tensor, ban: torch.Tensor) -> torch.Tensor:
@@ -160,10 +222,12 @@ class _Graph:
 
 
 class SenseVoiceEngine:
-    """Batched SenseVoiceSmall on one device. Not thread-safe: one worker thread owns it."""
+    """Batched SenseVoiceSmall on one device. Not thread-safe: one worker thread owns it (the
+    background compile, the one exception, runs the fused blocks only on its own inputs)."""
 
     def __init__(self, sv_model, tokenizer, frontend: BatchedFrontend, device: str,
-                 dtype: str = "float16", max_frames: int = 4096, fp32_residual: bool = False):
+                 dtype: str = "float16", max_frames: int = 4096, fp32_residual: bool = False,
+                 fused: bool = False, cache_dir: Path | None = None):
         self.device = torch.device(device)
         if self.device.type == "cuda" and self.device.index is None:
             self.device = torch.device("cuda", torch.cuda.current_device())
@@ -180,7 +244,11 @@ class SenseVoiceEngine:
         model.eval()
         self.model = model
         self.max_frames = max_frames
-        self.core = EncoderCore(model, self.dtype, max_frames, fp32_residual).eval()
+        self.compiled: fused_mod.CompiledBlocks | None = None
+        if fused:
+            fused_mod.configure_cache(cache_dir)
+            self.compiled = fused_mod.CompiledBlocks(compile=True)
+        self.core = EncoderCore(model, self.dtype, max_frames, fp32_residual, self.compiled).eval()
         q_rows = torch.tensor([[lid, EVENT_ROW, EMO_ROW, itn] for lid in range(16) for itn in (14, 15)],
                               device=self.device)
         with torch.inference_mode():
@@ -188,39 +256,133 @@ class SenseVoiceEngine:
         self._graphs: dict[tuple[int, int], _Graph] = {}
         self._graph_batches: list[int] = []
         self._graph_max_frames = 0
+        self._wanted: list[tuple[int, int]] = []  # buckets to capture when idle, first first
+        self._failed: set[tuple[int, int]] = set()  # buckets whose capture failed: never retried
+        self._pool = None
+        self._stream = None
+        self._input: torch.Tensor | None = None  # the graphs' one shared input buffer
+        self._compile_thread: threading.Thread | None = None
+        self.compile_error: BaseException | None = None
         self.startup_seconds: dict[str, float] = {}
 
     # ------------------------------------------------------------------ set-up
     @classmethod
-    def from_automodel(cls, am, device: str, dtype: str = "float16",
-                       fp32_residual: bool = False) -> "SenseVoiceEngine":
+    def from_automodel(cls, am, device: str, dtype: str = "float16", fp32_residual: bool = False,
+                       fused: bool = False, cache_dir: Path | None = None) -> "SenseVoiceEngine":
         frontend = BatchedFrontend(am.kwargs["frontend"].cmvn)
         return cls(am.model, am.kwargs["tokenizer"], frontend, device, dtype,
-                   fp32_residual=fp32_residual)
+                   fp32_residual=fp32_residual, fused=fused, cache_dir=cache_dir)
+
+    @property
+    def in_dim(self) -> int:
+        return int(self._queries.shape[-1])
+
+    def plan_graphs(self, batch_sizes: Sequence[int], max_seconds: float, prefill_batch: int = 8) -> None:
+        """Serve (batch bucket, length bucket) shapes from CUDA graphs, captured lazily by
+        :meth:`idle_step`: every length bucket for batches up to ``prefill_batch`` is queued now,
+        larger batch buckets when a batch first needs one. No GPU work here."""
+        if self.device.type != "cuda" or not batch_sizes:
+            return
+        self._graph_batches = sorted(set(int(b) for b in batch_sizes))
+        self._graph_max_frames = _round_up(num_lfr_frames(int(max_seconds * 16000)) + N_QUERIES,
+                                           LENGTH_BUCKET)
+        self._wanted = [(b, t) for b in self._graph_batches if b <= prefill_batch
+                        for t in range(LENGTH_BUCKET, self._graph_max_frames + 1, LENGTH_BUCKET)]
 
     def capture_graphs(self, batch_sizes: Sequence[int], max_seconds: float) -> float:
-        """Capture one CUDA graph per (batch bucket, length bucket); returns seconds spent."""
+        """Plan and capture every bucket now (benchmarks; the service captures lazily). Seconds."""
         if self.device.type != "cuda":
             return 0.0
         t0 = time.perf_counter()
-        max_frames = _round_up(num_lfr_frames(int(max_seconds * 16000)) + N_QUERIES, LENGTH_BUCKET)
-        pool = torch.cuda.graph_pool_handle()
-        stream = torch.cuda.Stream(self.device)
-        in_dim = self._queries.shape[-1]
-        with torch.inference_mode(), torch.cuda.device(self.device):
-            # capture largest first so the shared pool is sized once
-            for b in sorted(batch_sizes, reverse=True):
-                for t in range(max_frames, 0, -LENGTH_BUCKET):
-                    self._graphs[(b, t)] = _Graph(self.core, b, t, in_dim, pool, stream)
-                logger.info("captured batch %d graphs (%.1f s so far)", b, time.perf_counter() - t0)
-        torch.cuda.synchronize(self.device)
-        self._graph_batches = sorted(batch_sizes)
-        self._graph_max_frames = max_frames
+        self.plan_graphs(batch_sizes, max_seconds, prefill_batch=max(batch_sizes))
+        self.compile()
+        while self._wanted:
+            self.idle_step()
         secs = time.perf_counter() - t0
         self.startup_seconds["graph_capture"] = secs
         logger.info("captured %d CUDA graphs (batches %s, up to %d frames) in %.1f s",
-                    len(self._graphs), self._graph_batches, max_frames, secs)
+                    len(self._graphs), self._graph_batches, self._graph_max_frames, secs)
         return secs
+
+    def compile(self) -> float:
+        """Compile the fused blocks on example shapes (a batch of one and of several, the shortest
+        and the longest bucket), so that no later call compiles; then switch the core to them.
+        Blocking; safe beside the worker's eager batches (inputs of its own). Seconds spent."""
+        c = self.compiled
+        if c is None or c.ready:
+            return 0.0
+        t0 = time.perf_counter()
+        longest = max(self._graph_max_frames, LENGTH_BUCKET)
+        shapes = [(2, LENGTH_BUCKET), (1, LENGTH_BUCKET), (max(self._graph_batches or [2]), longest)]
+        with torch.inference_mode():
+            for b, t in shapes:
+                x = torch.zeros(b, t, self.in_dim, device=self.device, dtype=self.dtype)
+                lengths = torch.full((b,), t, device=self.device, dtype=torch.long)
+                self.core.forward_fused(x, lengths, torch.zeros(b, dtype=torch.bool, device=self.device))
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        c.compile_seconds = time.perf_counter() - t0
+        c.ready = True
+        self.startup_seconds["compile"] = c.compile_seconds
+        logger.info("fused encoder compiled (or loaded from the cache) in %.1f s", c.compile_seconds)
+        return c.compile_seconds
+
+    def _compile_in_background(self) -> None:
+        try:
+            if self.device.type == "cuda":
+                torch.cuda.set_device(self.device)
+            self.compile()
+        except Exception as e:  # the eager reference keeps serving, and its graphs are captured
+            self.compile_error = e
+            self.core.compiled = None
+            self.compiled = None
+            logger.error("compiling the fused encoder failed; serving the eager path: %s", e,
+                         exc_info=True)
+
+    @property
+    def has_idle_work(self) -> bool:
+        """True while a compile or a wanted graph capture is pending (the worker polls faster)."""
+        if self.compiled is not None and not self.compiled.ready:
+            return True
+        return bool(self._wanted)
+
+    def idle_step(self) -> bool:
+        """One short piece of background work, for the owning thread when it has nothing to do:
+        start the compile (in a thread of its own), or capture one wanted graph (~10-100 ms).
+        Returns True while more remains."""
+        c = self.compiled
+        if c is not None and not c.ready:
+            if self._compile_thread is None:
+                self._compile_thread = threading.Thread(target=self._compile_in_background,
+                                                        name="sensevoice-compile", daemon=True)
+                self._compile_thread.start()
+            return True
+        if not self._wanted:
+            return False
+        b, t = self._wanted.pop(0)
+        if (b, t) not in self._graphs:
+            self._capture(b, t)
+        return bool(self._wanted)
+
+    def _capture(self, b: int, t: int) -> None:
+        t0 = time.perf_counter()
+        try:
+            if self._pool is None:
+                self._pool = torch.cuda.graph_pool_handle()
+                self._stream = torch.cuda.Stream(self.device)
+                top = max(self._graph_batches) * self._graph_max_frames * self.in_dim
+                self._input = torch.zeros(top, device=self.device, dtype=self.dtype)
+            x = self._input[: b * t * self.in_dim].view(b, t, self.in_dim)
+            guard = self.compiled.no_recompile() if self.compiled is not None else nullcontext()
+            with torch.inference_mode(), torch.cuda.device(self.device), guard:
+                self._graphs[(b, t)] = _Graph(self.core, x, self._pool, self._stream)
+        except Exception as e:  # that shape keeps running uncaptured
+            self._failed.add((b, t))
+            logger.warning("capturing the CUDA graph for batch %d x %d frames failed: %s", b, t, e)
+            return
+        logger.debug("captured batch %d x %d frames in %.1f ms", b, t, (time.perf_counter() - t0) * 1e3)
+        if not self._wanted:
+            logger.info("CUDA graphs: %d captured", len(self._graphs))
 
     def warmup(self) -> float:
         t0 = time.perf_counter()
@@ -250,12 +412,20 @@ class SenseVoiceEngine:
         return x, lengths, ban
 
     def _pick_graph(self, b: int, t: int) -> _Graph | None:
-        if not self._graphs or t > self._graph_max_frames:
+        """The captured graph for this shape's bucket; a planned bucket not captured yet is
+        wanted first (captured at the next idle moment) and the shape runs uncaptured now."""
+        if not self._graph_batches or t > self._graph_max_frames:
             return None
         bb = next((g for g in self._graph_batches if g >= b), None)
         if bb is None:
             return None
-        return self._graphs.get((bb, _round_up(t, LENGTH_BUCKET)))
+        key = (bb, _round_up(t, LENGTH_BUCKET))
+        graph = self._graphs.get(key)
+        if graph is None and key not in self._failed:
+            if key in self._wanted:
+                self._wanted.remove(key)
+            self._wanted.insert(0, key)
+        return graph
 
     @torch.inference_mode()
     def forward_ids(self, x: torch.Tensor, lengths: torch.Tensor, ban: torch.Tensor) -> torch.Tensor:

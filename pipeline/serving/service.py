@@ -219,7 +219,8 @@ class TranscriptionService:
             raise
 
     def _start_engines(self) -> None:
-        """Load the model once, then one engine (graphs captured, warmed up) and worker per device."""
+        """Load the model once, then one engine (warmed up, eager) and worker per device; each
+        worker compiles the fused encoder and captures its graphs when idle."""
         from pipeline.model.engine import SenseVoiceEngine
         from pipeline.serving.worker import Worker
 
@@ -229,12 +230,14 @@ class TranscriptionService:
         am = load_automodel(self.source.path, self.devices[0])
         self.startup["load_s"] = time.perf_counter() - t0
         for n, dev in enumerate(self.devices):
-            engine = SenseVoiceEngine.from_automodel(am, dev, self.settings.dtype,
-                                                     fp32_residual=self.settings.fp32_residual)
-            if self.settings.cuda_graphs:
+            cuda = dev.startswith("cuda")
+            engine = SenseVoiceEngine.from_automodel(
+                am, dev, self.settings.dtype, fp32_residual=self.settings.fp32_residual,
+                fused=cuda and self.settings.fused_encoder, cache_dir=self.settings.cache_dir)
+            if self.settings.cuda_graphs:  # captured by the worker when idle, after the compile
                 sizes = [int(b) for b in self.settings.graph_batch_sizes.split(",") if b.strip()]
-                engine.capture_graphs(sizes, self.settings.graph_max_seconds)
-            engine.warmup()
+                engine.plan_graphs(sizes, self.settings.graph_max_seconds)
+            engine.warmup()  # eager: the service is ready now; compiled kernels and graphs follow
             self.startup.update({f"{k}_s[{dev}]": v for k, v in engine.startup_seconds.items()})
             self.workers.append(Worker(f"sensevoice-worker-{n}", engine, self.scheduler,
                                        self.store, queue_timeout_s=self.settings.queue_timeout_s,

@@ -27,6 +27,7 @@ from pipeline.serving.scheduler import SAMPLE_RATE, Scheduler, WorkItem
 logger = logging.getLogger("sensevoice.worker")
 
 POLL_S = 0.1  # seconds the loop waits for work before it beats the heartbeat again
+IDLE_POLL_S = 0.005  # the same while the engine has background work (compile, graph captures)
 FATAL_CUDA_MARKERS = ("illegal memory access", "device-side assert", "unspecified launch failure",
                       "an illegal instruction", "misaligned address")
 
@@ -69,9 +70,12 @@ class Worker(threading.Thread):
             self.heartbeat = time.monotonic()
             batch: list[WorkItem] = []
             try:
-                batch = self.scheduler.next_batch(timeout=POLL_S)
+                idle_work = getattr(self.engine, "has_idle_work", False)  # test doubles have none
+                batch = self.scheduler.next_batch(timeout=IDLE_POLL_S if idle_work else POLL_S)
                 if batch:
                     self._run_batch(batch)
+                elif idle_work:  # nothing queued: one short step (a graph capture, ~10-100 ms)
+                    self.engine.idle_step()
             except BrokerUnavailable as e:  # the broker is down: its entries stay pending and
                 logger.warning("%s", e)      # are reclaimed later, never lost; wait and go on
                 self.store.release([i.job_id for i in batch if i.reply is None])

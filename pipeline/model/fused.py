@@ -1,0 +1,190 @@
+"""The fused encoder: one SAN-M block as a pure function of its weights, compiled once.
+
+The eager :class:`~pipeline.model.engine.EncoderCore` runs each block as ~20 separate kernels;
+two thirds of its GPU time was memory-bound work between the GEMMs (bias and residual adds, the
+FSMN depthwise conv and its transposes, casts, LayerNorm). Here the same arithmetic is written so
+that TorchInductor fuses everything between two GEMMs into one kernel:
+
+- LayerNorm + the cast to the compute dtype: one kernel (the statistics in fp32);
+- the FSMN memory as a sum of ``K`` shifted copies of the masked values (no conv, no transposes,
+  no padded copy) + its own residual + the mask: one pointwise kernel, accumulated in fp32;
+- attention output + memory + the block's residual + the next LayerNorm: one kernel;
+- FFN: GEMM, ReLU fused into the second GEMM's input kernel, GEMM, residual add fused with the
+  next block's LayerNorm where the block boundary allows.
+
+The residual stream stays fp32 when asked (the fidelity guarantee), and nothing is cast twice.
+The block takes its weights as arguments, so one compiled graph serves all 50 + 20 blocks and
+every (batch, frames) shape: batch and frames are marked dynamic; a batch of one is its own
+specialisation (PyTorch specialises sizes 0 and 1). Compiled artefacts go to TorchInductor's
+on-disk caches (``cache_dir/inductor``): the compile cost is paid once per machine, model shape
+and torch version, never per start.
+
+:func:`sanm_block` also runs uncompiled: that is how CPU tests check its arithmetic against the
+eager reference block and funasr.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+from pathlib import Path
+from typing import NamedTuple
+
+import torch
+import torch.nn.functional as F
+
+logger = logging.getLogger("sensevoice.engine")
+
+
+class BlockWeights(NamedTuple):
+    """One SAN-M block's tensors (read-only views of funasr's parameters, in the compute dtype;
+    LayerNorm parameters in the residual stream's dtype)."""
+
+    ln1_w: torch.Tensor
+    ln1_b: torch.Tensor
+    qkv_w: torch.Tensor  # [3 D, D_in]
+    qkv_b: torch.Tensor
+    fsmn_w: torch.Tensor  # [D, K]: depthwise taps, column k multiplies frame t + k - left
+    out_w: torch.Tensor  # [D, D]
+    out_b: torch.Tensor
+    ln2_w: torch.Tensor
+    ln2_b: torch.Tensor
+    w1: torch.Tensor  # [FFN, D]
+    b1: torch.Tensor
+    w2: torch.Tensor  # [D, FFN]
+    b2: torch.Tensor
+
+
+class BlockSpec(NamedTuple):
+    """The constants of a block (the compiled graph specialises on them)."""
+
+    heads: int
+    left: int  # FSMN taps before the current frame
+    residual: bool  # x + attention (False for the first block: 560 -> 512)
+    eps: float
+
+
+def block_weights(layer, dtype: torch.dtype, ln_dtype: torch.dtype) -> tuple[BlockWeights, BlockSpec]:
+    """Views of one funasr ``EncoderLayerSANM``'s parameters, cast once."""
+    att, ff = layer.self_attn, layer.feed_forward
+    left, right = att.pad_fn.padding
+    taps = att.fsmn_block.weight  # [D, 1, K]
+    assert taps.shape[-1] == left + right + 1, "FSMN padding must cover the kernel"
+
+    def c(t, dt=dtype):
+        return t.detach().to(dt).contiguous()
+
+    w = BlockWeights(
+        c(layer.norm1.weight, ln_dtype), c(layer.norm1.bias, ln_dtype),
+        c(att.linear_q_k_v.weight), c(att.linear_q_k_v.bias),
+        c(taps[:, 0, :]),
+        c(att.linear_out.weight), c(att.linear_out.bias),
+        c(layer.norm2.weight, ln_dtype), c(layer.norm2.bias, ln_dtype),
+        c(ff.w_1.weight), c(ff.w_1.bias), c(ff.w_2.weight), c(ff.w_2.bias),
+    )  # fmt: skip
+    spec = BlockSpec(att.h, left, layer.in_size == layer.size, float(layer.norm1.eps))
+    return w, spec
+
+
+def fsmn_memory(vm: torch.Tensor, taps: torch.Tensor, left: int) -> torch.Tensor:
+    """Depthwise conv over time with zero padding, as ``K`` shifted multiply-adds:
+    ``out[b, t, d] = sum_k taps[d, k] * vm[b, t + k - left, d]``. Compiled, one kernel."""
+    t, k = vm.shape[1], taps.shape[1]
+    vp = F.pad(vm, (0, 0, left, k - 1 - left))
+    acc = vp[:, 0:t].float() * taps[:, 0].float()
+    for j in range(1, k):
+        acc = acc + vp[:, j:j + t].float() * taps[:, j].float()
+    return acc
+
+
+def sanm_block(x: torch.Tensor, mask: torch.Tensor, key_mask: torch.Tensor, w: BlockWeights,
+               spec: BlockSpec) -> torch.Tensor:
+    """One SAN-M block (pre-norm), the arithmetic of ``EncoderCore._layer``.
+
+    x [B, T, D_in] in the residual stream's dtype; mask [B, T, 1] in the compute dtype (1 = frame);
+    key_mask [B, 1, 1, T] bool (True = attend). Returns [B, T, D] in x's dtype."""
+    dtype = w.qkv_w.dtype
+    b, t, _ = x.shape
+    d = w.out_w.shape[0]
+    h = F.layer_norm(x, (x.shape[-1],), w.ln1_w, w.ln1_b, spec.eps).to(dtype)
+    qkv = F.linear(h, w.qkv_w, w.qkv_b)
+    q, k, v = qkv.split(d, dim=-1)
+    vm = v * mask
+    mem = (fsmn_memory(vm, w.fsmn_w, spec.left) + vm.float()) * mask.float()
+    heads = (b, t, spec.heads, d // spec.heads)
+    o = F.scaled_dot_product_attention(
+        q.view(heads).transpose(1, 2), k.view(heads).transpose(1, 2),
+        v.view(heads).transpose(1, 2), attn_mask=key_mask,
+    )
+    o = F.linear(o.transpose(1, 2).reshape(b, t, d), w.out_w, w.out_b)
+    o = (o.float() + mem).to(x.dtype)
+    x = x + o if spec.residual else o
+    h = F.layer_norm(x, (d,), w.ln2_w, w.ln2_b, spec.eps).to(dtype)
+    y = F.linear(F.relu(F.linear(h, w.w1, w.b1)), w.w2, w.b2)
+    return x + y.to(x.dtype)
+
+
+def head(x: torch.Tensor, ln_w: torch.Tensor, ln_b: torch.Tensor, eps: float, lo_w: torch.Tensor,
+         lo_b: torch.Tensor, ban_emo_unk: torch.Tensor, emo_unknown_id: int) -> torch.Tensor:
+    """Final LayerNorm, CTC projection, the EMO_UNKNOWN ban and the argmax (ids [B, T] int64)."""
+    h = F.layer_norm(x, (x.shape[-1],), ln_w, ln_b, eps).to(lo_w.dtype)
+    logits = F.linear(h, lo_w, lo_b)
+    col = torch.arange(logits.shape[-1], device=logits.device) == emo_unknown_id
+    logits = logits.masked_fill(col & ban_emo_unk[:, None, None], float("-inf"))
+    return logits.argmax(-1)
+
+
+def configure_cache(cache_dir: Path | None) -> None:
+    """Point TorchInductor's on-disk caches (FX graphs, AOT autograd, Triton kernels) at the
+    service's cache directory, unless the operator set ``TORCHINDUCTOR_CACHE_DIR`` already."""
+    if cache_dir is None or os.environ.get("TORCHINDUCTOR_CACHE_DIR"):
+        return
+    path = Path(cache_dir) / "inductor"
+    path.mkdir(parents=True, exist_ok=True, mode=0o700)
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(path)
+    try:  # read when inductor's config is first imported; set it too in case it already was
+        import torch._inductor.config as cfg
+
+        cfg.fx_graph_cache = True
+        cfg.autotune_local_cache = True
+    except Exception:  # pragma: no cover - an older or newer torch without these knobs
+        pass
+    logger.info("compiled kernels cached in %s", path)
+
+
+class CompiledBlocks:
+    """torch.compile'd :func:`sanm_block` and :func:`head`, shared by every block of a model.
+
+    ``ready`` turns true once :meth:`compile` has run each specialisation (batch of one, batch of
+    several; the first block and the others) on example shapes, so later calls never compile -
+    in particular never inside a CUDA-graph capture (:meth:`no_recompile` makes that an error)."""
+
+    def __init__(self, compile: bool = True):
+        """``compile=False`` runs the same functions uncompiled (CPU tests of their arithmetic)."""
+        self.compiles = compile
+        if compile:
+            import torch._dynamo
+
+            torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 16)
+            self.block = torch.compile(sanm_block, fullgraph=True)
+            self.head = torch.compile(head, fullgraph=True)
+        else:
+            self.block, self.head = sanm_block, head
+        self.ready = not compile
+        self.compile_seconds = 0.0
+
+    def mark(self, *tensors_dims: tuple[torch.Tensor, tuple[int, ...]]) -> None:
+        """Batch and frames are dynamic (one graph for every bucket); sizes 0/1 specialise."""
+        if not self.compiles:
+            return
+        for t, dims in tensors_dims:
+            for d in dims:
+                if t.shape[d] > 1:
+                    torch._dynamo.maybe_mark_dynamic(t, d)
+
+    def no_recompile(self):
+        """A context in which a call that would compile raises instead (graph capture)."""
+        if not self.compiles:
+            return contextlib.nullcontext()
+        return torch.compiler.set_stance("fail_on_recompile")

@@ -124,7 +124,12 @@ class Settings(BaseSettings):
     max_batch_seconds: float = Field(
         1200.0, description="Max total padded audio seconds in one batch (bounds GPU memory)."
     )
-    cuda_graphs: bool = Field(True, description="Capture CUDA graphs per (batch, length) bucket.")
+    fused_encoder: bool = Field(
+        True, description="On CUDA, run the compiled fused encoder (pipeline/model/fused.py; its "
+        "kernels compiled once and cached under cache_dir/inductor; eager until compiled); false: "
+        "the eager reference path.")
+    cuda_graphs: bool = Field(True, description="Capture CUDA graphs per (batch, length) bucket, "
+                              "lazily, when the worker is idle.")
     graph_batch_sizes: str = Field("1,2,4,8,16,32,64", description="Batch buckets to capture.")
     graph_max_seconds: float = Field(30.0, description="Longest clip served by captured graphs, s.")
     segment_threshold_s: float = Field(

@@ -76,6 +76,13 @@ class Settings(BaseSettings):
     max_uploads_per_client: int = Field(
         4, ge=0, description="Large uploads one client address may have in flight (0 = no limit); more "
         "get 429 + Retry-After. Behind a reverse proxy every client has the proxy's address.")
+    max_event_streams_per_job: int = Field(
+        2048, ge=0, description="Event streams (GET /api/jobs/{id}/events) one job may have at "
+        "once (0 = no limit); more get 503 event_streams_full. Each job's events are built once "
+        "and shared by its streams.")
+    max_event_streams_per_client: int = Field(
+        64, ge=0, description="Event streams one client address may hold at once, all jobs "
+        "together (0 = no limit); more get 429 too_many_event_streams_from_client.")
     auth_failures_per_client: int = Field(
         20, ge=0, description="Failed sign-ins (401s, failed UI logins, live streams refused for "
         "their token) one client address may make per auth_failure_window_s (0 = no limit); then "

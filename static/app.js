@@ -17,7 +17,8 @@
  *
  * Server push: the page follows a job over GET /api/jobs/{id}/events (Server-Sent Events, read
  * with fetch so that an HTTP error is seen, and resumed when the connection drops): the server
- * sends each state the moment it changes, and the result the moment it is stored. The job id (and,
+ * sends each state the moment it changes, and the result the moment it is stored (a result too
+ * large to push, result_omitted, is fetched once from the job's signed result link). The job id (and,
  * with an API token, its signed exp/sig) goes into the URL (?job=ID&exp=..&sig=..): a reload
  * follows the job again; the browser's recent jobs (localStorage) reopen the same way.
  *
@@ -563,8 +564,35 @@
     state.follow = null;
   }
 
+  // A long recording's result is not pushed with its final event (every follower of the job
+  // would receive it): the event says result_omitted and the page fetches it once, signed link.
+  function fetchOmitted(view) {
+    var url = ownPath(view.links && view.links.result);
+    var id = state.id;
+    stopFollow();
+    if (!url) { failWith('no_answer'); return; }
+    renderState(view);
+    root.fetch(url, { cache: 'no-store', credentials: 'same-origin' }).then(function (resp) {
+      return resp.ok ? resp.json() : null;
+    }).then(function (body) {
+      if (state.id !== id) return;
+      if (!body || !body.result) { failWith('no_answer'); return; }
+      var full = {};
+      Object.keys(view).forEach(function (k) { full[k] = view[k]; });
+      full.result = body.result;
+      full.result_omitted = false;
+      show(full);
+    }, function () {
+      if (state.id === id) failWith('no_answer');
+    });
+  }
+
   function show(view) {
     if (!view) return;
+    if (view.result_omitted && !view.result && String(view.stage) === 'done') {
+      fetchOmitted(view);
+      return;
+    }
     var first = timings.first == null;
     if (first) timings.first = now();
     var stage = String(view.stage || view.status || '');

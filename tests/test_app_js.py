@@ -64,6 +64,7 @@ def _tab(browser):
     pg.errors = []
     pg.on("pageerror", lambda e: pg.errors.append(str(e)))
     pg.streams = {}  # job id -> (status, body) of its events route
+    pg.results = {}  # job id -> the JSON body of its result route (GET .../result)
     pg.hits = []
 
     def serve(route):
@@ -78,6 +79,9 @@ def _tab(browser):
                 {"error": {"code": "job_not_found", "message": "no such job"}})))
             ctype = "text/event-stream" if status == 200 else "application/json"
             return route.fulfill(status=status, body=body, headers={"Content-Type": ctype})
+        if path.startswith("/api/jobs/") and path.endswith("/result") and path.split("/")[3] in pg.results:
+            return route.fulfill(status=200, body=json.dumps(pg.results[path.split("/")[3]]),
+                                 headers={"Content-Type": "application/json"})
         return route.fulfill(status=404, body="", headers={"Content-Type": "text/plain"})
 
     pg.route(f"{HOST}/**", serve)
@@ -94,6 +98,7 @@ def page(_tab):
     _tab.errors.clear()
     _tab.hits.clear()
     _tab.streams.clear()
+    _tab.results.clear()
     yield _tab
     assert _tab.errors == [], _tab.errors
 
@@ -236,6 +241,22 @@ def test_a_job_is_followed_to_its_result(page):
     t = page.evaluate("window.SenseVoiceApp.timings")
     assert t["click"] <= t["accepted"] <= t["first"] <= t["done"] <= t["shown"]
     assert len(t["runs"]) >= 1
+
+
+def test_a_result_left_out_of_the_final_event_is_fetched_once(page):
+    # issue 19: a long recording's result is not pushed to every follower; the page fetches it
+    signed = f"/api/jobs/{JOB_ID}/result?exp=1800086400&sig=abc_-1"
+    omitted = {**DONE, "result": None, "result_omitted": True,
+               "links": {**DONE["links"], "result": signed}}
+    page.streams[JOB_ID] = (200, sse(view("transcribing"), omitted))
+    page.results[JOB_ID] = {"id": JOB_ID, "result": DONE["result"]}
+    app(page, "submitting()")
+    app(page, "accepted(a[0])", json.dumps(view("queued", position=1)))
+    page.wait_for_selector("#sv-result .sv-seg")
+    assert "Done in" in state_text(page)
+    assert page.locator("#sv-result .sv-seg").count() == 1
+    fetched = [h for h in page.hits if "/result" in h]
+    assert fetched == [HOST + signed]
 
 
 def test_nothing_about_speech_while_a_job_runs(page):

@@ -186,6 +186,20 @@ class ClientUploadLimit(Busy):
     code = "too_many_uploads_from_client"
 
 
+class EventStreamsFull(Busy):
+    """A job has the most event streams (GET /api/jobs/{id}/events) one job may have."""
+
+    code = "event_streams_full"
+    retry_after = 5
+
+
+class ClientEventStreamLimit(SenseVoiceError):
+    """This client address holds the most event streams one client may hold."""
+
+    status = 429
+    code = "too_many_event_streams_from_client"
+
+
 class TooManyAuthFailures(SenseVoiceError):
     """This client address failed to sign in too often; it waits until its window ends."""
 

@@ -64,14 +64,15 @@ def add_api(app, settings, service, bodies):
     """The job routes, the UI and the request guards inside the Host/Origin check."""
     from pipeline.web.api import FastPolls, UploadLimit, build_router
     from pipeline.web.auth_throttle import AuthThrottle
-    from pipeline.web.routes.events import build_events_router
+    from pipeline.web.routes.events import build_events_router, event_fanout
     from pipeline.web.routes.openai import build_openai_router
     from pipeline.web.routes.stream import build_stream_router
     from pipeline.web.ui_guard import AccessGuard
 
     app.include_router(build_router(service, bodies))
     app.include_router(build_openai_router(service))  # /v1: OpenAI-compatible
-    app.include_router(build_events_router(service))  # a job's server-sent events, /favicon.ico
+    app.state.event_fanout = event_fanout(settings)  # a job's events, built once, shared
+    app.include_router(build_events_router(service, app.state.event_fanout))  # and /favicon.ico
     app.include_router(build_stream_router(service))  # live captions (WebSocket), FunASR's too
     if settings.ui:
         app = mount_ui(app, settings, service)

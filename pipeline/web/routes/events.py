@@ -27,13 +27,15 @@ from dataclasses import replace
 from pathlib import Path
 
 import orjson
-from fastapi import APIRouter, Depends
+from fastapi import APIRouter, Depends, Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import FileResponse, StreamingResponse
 
 from pipeline.domain.errors import SenseVoiceError
 from pipeline.domain.types import Job, JobState
 from pipeline.web.api import job_json, require_token_or_link
+from pipeline.web.edge import scope_client_key
+from pipeline.web.event_fanout import EventFanout, follow
 from pipeline.web.links import expiry, job_links, link_key, sign
 
 # static/ installed as pipeline/static, or beside the package in a checkout (as ui.py finds it)
@@ -43,6 +45,7 @@ QUEUED_REFRESH_S = 0.5  # a queued job's place changes when other jobs start: re
 BROKER_REFRESH_S = 0.02  # distributed: how often the broker is read (as service.wait does)
 KEEPALIVE_S = 15.0  # a comment line this often keeps proxies from closing a quiet stream
 STREAM_MAX_S = 600.0  # a stream ends after this; the page reconnects (bounded server state)
+EVENT_RESULT_MAX_BYTES = 32 * 1024  # a larger result is fetched once by the page, not pushed
 SEGMENTING = re.compile(r"^segmenting(?: (\d+)%)?$")
 PIECES = re.compile(r"^segment (\d+) of (\d+)$")
 FINAL = (JobState.DONE, JobState.FAILED, JobState.PURGED)
@@ -112,45 +115,93 @@ def sse(event: str, data: dict) -> bytes:
     return b"event: " + event.encode() + b"\ndata: " + orjson.dumps(data) + b"\n\n"
 
 
-async def job_stream(service, job_id: str, first: Job):
-    """The events of one job until it is final (or ``STREAM_MAX_S``)."""
-    deadline = time.monotonic() + STREAM_MAX_S
-    last = None
-    with service.changes.watch(job_id) as watch:
+def job_event(job: Job, service) -> bytes:
+    """The job's ``event: job``, encoded once for all its subscribers. A result whose JSON is over
+    ``EVENT_RESULT_MAX_BYTES`` is left out (``result: null``, ``result_omitted: true``): the page
+    fetches it once from ``links.result`` instead of every subscriber receiving it."""
+    view = live_view(job, service)
+    data = sse("job", view)
+    if len(data) > EVENT_RESULT_MAX_BYTES and view.get("result") is not None:
+        view["result"] = None
+        view["result_omitted"] = True
+        data = sse("job", view)
+    return data
+
+
+async def encode_job_event(job: Job, service) -> bytes:
+    """:func:`job_event` off the event loop when the job has a result (a long recording's is
+    hundreds of kB: building and encoding it is not one short loop step)."""
+    if job.result is None:
+        return job_event(job, service)
+    return await run_in_threadpool(job_event, job, service)
+
+
+def produce_job_events(service, job_id: str, first: Job):
+    """The producer of one job's channel (pipeline/web/event_fanout.py): it reads the job on each
+    change notice (or its refresh interval) and publishes the event when it changed."""
+
+    async def produce(channel) -> None:
+        deadline = time.monotonic() + STREAM_MAX_S
         job = first
-        while True:
-            view = live_view(job, service)
-            if view != last:
-                yield sse("job", view)
-                last = view
-            if job.state in FINAL or time.monotonic() > deadline:
-                return
-            if service.distributed:
-                wait = BROKER_REFRESH_S
-            elif job.state is JobState.QUEUED or service.state != "ready":
-                wait = QUEUED_REFRESH_S
-            else:
-                wait = KEEPALIVE_S
-            if not await watch.wait(wait) and wait == KEEPALIVE_S:
-                yield b": keep-alive\n\n"
-            watch.clear()
-            try:
-                job = await read_job(service, job_id)
-            except SenseVoiceError as e:  # purged while watched
-                yield sse("error", {"error": {"code": e.code, "message": e.message}})
-                return
+        with service.changes.watch(job_id) as watch:
+            while time.monotonic() < deadline:
+                if service.distributed:
+                    wait = BROKER_REFRESH_S
+                elif job.state is JobState.QUEUED or service.state != "ready":
+                    wait = QUEUED_REFRESH_S
+                else:
+                    wait = KEEPALIVE_S
+                await watch.wait(min(wait, max(0.0, channel.last_sent + KEEPALIVE_S - time.monotonic())))
+                watch.clear()
+                if time.monotonic() - channel.last_sent >= KEEPALIVE_S:
+                    channel.tick()
+                try:
+                    job = await read_job(service, job_id)
+                except SenseVoiceError as e:  # purged while watched
+                    channel.publish(sse("error", {"error": {"code": e.code, "message": e.message}}),
+                                    final=True)
+                    return
+                data = await encode_job_event(job, service)
+                if data != channel.latest.data:
+                    channel.publish(data, final=job.state in FINAL)
+                if job.state in FINAL:
+                    return
+
+    return produce
 
 
-def build_events_router(service) -> APIRouter:
+async def job_stream(fanout: EventFanout, channel, client: str | None):
+    """One subscriber's bytes; its place in the channel is given back however the stream ends."""
+    try:
+        async for chunk in follow(channel, time.monotonic() + STREAM_MAX_S):
+            yield chunk
+    finally:
+        fanout.leave(channel, client)
+
+
+def event_fanout(settings) -> EventFanout:
+    return EventFanout(settings.max_event_streams_per_job, settings.max_event_streams_per_client)
+
+
+def build_events_router(service, fanout: EventFanout) -> APIRouter:
     router = APIRouter()
     auth_or_link = [Depends(require_token_or_link(service.settings.api_token))]
 
     @router.get("/api/jobs/{job_id}/events", dependencies=auth_or_link)
-    async def job_events(job_id: str):
+    async def job_events(job_id: str, request: Request):
         """Server-Sent Events of one job (``event: job``, data = the job JSON with ``stage``)
-        until it is done or failed. 404 / 410 (JSON) for an unknown or purged job."""
-        job = await read_job(service, job_id)  # unknown / purged: the JSON error, not a stream
-        return StreamingResponse(job_stream(service, job_id, job), media_type="text/event-stream",
+        until it is done or failed. 404 / 410 (JSON) for an unknown or purged job; 503
+        event_streams_full / 429 too_many_event_streams_from_client beyond the limits."""
+        client = scope_client_key(request.scope)
+        channel = fanout.channels.get(job_id)
+        if channel is None:  # the first subscriber builds the first event (unknown / purged: JSON)
+            job = await read_job(service, job_id)
+            first = await encode_job_event(job, service)
+            channel = fanout.join(job_id, client, first, job.state in FINAL,
+                                  produce_job_events(service, job_id, job))
+        else:
+            channel = fanout.join(job_id, client, b"", False, produce_job_events(service, job_id, None))
+        return StreamingResponse(job_stream(fanout, channel, client), media_type="text/event-stream",
                                  headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no",
                                           "X-Content-Type-Options": "nosniff"})
 

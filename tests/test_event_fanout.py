@@ -1,0 +1,301 @@
+"""A job's server-sent events shared by its subscribers (pipeline/web/event_fanout.py, issue 19 row 1):
+events built and encoded once per change, a large result left out of the final event, subscribers
+bounded per job and per client address, and a flood of subscribers that never read costs the
+server no event-loop stall."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import subprocess
+import sys
+import threading
+import time
+import wave
+from dataclasses import replace
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pytest
+
+from pipeline.domain.errors import ClientEventStreamLimit, EventStreamsFull
+from pipeline.domain.types import Job, JobState, Lane, Segment, TranscribeOptions, Transcript
+from pipeline.web.event_fanout import KEEPALIVE, WAKE_BATCH, EventFanout, follow
+from pipeline.web.routes.events import EVENT_RESULT_MAX_BYTES, job_event
+from tests.conftest import LiveServer, make_settings
+from tests.test_events import read_events
+
+
+# ---------------------------------------------------------------------------- the channel
+
+
+async def _idle(channel) -> None:
+    await asyncio.sleep(3600)
+
+
+def test_subscribers_are_bounded_per_job_and_per_client():
+    async def main():
+        fanout = EventFanout(per_job=3, per_client=2)
+        a1 = fanout.join("job", "10.0.0.1", b"first", False, _idle)
+        fanout.join("job", "10.0.0.1", b"", False, _idle)
+        with pytest.raises(ClientEventStreamLimit) as e:  # a third stream from one address
+            fanout.join("other", "10.0.0.1", b"", False, _idle)
+        assert e.value.status == 429 and e.value.code == "too_many_event_streams_from_client"
+        fanout.join("job", "10.0.0.2", b"", False, _idle)
+        with pytest.raises(EventStreamsFull) as e:  # a fourth stream of one job
+            fanout.join("job", "10.0.0.3", b"", False, _idle)
+        assert e.value.status == 503 and e.value.code == "event_streams_full"
+        assert fanout.subscribers() == 3 and a1.latest.data == b"first"
+        task = a1.task
+        for _ in range(3):
+            fanout.leave(a1, None)
+        fanout.by_client.clear()
+        await asyncio.sleep(0)
+        assert fanout.channels == {} and task.cancelled()  # the producer stops with the last one
+
+    asyncio.run(main())
+
+
+def test_a_subscriber_that_is_behind_gets_only_the_latest_event_and_the_bytes_are_shared():
+    async def main():
+        fanout = EventFanout(0, 0)
+        release = asyncio.Event()
+
+        async def producer(channel):
+            await release.wait()
+            for k in range(1, 50):
+                channel.publish(b"event %d" % k)
+            channel.publish(b"final", final=True)
+
+        channel = fanout.join("job", None, b"event 0", False, producer)
+        fast, slow = [], []
+
+        async def read(out, stall):
+            async for chunk in follow(channel, time.monotonic() + 30):
+                out.append(chunk)
+                if stall and len(out) == 1:
+                    await release.wait()
+                    await asyncio.sleep(0.05)  # its "send" blocks while 50 events are published
+
+        tasks = [asyncio.create_task(read(fast, False)), asyncio.create_task(read(slow, True))]
+        await asyncio.sleep(0.01)
+        release.set()
+        await asyncio.wait_for(asyncio.gather(*tasks), 10)
+        assert slow == [b"event 0", b"final"]  # nothing queued for it: the latest only
+        assert fast[0] == b"event 0" and fast[-1] == b"final"
+        assert channel.latest.data is slow[-1]  # one bytes object for every subscriber
+
+    asyncio.run(main())
+
+
+def test_keep_alives_are_the_channels_ticks_and_the_deadline_is_checked_at_each():
+    async def main():
+        fanout = EventFanout(0, 0)
+        channel = fanout.join("job", None, b"first", False, _idle)
+        got = []
+
+        async def read():
+            async for chunk in follow(channel, time.monotonic() + 0.3):
+                got.append(chunk)
+
+        task = asyncio.create_task(read())
+        for _ in range(3):
+            await asyncio.sleep(0.05)
+            channel.tick()
+        await asyncio.sleep(0.3)
+        channel.tick()  # past its deadline: the stream ends at this tick
+        await asyncio.wait_for(task, 5)
+        assert got == [b"first", KEEPALIVE, KEEPALIVE, KEEPALIVE, KEEPALIVE]
+
+    asyncio.run(main())
+
+
+def test_many_waiting_subscribers_are_woken_a_batch_per_loop_iteration():
+    async def main():
+        fanout = EventFanout(0, 0)
+        channel = fanout.join("job", None, b"first", False, _idle)
+        iterations: list[int] = []
+        n = 20 * WAKE_BATCH
+
+        async def read():
+            async for chunk in follow(channel, time.monotonic() + 30):
+                if chunk == b"final":
+                    iterations.append(loop_iterations[0])
+
+        loop_iterations = [0]
+
+        async def count_iterations():
+            while len(iterations) < n:
+                loop_iterations[0] += 1
+                await asyncio.sleep(0)
+
+        readers = [asyncio.create_task(read()) for _ in range(n)]
+        await asyncio.sleep(0.05)
+        counter = asyncio.create_task(count_iterations())
+        channel.publish(b"final", final=True)
+        await asyncio.wait_for(asyncio.gather(*readers, counter), 10)
+        per_iteration = max(iterations.count(k) for k in set(iterations))
+        assert per_iteration <= WAKE_BATCH  # (one Event woke all 640 in one iteration)
+
+    asyncio.run(main())
+
+
+class _Service:
+    class settings:  # noqa: N801 (a settings stand-in)
+        api_token = "tok"
+        retention_hours = 24.0
+
+    state = "ready"
+
+
+def test_a_large_result_is_left_out_of_the_event_and_a_small_one_kept():
+    seg = Segment(language="en", emotion="NEUTRAL", events=("Speech",), itn="withitn",
+                  text="word " * 40, start=0.0, end=5.0)
+    base = Job(id="j1", state=JobState.DONE, options=TranscribeOptions(), lane=Lane.BULK,
+               created_at=time.time(), audio_seconds=5.0, finished_at=time.time())
+    small = replace(base, result=Transcript(text="hi", raw_text="hi", segments=(seg,)))
+    big = replace(base, result=Transcript(text="x", raw_text="x", segments=(seg,) * 2000))
+    data = job_event(small, _Service)
+    assert b'"result":{' in data and b"result_omitted" not in data
+    data = job_event(big, _Service)
+    assert len(data) < EVENT_RESULT_MAX_BYTES
+    assert b'"result":null' in data and b'"result_omitted":true' in data
+    assert b'/api/jobs/j1/result?exp=' in data  # the signed link the page fetches it from
+
+
+# ---------------------------------------------------------------------------- the flood
+
+
+@pytest.fixture(scope="module")
+def long_recording(speech_clip, tmp_path_factory) -> Path:
+    """20 minutes of the speech clip with 0.8 s pauses (~250 pieces; with word timestamps its
+    result is ~200 kB, the size class of the report's 136-min recording)."""
+    with wave.open(str(speech_clip)) as w:
+        rate = w.getframerate()
+        speech = np.frombuffer(w.readframes(w.getnframes()), dtype=np.int16)
+    unit = np.concatenate([speech, np.zeros(int(0.8 * rate), np.int16)])
+    total = 20 * 60 * rate
+    audio = np.tile(unit, total // len(unit) + 1)[:total]
+    dst = tmp_path_factory.mktemp("fanout") / "twenty_minutes.wav"
+    with wave.open(str(dst), "wb") as w:
+        w.setnchannels(1)
+        w.setsampwidth(2)
+        w.setframerate(rate)
+        w.writeframes(audio.tobytes())
+    return dst
+
+
+def _subscribe(url_host: str, port: int, path: str, source: str) -> socket.socket:
+    """A subscriber that sends its request and never reads (a small receive buffer: it fills)."""
+    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    s.bind((source, 0))
+    s.settimeout(10)
+    s.connect((url_host, port))
+    s.sendall(f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nAccept: text/event-stream\r\n\r\n".encode())
+    return s
+
+
+PROBE = """
+import sys, time, httpx
+lat = []
+with httpx.Client(timeout=30) as c:
+    while True:
+        t0 = time.perf_counter()
+        c.get(sys.argv[1] + "/healthz").raise_for_status()
+        lat.append(time.perf_counter() - t0)
+        if len(lat) % 10 == 0:
+            print(*lat[-10:], flush=True)
+        time.sleep(0.02)
+"""
+
+
+def _probe(url: str, stop: threading.Event, out: list[float]) -> None:
+    """/healthz every 20 ms from another process (a probe in this process would share the
+    server's GIL: a stall while it sleeps would not be timed)."""
+    proc = subprocess.Popen([sys.executable, "-c", PROBE, url], stdout=subprocess.PIPE, text=True)
+    try:
+        for line in proc.stdout:
+            out.extend(float(v) for v in line.split())
+            if stop.is_set():
+                break
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+async def _loop_lag(stop: threading.Event, out: list[float], period: float = 0.005) -> None:
+    """On the server's loop: how late each 5 ms sleep wakes (the longest step in between)."""
+    while not stop.is_set():
+        t0 = time.perf_counter()
+        await asyncio.sleep(period)
+        out.append(time.perf_counter() - t0 - period)
+
+
+def _pct(values: list[float], q: float) -> float:
+    values = sorted(values)
+    return values[int(q * (len(values) - 1))]
+
+
+SOURCES = [f"127.0.1.{k}" for k in range(1, 21)]  # 20 client addresses
+PER_SOURCE = 60  # 1,200 subscribers, each address under the per-client limit (64)
+
+
+def test_1200_subscribers_that_never_read_cost_no_stall_on_a_long_job(demo_dir, tmp_path,
+                                                                      long_recording):
+    server = LiveServer(make_settings(demo_dir, tmp_path / "data")).start()
+    socks: list[socket.socket] = []
+    stop = threading.Event()
+    latencies: list[float] = []
+    try:
+        with open(long_recording, "rb") as f:
+            r = httpx.post(server.url + "/api/jobs", files={"file": ("long.wav", f)},
+                           data={"word_timestamps": "true"}, timeout=120)
+        assert r.status_code == 202, r.text
+        job_id = r.json()["id"]
+        path = f"/api/jobs/{job_id}/events"
+        port = server.settings.port
+        for k in range(PER_SOURCE):
+            for source in SOURCES:
+                socks.append(_subscribe("127.0.0.1", port, path, source))
+        fanout = server.app.state.event_fanout
+        deadline = time.monotonic() + 60
+        while fanout.subscribers() < len(socks) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert fanout.subscribers() == len(socks) == 1200
+        # the 61st..64th stream of one address still pass; its 65th is refused with a name
+        socks += [_subscribe("127.0.0.1", port, path, SOURCES[0]) for _ in range(4)]
+        while fanout.subscribers() < len(socks) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert fanout.subscribers() == 1204
+        over = _subscribe("127.0.0.1", port, path, SOURCES[0])
+        socks.append(over)
+        head = over.recv(65536)
+        assert head.startswith(b"HTTP/1.1 429 ") and b"too_many_event_streams_from_client" in head
+        probe = threading.Thread(target=_probe, args=(server.url, stop, latencies), daemon=True)
+        probe.start()
+        lags: list[float] = []
+        loop = server.server.servers[0].get_loop()
+        asyncio.run_coroutine_threadsafe(_loop_lag(stop, lags), loop)
+        events = read_events(server, job_id, timeout=600)  # one reading subscriber, to the end
+        time.sleep(3.0)  # the final event's fan-out to the 1,204 others, and after
+        stop.set()
+        probe.join(30)
+        final = events[-1][1]
+        assert final["stage"] == "done" and final["result"] is None and final["result_omitted"]
+        result = httpx.get(server.url + final["links"]["result"], timeout=30)
+        assert result.status_code == 200 and len(result.json()["result"]["segments"]) > 100
+        assert len(result.content) > 4 * EVENT_RESULT_MAX_BYTES  # a result worth leaving out
+        assert httpx.get(server.url + "/readyz", timeout=10).status_code == 200  # still up
+        p99 = _pct(latencies, 0.99)
+        print(f"healthz n={len(latencies)} p50={_pct(latencies, 0.5) * 1000:.1f} ms "
+              f"p99={p99 * 1000:.1f} ms max={max(latencies) * 1000:.1f} ms; loop lag "
+              f"p99={_pct(lags, 0.99) * 1000:.1f} ms max={max(lags) * 1000:.1f} ms")
+        assert len(latencies) > 50
+        assert p99 < 0.100, f"healthz p99 {p99 * 1000:.0f} ms with 1,200 subscribers"
+    finally:
+        stop.set()
+        for s in socks:
+            s.close()
+        server.stop()

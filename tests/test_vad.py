@@ -219,6 +219,80 @@ def test_lanes_agree_with_one_pass(segmenter, phrases, monkeypatch):
         assert abs(a.start - b.start) <= 0.1 * SR and abs(a.end - b.end) <= 0.1 * SR
 
 
+def test_silero_net_equals_the_torchscript_model():
+    """pipeline.audio.silero_net (the GPU path's network) == silero's TorchScript core on the same
+    windows and states, step after step."""
+    from pipeline.audio.silero_net import SileroNet
+    from pipeline.audio.vad import _load_net
+
+    jit = _load_net()
+    net = SileroNet(jit)
+    gen = torch.Generator().manual_seed(3)
+    state = torch.zeros(2, 33, 128)
+    mine = state.clone()
+    with torch.inference_mode():
+        for _ in range(5):
+            x = 0.3 * torch.randn(33, 576, generator=gen)
+            p, state = jit(x, state)
+            q, mine = net(x, mine)
+            torch.testing.assert_close(q, p, atol=1e-6, rtol=0)
+            torch.testing.assert_close(mine, state, atol=1e-6, rtol=0)
+
+
+def _speech_with_pauses(phrases, n: int = 70, seed: int = 5) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    parts = [
+        part
+        for i in range(n)
+        for part in (("speech", phrases[i % 4]), ("gap", silence(rng.uniform(0.2, 2.5))))
+    ]
+    return assemble(parts)[0]
+
+
+def _assert_same_segmentation(seg: Segmenter, x: np.ndarray, probs_a, probs_b) -> None:
+    """Speech regions: the same count, every edge within 0.1 s. Spans: the same audio covered
+    to within 1 % (a 32 ms edge shift may tip two spans 0.5 s apart over the merge rule)."""
+    ra, rb = seg._regions(probs_a, len(x)), seg._regions(probs_b, len(x))
+    assert len(ra) == len(rb) > 20
+    for (a0, a1), (b0, b1) in zip(ra, rb, strict=True):
+        assert abs(a0 - b0) <= 0.1 * SR and abs(a1 - b1) <= 0.1 * SR
+
+    def covered(spans):
+        mask = np.zeros(len(x), dtype=bool)
+        for sp in spans:
+            mask[sp.start:sp.end] = True
+        return mask
+
+    ca, cb = covered(seg.spans_from_probs(x, probs_a)), covered(seg.spans_from_probs(x, probs_b))
+    assert (ca ^ cb).sum() <= 0.01 * cb.sum()
+
+
+def test_gpu_lane_layout_agrees_with_cpu_lanes(segmenter, phrases):
+    """The GPU path's scoring (many short lanes, scores kept on the device, one transfer), run
+    here on the CPU, finds the CPU path's speech on espeak-ng speech with pauses."""
+    from pipeline.audio import vad
+    from pipeline.audio.silero_net import SileroNet
+
+    x = _speech_with_pauses(phrases)
+    lanes, _, _ = vad.lane_plan(len(x) // vad.WINDOW, vad.MAX_LANES_GPU, vad.MIN_LANE_S_GPU)
+    assert lanes >= 30  # far more lanes, so far more lane starts, than the CPU path's
+    net = SileroNet(vad._load_net())
+    probs = vad._score_on_device(net, torch.from_numpy(x), None)
+    _assert_same_segmentation(segmenter, x, probs, segmenter.speech_probs(x))
+
+
+@pytest.mark.requires_cuda
+def test_gpu_segmentation_agrees_with_cpu(segmenter, phrases):
+    """On a GPU: Segmenter(device="cuda") finds the CPU segmenter's speech."""
+    x = _speech_with_pauses(phrases)
+    gpu = Segmenter(device="cuda").load()
+    try:
+        _assert_same_segmentation(segmenter, x, gpu.speech_probs(x), segmenter.speech_probs(x))
+        assert gpu.split(x)  # the whole path, wave on the device and back
+    finally:
+        gpu.close()
+
+
 def test_progress_increases_and_ends_at_one(segmenter, phrases):
     x, _ = assemble([("speech", p) for p in phrases * 10] + [("gap", silence(5.0))])
     calls: list[float] = []

@@ -18,6 +18,12 @@ into spans before recognition. Three steps:
    Memory stays bounded: the wave is read through strided views, never copied; per call only
    ``lanes x 576`` samples are gathered; one float32 score per window is kept (450 KB per hour).
 
+   On a GPU (``Segmenter(device="cuda")``) the same lanes run through silero's network re-stated
+   in PyTorch (:mod:`pipeline.audio.silero_net`, bit-identical to the TorchScript model on CPU)
+   with up to :data:`MAX_LANES_GPU` lanes of at least :data:`MIN_LANE_S_GPU` each: an hour is
+   ~250 steps of 512 windows instead of ~1,800 steps of 64. The wave goes to the device once,
+   every score stays there, and one transfer brings them back.
+
    Scoring runs on one thread owned by the :class:`Segmenter` with one torch intra-op thread:
    the model's ops are too small to gain from more (2 ms per 64-lane step either way on 2 cores),
    and with 2 threads on a busy CPU (another process, the service's other work) OpenMP's barriers
@@ -64,6 +70,8 @@ STATE_SIZE = 128  # silero LSTM width; its state tensor is (2, batch, STATE_SIZE
 MIN_SPEECH_MS = 250  # ms, shorter speech regions are dropped (silero's default)
 MAX_LANES = 64  # lanes scored in one batched model call
 MIN_LANE_S = 30.0  # s, audio per lane at least (short audio runs in fewer lanes)
+MAX_LANES_GPU = 512  # the same on a GPU, where a step of 512 costs what a step of 64 does
+MIN_LANE_S_GPU = 6.0  # s, audio per lane at least on a GPU
 LANE_WARMUP_MS = 1000  # ms, audio replayed before each lane's own part, scores discarded
 SPLIT_WINDOW = (0.6, 1.0)  # fraction of max_segment_s where a long region may be cut
 FRAME = 400  # samples, 25 ms energy frame for choosing a cut
@@ -105,8 +113,9 @@ def _torch_threads_kept():
         torch.set_num_threads(before)
 
 
-def _load_net() -> Any:
-    """The stateless core of silero's JIT model: ``net(x[B, 576], state[2, B, 128]) -> (p, state)``.
+def _load_net(device: torch.device | None = None) -> Any:
+    """The stateless core of silero's JIT model: ``net(x[B, 576], state[2, B, 128]) -> (p, state)``;
+    on a CUDA ``device``, the same network re-stated in PyTorch and moved there.
 
     silero's wrapper (``model(x, sr)``) keeps state and context inside itself and adds the
     context itself; its ``_model`` takes both as arguments, so lanes can be batched.
@@ -123,7 +132,39 @@ def _load_net() -> Any:
             "silero-vad's JIT model has no '_model' submodule; pipeline/audio/vad.py was written "
             "against silero-vad 6.2.3 (see requirements.txt)"
         )
+    if device is not None and device.type == "cuda":
+        from pipeline.audio.silero_net import SileroNet
+
+        return SileroNet(net).to(device).eval()
     return net
+
+
+def _as_device_wave(wave: torch.Tensor | np.ndarray, device: torch.device) -> torch.Tensor:
+    """A 1-D float32 tensor on ``device`` (int16 scaled to [-1, 1))."""
+    if isinstance(wave, np.ndarray):
+        wave = torch.from_numpy(np.ascontiguousarray(wave))
+    if not isinstance(wave, torch.Tensor):
+        raise TypeError(f"wave must be a torch.Tensor or numpy array, not {type(wave).__name__}")
+    t = wave.detach().to(device, non_blocking=False)
+    if t.dtype == torch.int16:
+        t = t.float() / 32768.0
+    elif not t.is_floating_point():
+        raise TypeError(f"wave must be float or int16 samples, not {t.dtype}")
+    t = t.float()
+    if t.dim() == 2 and t.shape[0] == 1:
+        t = t[0]
+    if t.dim() != 1:
+        raise ValueError(f"wave must be mono (1-D), got shape {tuple(t.shape)}")
+    return t
+
+
+def lane_plan(nw: int, max_lanes: int, min_lane_s: float) -> tuple[int, int, int]:
+    """(lanes, windows each lane reports, windows replayed before each lane's part)."""
+    min_lane = int(min_lane_s * SAMPLE_RATE) // WINDOW
+    lanes = max(1, min(max_lanes, nw // max(min_lane, 1)))
+    own = math.ceil(nw / lanes)
+    warm = LANE_WARMUP_MS * SAMPLE_RATE // 1000 // WINDOW
+    return lanes, own, warm
 
 
 def _as_wave(wave: torch.Tensor | np.ndarray) -> torch.Tensor:
@@ -210,6 +251,7 @@ class Segmenter:
         speech_pad_ms: int = 100,
         threshold: float = 0.5,
         merge_gap_ms: int = 500,
+        device: str = "cpu",
     ):
         """
         Args:
@@ -222,6 +264,8 @@ class Segmenter:
             merge_gap_ms: neighbouring regions at most this far apart (after padding) are merged
                 into one span while it stays within ``max_segment_s``; larger gaps always separate
                 spans. 0 merges only touching regions.
+            device: where silero scores: "cpu" (TorchScript, 64 lanes) or a CUDA device
+                (:mod:`pipeline.audio.silero_net`, up to 512 lanes, scores kept on the device).
         """
         if not max_segment_s >= 1.0:
             raise ValueError(f"max_segment_s must be at least 1 s, got {max_segment_s}")
@@ -234,6 +278,7 @@ class Segmenter:
         self.speech_pad_ms = int(speech_pad_ms)
         self.threshold = float(threshold)
         self.merge_gap_ms = int(merge_gap_ms)
+        self.device = torch.device(device)
         self._net: Any = None
         self._executor: ThreadPoolExecutor | None = None
         self._lock = threading.Lock()
@@ -262,7 +307,7 @@ class Segmenter:
                     )
                     try:
                         if self._net is None:
-                            self._net = executor.submit(_load_net).result()
+                            self._net = executor.submit(_load_net, self.device).result()
                     except BaseException:
                         executor.shutdown(wait=False)
                         raise
@@ -293,10 +338,7 @@ class Segmenter:
         probs = self.speech_probs(x, lambda f: report(f * SCORING_SHARE))
         t1 = time.perf_counter()
         samples = x.numpy()
-        regions = self._regions(probs, len(samples))
-        max_len = round(self.max_segment_s * SAMPLE_RATE)
-        pieces = [p for r in regions for p in _split_long(samples, r, max_len)]
-        spans = _merge(pieces, max_len, self.merge_gap_ms * SAMPLE_RATE // 1000)
+        spans = self.spans_from_probs(samples, probs)
         report(1.0)
         logger.debug(
             "vad: %.1f s of audio -> %d spans; scoring %.2f s, spans %.2f s",
@@ -308,8 +350,18 @@ class Segmenter:
         self, wave: torch.Tensor | np.ndarray, on_progress: Callable[[float], None] | None = None
     ) -> np.ndarray:
         """silero's speech probability per 512-sample window (last window zero-padded), float32."""
+        if self.device.type == "cuda":
+            x = _as_device_wave(wave, self.device)
+            return self._scorer().submit(_score_on_device, self._net, x, on_progress).result()
         x = _as_wave(wave)
         return self._scorer().submit(_score, self._net, x, on_progress).result()
+
+    def spans_from_probs(self, samples: np.ndarray, probs: np.ndarray) -> list[Span]:
+        """Steps 2 and 3 of the module docstring: regions from the scores, cut and merged."""
+        regions = self._regions(probs, len(samples))
+        max_len = round(self.max_segment_s * SAMPLE_RATE)
+        pieces = [p for r in regions for p in _split_long(samples, r, max_len)]
+        return _merge(pieces, max_len, self.merge_gap_ms * SAMPLE_RATE // 1000)
 
     # -- steps ----------------------------------------------------------------------------------
 
@@ -351,10 +403,7 @@ def _score(net: Any, x: torch.Tensor, on_progress: Callable[[float], None] | Non
     probs = np.zeros(nw, dtype=np.float32)
     if nw == 0:
         return probs
-    min_lane = int(MIN_LANE_S * SAMPLE_RATE) // WINDOW
-    lanes = max(1, min(MAX_LANES, nw // min_lane))
-    own = math.ceil(nw / lanes)  # windows each lane reports
-    warm = LANE_WARMUP_MS * SAMPLE_RATE // 1000 // WINDOW  # windows replayed, not reported
+    lanes, own, warm = lane_plan(nw, MAX_LANES, MIN_LANE_S)  # warm: windows replayed, not reported
     first = torch.arange(lanes, dtype=torch.int64) * own  # first reported window per lane
     start = (first - warm).clamp(min=0)
     stop = (first + own).clamp(max=nw)
@@ -373,6 +422,42 @@ def _score(net: Any, x: torch.Tensor, on_progress: Callable[[float], None] | Non
                 probs[idx[keep].numpy()] = out[keep, 0].numpy()
             if on_progress is not None and ((s + 1) % every == 0 or s + 1 == steps):
                 on_progress((s + 1) / steps)
+    return probs
+
+
+def _score_on_device(net: Any, x: torch.Tensor, on_progress: Callable[[float], None] | None,
+                     max_lanes: int = MAX_LANES_GPU, min_lane_s: float = MIN_LANE_S_GPU) -> np.ndarray:
+    """:func:`_score` on the wave's device: many lanes, no host sync inside the loop, each step's
+    scores written into a ``[lanes, steps]`` buffer there, one transfer at the end."""
+    dev = x.device
+    nw = math.ceil(x.numel() / WINDOW)
+    probs = np.zeros(nw, dtype=np.float32)
+    if nw == 0:
+        return probs
+    lanes, own, warm = lane_plan(nw, max_lanes, min_lane_s)
+    first = np.arange(lanes, dtype=np.int64) * own
+    start = np.maximum(first - warm, 0)
+    stop = np.minimum(first + own, nw)
+    steps = int((stop - start).max())
+    # window i = wave[512 i - 64 : 512 i + 512], zeros outside: one padded copy, a strided view
+    padded = torch.zeros(CONTEXT + nw * WINDOW + WINDOW, device=dev)
+    padded[CONTEXT:CONTEXT + x.numel()] = x
+    view = padded.as_strided((nw, CONTEXT + WINDOW), (WINDOW, 1))
+    start_d = torch.from_numpy(start).to(dev)
+    state = torch.zeros(2, lanes, STATE_SIZE, device=dev)
+    out = torch.empty(lanes, steps, device=dev)
+    every = max(1, steps // PROGRESS_STEPS)
+    with torch.inference_mode():
+        for s in range(steps):
+            p, state = net(view[(start_d + s).clamp(max=nw - 1)], state)
+            out[:, s] = p[:, 0]
+            if on_progress is not None and ((s + 1) % every == 0 or s + 1 == steps):
+                on_progress((s + 1) / steps)
+        host = out.cpu().numpy()  # the one transfer
+    for lane in range(lanes):
+        a, b = int(first[lane]), int(stop[lane])
+        if b > a:
+            probs[a:b] = host[lane, a - start[lane]: b - start[lane]]
     return probs
 
 

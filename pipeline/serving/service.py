@@ -501,7 +501,10 @@ class TranscriptionService:
 
         with self._segmenter_lock:
             if self._segmenter is None:
-                self._segmenter = Segmenter(max_segment_s=self.settings.max_segment_s).load()
+                # speech detection on this process's first GPU when it has one (512 lanes there)
+                device = self.devices[0] if self.devices[0].startswith("cuda") else "cpu"
+                self._segmenter = Segmenter(max_segment_s=self.settings.max_segment_s,
+                                            device=device).load()
             return self._segmenter
 
     def _pieces(self, job: Job, wave: torch.Tensor) -> list[WorkItem]:

@@ -136,7 +136,7 @@ def main(argv=None) -> int:
         rest = [a for a in (sys.argv[1:] if argv is None else argv) if a != "--supervise"]
         return supervise([sys.executable, __file__, *rest])
     from pipeline.config import Settings
-    from pipeline.web.edge import http_protocol, websocket_limits
+    from pipeline.web.edge import uvicorn_options
     from pipeline.domain.errors import ModelUnavailable
     from pipeline.serving.runtime import build_runtime
 
@@ -172,9 +172,10 @@ def main(argv=None) -> int:
     # uvloop + httptools (requirements) rather than asyncio + h11: polls stay cheap under load
     # and the edge guards (pipeline/web/edge.py): a header deadline, a header size cap, connection
     # counts per client and in all, on top of uvicorn's httptools protocol
+    # counts per client and in all, on top of uvicorn's httptools protocol; X-Forwarded-For only
+    # from SENSEVOICE_TRUSTED_PROXIES
     uvicorn.run(app, host=settings.host, port=settings.port, log_level="info", loop="uvloop",
-                http=http_protocol(settings), access_log=settings.access_log,
-                **websocket_limits(settings))
+                access_log=settings.access_log, **uvicorn_options(settings))
     return 0
 
 

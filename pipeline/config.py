@@ -5,7 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field
+import ipaddress
+
+from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 DEFAULT_MODEL = "iic/SenseVoiceSmall"
@@ -75,7 +77,14 @@ class Settings(BaseSettings):
     body_grace_s: float = Field(10.0, ge=0, description="Seconds before the minimum body rate applies.")
     max_uploads_per_client: int = Field(
         4, ge=0, description="Large uploads one client address may have in flight (0 = no limit); more "
-        "get 429 + Retry-After. Behind a reverse proxy every client has the proxy's address.")
+        "get 429 + Retry-After. Behind a reverse proxy every client has the proxy's address unless "
+        "trusted_proxies names it.")
+    trusted_proxies: str = Field(
+        "", description="Comma-separated addresses or networks (CIDR) of the reverse proxies in "
+        "front of this server. Only a connection from one of them may set the client's address "
+        "(X-Forwarded-For) and scheme (X-Forwarded-Proto), which the per-client limits and the "
+        "sign-in throttle count by; empty (the default) trusts no one, loopback included. Name "
+        "the proxy itself, never '*'.")
     max_event_streams_per_job: int = Field(
         2048, ge=0, description="Event streams (GET /api/jobs/{id}/events) one job may have at "
         "once (0 = no limit); more get 503 event_streams_full. Each job's events are built once "
@@ -172,7 +181,7 @@ class Settings(BaseSettings):
     max_live_streams_per_client: int = Field(
         8, ge=0, description="Live caption streams one client address may hold at once (0 = no "
         "limit); more get too_many_streams, so one client cannot take every slot. Behind a reverse "
-        "proxy the address is the proxy's unless FORWARDED_ALLOW_IPS trusts its X-Forwarded-For.")
+        "proxy the address is the proxy's unless trusted_proxies names it.")
     live_partial_interval_s: float = Field(
         0.4, gt=0, description="A live stream's utterance in progress is re-decoded at most this "
         "often (wall clock); a partial is sent only when its text changed.")
@@ -201,6 +210,21 @@ class Settings(BaseSettings):
     access_log: bool = Field(
         False, description="Log every HTTP request (polls included: 200 pollers are 400 lines/s); "
         "each job is logged once either way.")
+
+    @field_validator("trusted_proxies")
+    @classmethod
+    def _proxy_networks(cls, value: str) -> str:
+        for item in (i.strip() for i in value.split(",")):
+            if not item:
+                continue
+            try:
+                ipaddress.ip_network(item, strict=False)
+            except ValueError:
+                raise ValueError(
+                    f"SENSEVOICE_TRUSTED_PROXIES: {item!r} is not an address or network; name the "
+                    "reverse proxy's address (10.0.0.5) or its network (10.0.0.0/24), never '*': "
+                    "any client could then choose the address its limits are counted by") from None
+        return value
 
     def resolved_device(self) -> str:
         return self.device or default_device()

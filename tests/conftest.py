@@ -99,12 +99,12 @@ class LiveServer:
         self.app = create_app(settings)
         self.service = self.app.state.service
         self.url = f"http://127.0.0.1:{settings.port}"
-        from pipeline.web.edge import http_protocol, websocket_limits
+        from pipeline.web.edge import uvicorn_options
 
         # the connection guards main() runs with (header deadline, connection limits, WebSocket
-        # message limits)
+        # message limits, forwarded addresses only from trusted proxies)
         config = uvicorn.Config(self.app, host="127.0.0.1", port=settings.port, log_level="warning",
-                                http=http_protocol(settings), **websocket_limits(settings))
+                                **uvicorn_options(settings))
         self.server = uvicorn.Server(config)
         self.thread = threading.Thread(target=self.server.run, daemon=True)
 

@@ -415,9 +415,11 @@ def test_the_public_host_is_allowed_and_the_limits_fit_the_app():
         env = {k: interpolate(str(v)) for k, v in compose()["services"][name]["environment"].items()}
         settings = settings_from_env(env).model_copy(update={"host": "0.0.0.0"})
         assert settings.max_connections_per_client == 0
-        assert env.get("FORWARDED_ALLOW_IPS") == "*"
+        # X-Forwarded-For believed from the proxy alone (tests/test_forwarded.py), never any peer
+        assert "FORWARDED_ALLOW_IPS" not in env and settings.trusted_proxies
         assert host_allowed("localhost", allowed_hosts(settings))
-    assert container_env(c).get("FORWARDED_ALLOW_IPS") == "*"
+    assert "FORWARDED_ALLOW_IPS" not in container_env(c)
+    assert settings_from_env(container_env(c)).trusted_proxies
 
 
 def test_services_ingresses_and_autoscaler_point_at_what_exists():
@@ -450,7 +452,11 @@ def test_services_ingresses_and_autoscaler_point_at_what_exists():
     assert hpa["spec"]["metrics"][0]["resource"]["name"] == "cpu"
     for pdb in by_kind("PodDisruptionBudget", docs).values():
         assert any(matches(pdb["spec"]["selector"]["matchLabels"], pod_labels(w)) for w in wl.values())
-    (policy,) = by_kind("NetworkPolicy", docs).values()
+    policies = by_kind("NetworkPolicy", docs)
+    assert set(policies) == {"redis", "sensevoice-api-ingress-only"}
+    api_policy = policies["sensevoice-api-ingress-only"]["spec"]["podSelector"]["matchLabels"]
+    assert [n for n in wl if matches(api_policy, pod_labels(wl[n]))] == ["sensevoice-api"]
+    policy = policies["redis"]
     assert matches(policy["spec"]["podSelector"]["matchLabels"], pod_labels(wl["redis"]))
     allowed_from = policy["spec"]["ingress"][0]["from"][0]["podSelector"]["matchLabels"]
     for name in ("sensevoice-api", "sensevoice-worker"):

@@ -363,6 +363,23 @@ def websocket_limits(settings) -> dict:
     return {"ws_max_size": 2 * settings.live_max_frame_bytes, "ws_max_queue": 16}
 
 
+def proxy_options(settings) -> dict:
+    """uvicorn's X-Forwarded-For/-Proto options: believed only from ``trusted_proxies`` (none by
+    default). uvicorn's own default trusts 127.0.0.1 (or ``FORWARDED_ALLOW_IPS``): a local
+    client, or anything relayed from loopback, could then choose the address that the
+    per-client limits and the sign-in throttle count it by (issue 19: 12 live streams over a
+    limit of 8, a victim's address locked out by 20 wrong tokens sent in its name)."""
+    trusted = [i.strip() for i in settings.trusted_proxies.split(",") if i.strip()]
+    return {"proxy_headers": bool(trusted), "forwarded_allow_ips": trusted or None}
+
+
+def uvicorn_options(settings, write_stall_s: float = WRITE_STALL_S) -> dict:
+    """Every guard ``uvicorn.run``/``uvicorn.Config`` takes for this server: the edge protocol,
+    the WebSocket message limits and the forwarded-address trust."""
+    return {"http": http_protocol(settings, write_stall_s), **websocket_limits(settings),
+            **proxy_options(settings)}
+
+
 # ---------------------------------------------------------------------------- Host and Origin
 def split_host(value: str) -> tuple[str, int | None]:
     """'Example.COM:8080' -> ('example.com', 8080); '[::1]:80' -> ('::1', 80); a trailing dot is

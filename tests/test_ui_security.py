@@ -448,10 +448,11 @@ def test_signed_links_open_their_own_job_only(token_server, clip_factory):
     for bad in (f"exp={exp}&sig={flipped}", f"exp={exp + 1}&sig={sig}", f"exp={exp}",
                 f"sig={sig}", f"exp={exp}&sig=", f"exp=-1&sig={sig}", f"exp={exp}&sig={sig}x" * 30):
         assert httpx.get(f"{url}/api/jobs/{a}/audio?{bad}", timeout=10).status_code == 401, bad
-    # expired: a correctly signed link whose time has passed
+    # expired: a correctly signed link whose time has passed (410 link_expired, not a failed
+    # sign-in: tests/test_expired_links.py)
     past = int(time.time()) - 5
     old = sign(link_key(TOKEN), a, past)
-    assert httpx.get(f"{url}/api/jobs/{a}/audio?exp={past}&sig={old}", timeout=10).status_code == 401
+    assert httpx.get(f"{url}/api/jobs/{a}/audio?exp={past}&sig={old}", timeout=10).status_code == 410
     # signed with another token's key
     other_key = sign(link_key("another-token"), a, exp)
     assert httpx.get(f"{url}/api/jobs/{a}/audio?exp={exp}&sig={other_key}", timeout=10).status_code == 401
@@ -602,7 +603,8 @@ def events_status(server, job_id: str, query: str = "", headers: dict | None = N
 
 def test_job_events_need_the_token_or_the_jobs_own_link(token_server, clip_factory):
     """The stream a page follows is guarded like the job's audio and result: the API token, or
-    that job's own signed link; another job's signature, an altered or an expired one: 401."""
+    that job's own signed link; another job's signature or an altered one: 401; an expired one:
+    410 link_expired."""
     from pipeline.web.routes.events import live_view
 
     a = submit_token(token_server, clip_factory("wav", 16000, 1))
@@ -625,9 +627,9 @@ def test_job_events_need_the_token_or_the_jobs_own_link(token_server, clip_facto
     flipped = ("A" if sig[0] != "A" else "B") + sig[1:]
     past = int(time.time()) - 5
     for bad in (f"exp={exp}&sig={flipped}", f"exp={int(exp) + 1}&sig={sig}", f"exp={exp}",
-                f"exp={past}&sig={sign(link_key(TOKEN), a, past)}",
                 f"exp={exp}&sig={sign(link_key('another-token'), a, int(exp))}"):
         assert events_status(token_server, a, bad) == 401, bad
+    assert events_status(token_server, a, f"exp={past}&sig={sign(link_key(TOKEN), a, past)}") == 410
     assert events_status(token_server, str(uuid.uuid4()), headers=BEARER) == 404
     # the body of a refused stream says nothing about the job
     r = httpx.get(f"{token_server.url}/api/jobs/{a}/events", timeout=10)

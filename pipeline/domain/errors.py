@@ -200,6 +200,13 @@ class ClientEventStreamLimit(SenseVoiceError):
     code = "too_many_event_streams_from_client"
 
 
+class LinkExpired(SenseVoiceError):
+    """A signed link this server gave out has expired (not a failed sign-in: it is not counted)."""
+
+    status = 410
+    code = "link_expired"
+
+
 class TooManyAuthFailures(SenseVoiceError):
     """This client address failed to sign in too often; it waits until its window ends."""
 

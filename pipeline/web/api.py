@@ -24,8 +24,9 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from pipeline.audio.decode import read_upload
 from pipeline.web.edge import scope_client_key
-from pipeline.domain.errors import (AudioGone, Busy, ClientUploadLimit, InvalidOption, RequestTimeout,
-                     ResultNotReady, SenseVoiceError, TooManyUploads, Unauthorized, UploadTooLarge)
+from pipeline.domain.errors import (AudioGone, Busy, ClientUploadLimit, InvalidOption, LinkExpired,
+                     RequestTimeout, ResultNotReady, SenseVoiceError, TooManyUploads, Unauthorized,
+                     UploadTooLarge)
 from pipeline.serving.broker_sqlite import storage_error
 from pipeline.serving.metrics import CONTENT_TYPE
 from pipeline.serving.service import TranscriptionService
@@ -419,7 +420,7 @@ def require_token_or_link(token: str):
     """A dependency for a job's audio and result routes: the API token, or a signed link of that
     job that has not expired (``?exp=...&sig=...``, pipeline/web/links.py: the UI's player and export
     links, which a browser cannot give an Authorization header)."""
-    from pipeline.web.links import link_key, verify
+    from pipeline.web.links import link_key, link_state
 
     key = link_key(token)
 
@@ -427,9 +428,14 @@ def require_token_or_link(token: str):
         if token_ok(request.headers.get, token):
             return
         q = request.query_params
-        if not verify(key, job_id, q.get("exp"), q.get("sig")):
+        state = link_state(key, job_id, q.get("exp"), q.get("sig"))
+        if state == "expired":  # a link this server signed: not a guess, not a failed sign-in
+            raise LinkExpired(f"this link to job {job_id} has expired (links last as long as the "
+                              "job's retention); send the API token, or open the job from the UI "
+                              "again for a new link")
+        if state != "valid":
             raise Unauthorized("missing or wrong API token (send 'Authorization: Bearer <token>'), "
-                               "or an expired or invalid signed link")
+                               "or an invalid signed link")
 
     return check
 

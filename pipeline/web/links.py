@@ -33,16 +33,24 @@ def sign(key: bytes, job_id: str, exp: int) -> str:
     return base64.urlsafe_b64encode(mac).rstrip(b"=").decode("ascii")
 
 
+def link_state(key: bytes, job_id: str, exp: str | None, sig: str | None,
+               now: float | None = None) -> str:
+    """'valid'; 'expired' when ``sig`` is this server's signature of (job_id, exp) but ``exp`` has
+    passed (a link the server really gave out: not a guess, so the sign-in throttle does not count
+    it); else 'invalid'."""
+    if not key or not exp or not sig or len(sig) > MAX_SIG_CHARS or len(exp) > 12:
+        return "invalid"
+    if not exp.isdigit():
+        return "invalid"
+    if not hmac.compare_digest(sign(key, job_id, int(exp)).encode(), sig.encode("utf-8", "replace")):
+        return "invalid"
+    return "expired" if int(exp) < (time.time() if now is None else now) else "valid"
+
+
 def verify(key: bytes, job_id: str, exp: str | None, sig: str | None,
            now: float | None = None) -> bool:
     """True when ``sig`` signs (job_id, exp) under ``key`` and ``exp`` has not passed."""
-    if not key or not exp or not sig or len(sig) > MAX_SIG_CHARS or len(exp) > 12:
-        return False
-    if not exp.isdigit():
-        return False
-    if int(exp) < (time.time() if now is None else now):
-        return False
-    return hmac.compare_digest(sign(key, job_id, int(exp)).encode(), sig.encode("utf-8", "replace"))
+    return link_state(key, job_id, exp, sig, now) == "valid"
 
 
 def expiry(job, retention_hours: float, now: float | None = None) -> int:

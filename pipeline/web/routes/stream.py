@@ -61,12 +61,12 @@ from fastapi import APIRouter, WebSocket
 
 from pipeline.audio.stream_vad import MAX_RATE, MIN_RATE
 from pipeline.domain.errors import (Busy, FrameTooLarge, IdleTimeout, InvalidMessage, InvalidOption,
-                                    SenseVoiceError, StreamTooLong, Unauthorized)
+                                    LinkExpired, SenseVoiceError, StreamTooLong, Unauthorized)
 from pipeline.domain.types import LANGUAGES, SAMPLE_RATE, TranscribeOptions
 from pipeline.serving.live import Caption, LiveHub, LiveSession
 from pipeline.web.api import token_ok
 from pipeline.web.auth_throttle import AUTH_FAILED
-from pipeline.web.links import link_key, sign, verify
+from pipeline.web.links import link_key, link_state, sign
 
 NATIVE_SUBPROTOCOL = "sensevoice"
 FUNASR_SUBPROTOCOL = "binary"  # what FunASR's clients offer
@@ -82,7 +82,7 @@ CLOSE_CODES = {
     "invalid_option": POLICY, "unauthorized": POLICY, "idle_timeout": POLICY,
     "stream_too_long": POLICY, "invalid_message": UNSUPPORTED, "frame_too_large": TOO_BIG,
     "too_many_streams": TRY_LATER, "not_ready": TRY_LATER, "live_overloaded": TRY_LATER,
-    "decode_failed": INTERNAL,
+    "decode_failed": INTERNAL, "link_expired": POLICY,
 }
 TRUE, FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
 
@@ -216,7 +216,9 @@ def client_of(ws: WebSocket) -> str:
 
 
 def authorized(ws: WebSocket, token: str) -> bool:
-    """The API token as a header or a ``bearer.<token>`` subprotocol, or a live link."""
+    """The API token as a header or a ``bearer.<token>`` subprotocol, or a live link. A refusal
+    is counted against the client (auth_throttle); an expired live link this server signed is
+    refused with link_expired and not counted (it is no guess)."""
     if token_ok(ws.headers.get, token):
         return True
     for offered in ws.scope.get("subprotocols") or ():
@@ -224,7 +226,12 @@ def authorized(ws: WebSocket, token: str) -> bool:
                 offered[len(BEARER_PREFIX):].encode(), token.encode()):
             return True
     q = ws.query_params
-    return verify(link_key(token), LIVE_SUBJECT, q.get("exp"), q.get("sig"))
+    state = link_state(link_key(token), LIVE_SUBJECT, q.get("exp"), q.get("sig"))
+    if state == "expired":
+        raise LinkExpired("this live link has expired; ask the page for a new one (Start again)")
+    if state != "valid":
+        ws.scope[AUTH_FAILED] = True
+    return state == "valid"
 
 
 def choose_subprotocol(ws: WebSocket, preferred: str) -> str | None:
@@ -299,7 +306,6 @@ class NativeStream:
         await self.ws.accept(subprotocol=choose_subprotocol(self.ws, NATIVE_SUBPROTOCOL))
         try:
             if not authorized(self.ws, self.hub.service.settings.api_token):
-                self.ws.scope[AUTH_FAILED] = True  # counted against the client (auth_throttle)
                 raise Unauthorized("missing or wrong API token (send 'Authorization: Bearer "
                                    "<token>', the subprotocol 'bearer.<token>' or a live link)")
             options, rate = self.options()
@@ -428,7 +434,6 @@ class FunAsrStream:
         await self.ws.accept(subprotocol=choose_subprotocol(self.ws, FUNASR_SUBPROTOCOL))
         try:
             if not authorized(self.ws, self.hub.service.settings.api_token):
-                self.ws.scope[AUTH_FAILED] = True
                 raise Unauthorized("missing or wrong API token (send 'Authorization: Bearer "
                                    "<token>' or the subprotocol 'bearer.<token>')")
             while True:  # one recording after another, until the client closes

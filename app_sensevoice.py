@@ -137,7 +137,7 @@ def main(argv=None) -> int:
         return supervise([sys.executable, __file__, *rest])
     from pipeline.config import Settings
     from pipeline.web.edge import uvicorn_options
-    from pipeline.domain.errors import ModelUnavailable
+    from pipeline.domain.errors import ModelUnavailable, UnsafeDirectory
     from pipeline.serving.runtime import build_runtime
 
     overrides = {k: v for k, v in {"model": args.model, "device": args.device, "host": args.host,
@@ -155,7 +155,7 @@ def main(argv=None) -> int:
             return run_per_gpu(sys.argv[1:] if argv is None else argv, settings, gpus)
     try:  # the model is found now (an api process holds none): fail fast, before the server starts
         runtime = build_runtime(settings, resolve=True)
-    except ModelUnavailable as e:
+    except (ModelUnavailable, UnsafeDirectory) as e:
         print(f"error: {e.message}", file=sys.stderr)
         return 2
     source = runtime.source

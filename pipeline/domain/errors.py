@@ -207,6 +207,13 @@ class LinkExpired(SenseVoiceError):
     code = "link_expired"
 
 
+class UnsafeDirectory(SenseVoiceError):
+    """A directory the service writes private files to may be read or written by another user."""
+
+    status = 500
+    code = "unsafe_directory"
+
+
 class TooManyAuthFailures(SenseVoiceError):
     """This client address failed to sign in too often; it waits until its window ends."""
 

@@ -41,6 +41,8 @@ from queue import SimpleQueue
 import numpy as np
 import torch
 
+from pipeline.serving.private_dir import create_private, ensure_private_dir
+
 logger = logging.getLogger("sensevoice.payloads")
 
 PCM16 = b"S"
@@ -78,8 +80,10 @@ class Payloads:
         self._deleter: threading.Thread | None = None
         self._deleter_lock = threading.Lock()
         if self.dir is not None:  # uploads/<job id>, audio/<job id>/<piece>: deletes by name, no scans
+            # 0700 and ours, or refused at start (pipeline/serving/private_dir.py); files 0600
+            ensure_private_dir(self.dir, "shared directory (SENSEVOICE_SHARED_DIR)")
             for sub in ("uploads", "audio"):
-                (self.dir / sub).mkdir(mode=0o700, parents=True, exist_ok=True)
+                ensure_private_dir(self.dir / sub, "shared directory (SENSEVOICE_SHARED_DIR)")
 
     # ------------------------------------------------------------------ write
     def audio(self, job_id: str, piece: int, audio: torch.Tensor) -> bytes:
@@ -99,7 +103,7 @@ class Payloads:
             try:
                 if name.startswith("audio/"):
                     path.parent.mkdir(mode=0o700, exist_ok=True)
-                with open(tmp, "wb") as f:
+                with open(create_private(tmp), "wb") as f:
                     f.write(kind)
                     f.write(data)
                 os.replace(tmp, path)

@@ -221,7 +221,7 @@ class Samples:
 
     def copy(self, name: str) -> str:
         """Sample ``name`` (one of NAMES) as a new file in the upload directory (what the Audio
-        component gets): a hard link where it can (no second copy on disk), else a copy."""
+        component gets): a copy, never a hard link (the UI reads only files with one link)."""
         if name not in self.NAMES:
             raise KeyError(name)
         with self._lock:
@@ -229,10 +229,7 @@ class Samples:
         folder = Path(self.upload_dir) / secrets.token_hex(16)
         folder.mkdir(mode=0o700)
         dst = folder / f"sample-{name}.wav"
-        try:
-            os.link(src, dst)
-        except OSError:
-            shutil.copyfile(src, dst)
+        shutil.copyfile(src, dst)
         return str(dst)
 
 

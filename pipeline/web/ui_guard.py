@@ -15,7 +15,10 @@ any readable file became a job whose audio the API handed back). So:
   refuses ``/ui/gradio_api/file=`` reads of anything else, and asks for the API token on the
   framework's own /docs, /redoc and /openapi.json when one is set;
 * the UI's submit checks again and opens the file without following links or blocking
-  (:func:`read_own_upload`).
+  (:func:`read_own_upload`);
+* a file the UI reads or serves has one hard link and belongs to this service's user: a hard link
+  planted in the directory (to the job store, say: issue 19) is refused, as is the directory
+  itself at start when another user owns it or may write to it.
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ from starlette.responses import JSONResponse
 
 from pipeline.audio.decode import read_upload
 from pipeline.domain.errors import InvalidOption, PathRefused, SenseVoiceError, Unauthorized, UploadTooLarge
+from pipeline.serving.private_dir import ensure_private_dir
 
 logger = logging.getLogger("sensevoice.ui")
 
@@ -54,17 +58,12 @@ URL_SCHEMES = ("http:", "https:", "ftp:", "file:", "data:", "//", "\\\\")
 
 
 def prepare_upload_dir(data_dir: str | Path) -> str:
-    """Create (0700) and return the canonical path of this server's Gradio upload directory."""
+    """Create (0700) and return the canonical path of this server's Gradio upload directory; an
+    existing one must be ours and writable by no one else (UnsafeDirectory otherwise)."""
     base = os.path.realpath(data_dir)
     os.makedirs(base, exist_ok=True)
     path = os.path.join(base, UPLOAD_DIR_NAME)
-    try:
-        os.mkdir(path, 0o700)
-    except FileExistsError:
-        pass
-    st = os.lstat(path)
-    if not stat.S_ISDIR(st.st_mode):  # a symlink or a file planted there
-        raise RuntimeError(f"{path} must be a directory of its own (it is not)")
+    ensure_private_dir(path, "UI upload directory")
     os.chmod(path, 0o700)
     return path
 
@@ -108,10 +107,17 @@ class UploadSweeper:
         return removed
 
 
+def own_file(st: os.stat_result) -> bool:
+    """A regular file with one link (a hard link to a file elsewhere -- the job store, another
+    job's upload -- has two or more), created by this service's user."""
+    return stat.S_ISREG(st.st_mode) and st.st_nlink == 1 and st.st_uid == os.geteuid()
+
+
 def own_upload(path: object, root: str) -> str | None:
     """``path`` when it is the canonical absolute path of a regular file strictly inside ``root``
-    (itself canonical): no symlink anywhere, no ``..``, no URL, no device; else None. Nothing is
-    opened, so a FIFO or a device costs one lstat at most."""
+    (itself canonical): no symlink anywhere, no ``..``, no URL, no device, no second hard link,
+    created by this service's user (:func:`own_file`); else None. Nothing is opened, so a FIFO
+    or a device costs one lstat at most."""
     if not isinstance(path, str) or not path or "\x00" in path or len(path) > 4096:
         return None
     if path.lower().startswith(URL_SCHEMES) or not path.startswith("/"):
@@ -124,7 +130,7 @@ def own_upload(path: object, root: str) -> str | None:
         st = os.lstat(path)
     except (OSError, ValueError):
         return None
-    return path if stat.S_ISREG(st.st_mode) else None
+    return path if own_file(st) else None
 
 
 def read_own_upload(path: object, root: str, max_bytes: int) -> tuple[str, bytes]:
@@ -142,7 +148,8 @@ def read_own_upload(path: object, root: str, max_bytes: int) -> tuple[str, bytes
     with open(fd, "rb") as f:
         st = os.fstat(fd)
         opened = f"/proc/self/fd/{fd}"
-        if not stat.S_ISREG(st.st_mode) or (
+        # the inode opened: one link, ours, still at a path inside the upload directory
+        if not own_file(st) or (
                 os.path.exists(opened) and own_upload(os.path.realpath(opened), root) is None):
             raise PathRefused("this file is not one of this server's uploads: upload it first")
         if st.st_size > max_bytes:

@@ -141,16 +141,77 @@ class Bench:
         log("setup done", m)
 
     def engine(self, dtype: str, graphs: bool, batches=(1, 2, 4, 8, 16, 32, 64, 128),
-               fp32_residual: bool = False):
+               fp32_residual: bool = False, fused: bool | None = None):
+        """An engine as the service builds it; fused (compiled) by default on CUDA. Compiles in
+        this thread (timed), then captures the prefill graphs (batches <= 8, every length)."""
         from pipeline.model.engine import SenseVoiceEngine
 
+        fused = self.cuda and not self.args.eager if fused is None else fused
         t = time.perf_counter()
-        e = SenseVoiceEngine.from_automodel(self.am, str(self.dev), dtype, fp32_residual=fp32_residual)
+        e = SenseVoiceEngine.from_automodel(self.am, str(self.dev), dtype, fp32_residual=fp32_residual,
+                                            fused=fused, cache_dir=Path(self.args.cache_dir))
         build = time.perf_counter() - t
-        cap = e.capture_graphs(list(batches), self.args.graph_max_seconds) if graphs and self.cuda else 0.0
+        if graphs and self.cuda:
+            e.plan_graphs(list(batches), self.args.graph_max_seconds)
+        comp = e.compile()
+        t = time.perf_counter()
+        settle(e)
+        cap = time.perf_counter() - t
         warm = e.warmup()
-        return e, {"engine_build_s": round(build, 2), "graph_capture_s": round(cap, 2),
-                   "warmup_s": round(warm, 3), "graphs": len(e._graphs)}
+        return e, {"engine_build_s": round(build, 2), "compile_s": round(comp, 2), "fused": fused,
+                   "prefill_graph_capture_s": round(cap, 2), "warmup_s": round(warm, 3),
+                   "graphs": len(e._graphs)}
+
+    def want_graphs(self, e, shapes) -> float:
+        """Capture the graphs for these (batch, clip) shapes as the worker would (on first use,
+        then idle): one untimed run each, then the wanted captures. Seconds spent capturing."""
+        from pipeline.domain.types import TranscribeOptions as O
+
+        for b, clip in shapes:
+            e.transcribe([torch.from_numpy(clip).to(self.dev)] * b, [O("auto", True)] * b)
+        t = time.perf_counter()
+        settle(e)
+        return time.perf_counter() - t
+
+    # ------------------------------------------------------------------ eager vs fused, engine alone
+    def engines(self):
+        """Today's eager kernels (captured) vs the fused ones (captured), same process, 10 s clips."""
+        from pipeline.domain.types import TranscribeOptions as O
+
+        E = R.setdefault("engines", {})
+        batches = (1, 8, 64, 128)
+        opts = O("auto", True)
+        for name, fused in (("eager", False), ("fused", True)):
+            t = time.perf_counter()
+            eng, st = self.engine(self.args.dtype, graphs=True, batches=batches, fused=fused,
+                                  fp32_residual=bool(self.args.fp32_residual))
+            st["capture_10s_buckets_s"] = round(self.want_graphs(
+                eng, [(b, self.clips10[0]) for b in batches]), 2)
+            st["total_s"] = round(time.perf_counter() - t, 2)
+            E[f"{name}_startup"] = st
+            for b in batches:
+                waves = [torch.from_numpy(self.clips10[i % 8]).to(self.dev) for i in range(b)]
+                r = stats_ms(self.timeit(lambda: eng.transcribe(waves, [opts] * b), self.args.n))
+                r["clips_per_s"] = round(b * 1e3 / r["p50_ms"], 1)
+                E[f"{name}_b{b}_10s"] = r
+            log(name, {k: v for k, v in E.items() if k.startswith(name)})
+            if fused:
+                waves = [torch.from_numpy(self.clips10[i % 8]).to(self.dev) for i in range(64)]
+                E["fused_profile_b64_10s"] = self.profile(eng, waves, opts)
+                E["fused_op_profile_b64_10s"], E["fused_kernel_shares_b64_10s"] = \
+                    self.op_profile(eng, waves, opts)
+                print(E["fused_op_profile_b64_10s"], flush=True)
+                log("fused kernel shares", E["fused_kernel_shares_b64_10s"])
+            else:
+                waves = [torch.from_numpy(self.clips10[i % 8]).to(self.dev) for i in range(64)]
+                _, E["eager_kernel_shares_b64_10s"] = self.op_profile(eng, waves, opts)
+                log("eager kernel shares", E["eager_kernel_shares_b64_10s"])
+            del eng
+            torch.cuda.empty_cache()
+        for b in batches:
+            e_, f_ = E.get(f"eager_b{b}_10s", {}), E.get(f"fused_b{b}_10s", {})
+            if e_ and f_:
+                E[f"speedup_b{b}"] = round(e_["p50_ms"] / f_["p50_ms"], 2)
 
     # ------------------------------------------------------------------ fidelity
     def fidelity(self):
@@ -160,8 +221,8 @@ class Bench:
         F = R.setdefault("fidelity", {})
         am, m = self.am, self.am.model
         fe = am.kwargs["frontend"]
-        e32, _ = self.engine("float32", graphs=False)
-        e16, _ = self.engine("float16", graphs=False)
+        e32, _ = self.engine("float32", graphs=False, fused=False)  # the eager reference
+        e16, _ = self.engine("float16", graphs=False, fused=False)  # plain fp16, eager
         rng = np.random.default_rng(1)
         n_clips = self.args.fidelity_clips
         clips = [speechlike(float(rng.uniform(1.5, 12.0)), 1000 + i) for i in range(n_clips)]
@@ -222,6 +283,13 @@ class Bench:
         o = O("auto", True)
         mine = e32.transcribe([torch.from_numpy(c) for c in clips[:n_e2e]], [o] * n_e2e)
         refs_txt = reference_generate(am, clips[:n_e2e], o)
+        if self.cuda:  # the fast path itself, fp32: the fused blocks, compiled
+            e32f, _ = self.engine("float32", graphs=False, fused=True)
+            fused_txt = [r.raw_text for r in e32f.transcribe([torch.from_numpy(c) for c in clips[:n_e2e]],
+                                                            [o] * n_e2e)]
+            F["fp32_fused_e2e_vs_generate_identical"] = f"{sum(a == b for a, b in zip(fused_txt, refs_txt))}/{n_e2e}"
+            log("fp32 fused vs generate", F["fp32_fused_e2e_vs_generate_identical"])
+            del e32f
         for k in range(n_e2e):
             agree.append(token_agreement(text_units(mine[k].raw_text), text_units(refs_txt[k])))
             if mine[k].raw_text != refs_txt[k]:
@@ -242,7 +310,7 @@ class Bench:
         log("fp32 e2e", F["fp32_e2e_vs_generate"])
 
         # (d) fp16 (and fp16 with an fp32 residual stream) vs fp32 over many clips
-        e16r, _ = self.engine("float16", graphs=False, fp32_residual=True)
+        e16r, _ = self.engine("float16", graphs=False, fp32_residual=True)  # the default: fused on CUDA
         for name, eng in (("fp16_vs_fp32", e16), ("fp16_fp32residual_vs_fp32", e16r)):
             agree16, rel, frame_agree, margins = [], [], [], []
             for i in range(0, n_clips, 32):
@@ -317,8 +385,16 @@ class Bench:
 
         S = R.setdefault("engine", {})
         t = time.perf_counter()
+        if self.cuda:
+            torch.cuda.reset_peak_memory_stats(self.dev)
         eng, st = self.engine(self.args.dtype, graphs=self.cuda, fp32_residual=bool(self.args.fp32_residual))
         st["fp32_residual"] = bool(self.args.fp32_residual)
+        if self.cuda:  # the shapes the runs below use, captured the way the worker does
+            bmax = self.args.max_batch
+            st["capture_used_buckets_s"] = round(self.want_graphs(eng, [
+                (b, c) for c in (self.clips3[0], self.clips10[0], self.clips30[0])
+                for b in (1, bmax // 2, bmax)]), 2)
+            st["graphs"] = len(eng._graphs)
         self.serving_engine = eng  # reused by the long-audio section
         st["startup_total_s"] = round(time.perf_counter() - t, 2)
         S["startup"] = st
@@ -424,6 +500,8 @@ class Bench:
         worker.stop()
         worker.join(5)
         S["worker_batches"] = worker.batches
+        if self.cuda:
+            S["peak_gpu_mem_gib"] = round(torch.cuda.max_memory_allocated(self.dev) / 2**30, 2)
         # (3) batch-size sweep, engine alone (features + encoder + CTC + decode, waves on device)
         sweep = S.setdefault("batch_sweep_10s", {})
         for b in (1, 2, 4, 8, 16, 32, 64, 128):
@@ -447,11 +525,10 @@ class Bench:
             S["profile_b64_10s"] = self.profile(eng, gpu([self.clips10[i % 8] for i in range(64)]), opts)
             S["profile_b1_10s"] = self.profile(eng, gpu(self.clips10[:1]), opts)
             log("profile", S["profile_b64_10s"], S["profile_b1_10s"])
-            S["op_profile_b64_10s"] = self.op_profile(eng, gpu([self.clips10[i % 8] for i in range(64)]), opts)
-            print(S["op_profile_b64_10s"], flush=True)
 
-    def op_profile(self, eng, waves, opts) -> str:
-        """torch.profiler table of the eager B=64 forward: where the GPU time goes, by op."""
+    def op_profile(self, eng, waves, opts) -> tuple[str, dict]:
+        """torch.profiler over one uncaptured B=64 forward: the op table, and GPU kernel time by
+        kind (GEMM, attention, inductor's fused kernels, the rest) with shares."""
         from torch.profiler import ProfilerActivity, profile
 
         with torch.inference_mode():
@@ -462,7 +539,21 @@ class Bench:
             with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
                 eng.core(x, lens, ban)
                 self.sync()
-        return prof.key_averages().table(sort_by="cuda_time_total", row_limit=25, max_name_column_width=60)
+        kinds: dict[str, float] = {}
+        for ev in prof.key_averages():
+            if str(getattr(ev, "device_type", "")).split(".")[-1] != "CUDA":
+                continue
+            us = float(getattr(ev, "device_time_total", 0) or getattr(ev, "cuda_time_total", 0))
+            name = ev.key.lower()
+            kind = ("gemm" if any(k in name for k in ("gemm", "cutlass", "xmma", "sm90", "cublas"))
+                    else "attention" if any(k in name for k in ("fmha", "flash", "attention", "cudnn"))
+                    else "triton_fused" if name.startswith("triton") else "other")
+            kinds[kind] = kinds.get(kind, 0.0) + us
+        total = sum(kinds.values()) or 1.0
+        shares = {k: {"ms": round(v / 1e3, 3), "share": round(v / total, 3)} for k, v in kinds.items()}
+        shares["total_ms"] = round(total / 1e3, 3)
+        table = prof.key_averages().table(sort_by="cuda_time_total", row_limit=25, max_name_column_width=60)
+        return table, shares
 
     def profile(self, eng, waves, opts) -> dict:
         def ev():
@@ -492,7 +583,7 @@ class Bench:
 
     # ------------------------------------------------------------------ one-hour recording
     def long_audio(self):
-        """A 1-hour recording: silero-vad segments (CPU) -> pieces through the real worker/queue."""
+        """A 1-hour recording: silero-vad segments (CPU, then GPU) -> pieces through the real worker."""
         from pipeline.serving.broker_sqlite import JobStore
         from pipeline.serving.scheduler import Scheduler, WorkItem
         from pipeline.domain.types import Job, JobState, Lane, TranscribeOptions
@@ -510,8 +601,34 @@ class Bench:
         L["audio_seconds"] = round(len(wave) / SR, 1)
         seg = Segmenter(max_segment_s=30.0).load()
         t = time.perf_counter()
-        spans = seg.split(torch.from_numpy(wave))
-        L["vad_s"] = round(time.perf_counter() - t, 2)
+        cpu_spans = seg.split(torch.from_numpy(wave))
+        L["vad_cpu_s"] = round(time.perf_counter() - t, 2)
+        L["segments_cpu"] = len(cpu_spans)
+        spans = cpu_spans
+        if self.cuda:
+            gseg = Segmenter(max_segment_s=30.0, device=str(self.dev)).load()
+            gseg.split(torch.from_numpy(wave[: SR * 60]))  # warm-up: kernels, allocator
+            ts = []
+            for _ in range(3):
+                t = time.perf_counter()
+                spans = gseg.split(torch.from_numpy(wave))
+                ts.append(time.perf_counter() - t)
+            L["vad_gpu_s"] = round(min(ts), 3)
+            L["vad_gpu_runs_s"] = [round(x, 3) for x in ts]
+            L["segments_gpu"] = len(spans)
+            cover = lambda sp: sum(x.end - x.start for x in sp)  # noqa: E731
+            mask = np.zeros(len(wave), bool)
+            for x in cpu_spans:
+                mask[x.start:x.end] = True
+            other = np.zeros(len(wave), bool)
+            for x in spans:
+                other[x.start:x.end] = True
+            L["vad_gpu_vs_cpu_coverage_disagreement"] = round(float((mask ^ other).sum() / max(cover(cpu_spans), 1)), 5)
+            p_cpu, p_gpu = seg.speech_probs(wave), gseg.speech_probs(wave)
+            L["vad_gpu_vs_cpu_window_flips"] = int(((p_cpu > 0.5) != (p_gpu > 0.5)).sum())
+            L["vad_windows"] = len(p_cpu)
+            gseg.close()
+        L["vad_s"] = L.get("vad_gpu_s", L["vad_cpu_s"])
         L["segments"] = len(spans)
         eng = getattr(self, "serving_engine", None) or self.engine(
             self.args.dtype, graphs=self.cuda, fp32_residual=bool(self.args.fp32_residual))[0]
@@ -575,12 +692,22 @@ class Bench:
         lines += ["", "| length x batch | p50 ms | clips/s |", "|---|---|---|"]
         for k, v in S.get("length_sweep", {}).items():
             lines.append(f"| {k} | {v['p50_ms']} | {v['clips_per_s']} |")
-        lines += ["", "long audio: " + json.dumps(R.get("long_audio", {})),
+        lines += ["", "engines (eager vs fused): " + json.dumps(
+            {k: v for k, v in R.get("engines", {}).items() if "op_profile" not in k}),
+            "", "long audio: " + json.dumps(R.get("long_audio", {})),
                   "fidelity: " + json.dumps(R.get("fidelity", {})),
                   "errors: " + json.dumps({k: v[-300:] for k, v in R["errors"].items()})]
         text = "\n".join(lines)
         (self.out / "table.md").write_text(text)
         print(text, flush=True)
+
+
+def settle(engine, timeout_s: float = 600.0) -> None:
+    """Run the engine's background work (compile, wanted graph captures) to the end, here."""
+    deadline = time.monotonic() + timeout_s
+    while engine.has_idle_work and time.monotonic() < deadline:
+        if not engine.idle_step():
+            time.sleep(0.01)
 
 
 def text_units(text: str) -> list[str]:
@@ -618,20 +745,23 @@ def main():
     ap.add_argument("--fp32-residual", type=int, default=1)
     ap.add_argument("--n", type=int, default=30, help="timed repetitions")
     ap.add_argument("--concurrent", type=int, default=512)
-    ap.add_argument("--max-batch", type=int, default=64)
+    ap.add_argument("--max-batch", type=int, default=128)
     ap.add_argument("--max-wait-ms", type=float, default=2.0)
     ap.add_argument("--graph-max-seconds", type=float, default=30.0)
     ap.add_argument("--fidelity-clips", type=int, default=256)
     ap.add_argument("--long-minutes", type=int, default=60)
     ap.add_argument("--skip", default="")
+    ap.add_argument("--eager", action="store_true", help="serve the eager reference, not the fused blocks")
+    ap.add_argument("--cache-dir", default="/tmp/sv-cache", help="compiled kernels (inductor) go here")
     ap.add_argument("--budget-s", type=float, default=560.0, help="skip sections started after this")
     args = ap.parse_args()
     b = Bench(args)
     b.section("setup", b.setup)
+    b.section("engines", b.engines)
     b.section("serving", b.serving)
-    b.section("baselines", b.baselines)
     b.section("fidelity", b.fidelity)
     b.section("long_audio", b.long_audio)
+    b.section("baselines", b.baselines)
     b.table()
     save(b.out)
 

@@ -6,6 +6,7 @@ All media live in one session directory and are made once, on first use.
 from __future__ import annotations
 
 from collections.abc import Callable
+import os
 from pathlib import Path
 
 import pytest
@@ -17,7 +18,12 @@ ClipFactory = Callable[[str, int, int], Path]
 
 @pytest.fixture(scope="session")
 def media_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The session's media cache directory."""
+    """The session's media cache directory (SENSEVOICE_TEST_MEDIA: a directory of media made
+    earlier, e.g. carried to a GPU machine that has no espeak-ng or ffmpeg)."""
+    made = os.environ.get("SENSEVOICE_TEST_MEDIA")
+    if made:
+        Path(made).mkdir(parents=True, exist_ok=True)
+        return Path(made)
     return tmp_path_factory.mktemp("media")
 
 

@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# The engine issue's measurements on the GPU machine, one call each (wheels carried in .whl: see
+# ../shared/GPU.md and docs/BENCHMARKS.md):
+#   bash bench/gpu_engine.sh bench      # bench/gpu_bench.py: eager vs fused, through the worker,
+#                                       # fidelity, one hour (GPU speech detection); $OUT/results.json
+#   bash bench/gpu_engine.sh startup    # bench/gpu_startup.py (cold and warm compile cache) and the
+#                                       # CUDA-only tests (tests -m requires_cuda)
+# The full-size model (random weights) is built once per machine under /tmp.
+set -uo pipefail
+OUT=${OUT:-$(mktemp -d)}
+export PYTHONUNBUFFERED=1
+if [ ! -f /tmp/site/.done ]; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
+    .whl/*.whl >"$OUT/pip.log" 2>&1 || { tail -5 "$OUT/pip.log"; exit 1; }
+  touch /tmp/site/.done
+fi
+export PYTHONPATH=/tmp/site
+model=/tmp/sensevoice-full
+[ -f $model/model.pt ] || python3 -m pipeline.model.demo.build_model --variant full --out $model >"$OUT/build.log" 2>&1 \
+  || { tail -20 "$OUT/build.log"; exit 1; }
+case "${1:-bench}" in
+  bench)
+    python3 -u bench/gpu_bench.py --model-dir $model --budget-s "${BUDGET_S:-470}" --n "${N:-20}" \
+      --cache-dir /tmp/sv-inductor ${BENCH_ARGS:-} 2>&1 | grep -v "torch_complex" >"$OUT/bench.log"
+    tail -60 "$OUT/bench.log";;
+  startup)
+    python3 -u bench/gpu_startup.py --model-dir $model 2>&1 | grep -v "torch_complex" >"$OUT/startup.log"
+    tail -25 "$OUT/startup.log"
+    python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/pytest*.whl .whl/pluggy*.whl \
+      .whl/iniconfig*.whl >/dev/null 2>&1
+    python3 -m pytest -q -p no:cacheprovider -m requires_cuda tests/test_engine.py tests/test_vad.py 2>&1 \
+      | grep -v torch_complex | tail -15;;
+esac

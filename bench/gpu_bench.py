@@ -141,7 +141,7 @@ class Bench:
         log("setup done", m)
 
     def engine(self, dtype: str, graphs: bool, batches=(1, 2, 4, 8, 16, 32, 64, 128),
-               fp32_residual: bool = False, fused: bool | None = None):
+               fp32_residual: bool = False, fused: bool | None = None, prefill_batch: int = 8):
         """An engine as the service builds it; fused (compiled) by default on CUDA. Compiles in
         this thread (timed), then captures the prefill graphs (batches <= 8, every length)."""
         from pipeline.model.engine import SenseVoiceEngine
@@ -152,7 +152,7 @@ class Bench:
                                             fused=fused, cache_dir=Path(self.args.cache_dir))
         build = time.perf_counter() - t
         if graphs and self.cuda:
-            e.plan_graphs(list(batches), self.args.graph_max_seconds)
+            e.plan_graphs(list(batches), self.args.graph_max_seconds, prefill_batch=prefill_batch)
         comp = e.compile()
         t = time.perf_counter()
         settle(e)
@@ -184,7 +184,7 @@ class Bench:
         for name, fused in (("eager", False), ("fused", True)):
             t = time.perf_counter()
             eng, st = self.engine(self.args.dtype, graphs=True, batches=batches, fused=fused,
-                                  fp32_residual=bool(self.args.fp32_residual))
+                                  fp32_residual=bool(self.args.fp32_residual), prefill_batch=0)
             st["capture_10s_buckets_s"] = round(self.want_graphs(
                 eng, [(b, self.clips10[0]) for b in batches]), 2)
             st["total_s"] = round(time.perf_counter() - t, 2)

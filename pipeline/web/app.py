@@ -76,7 +76,9 @@ def add_api(app, settings, service, bodies):
     app.include_router(build_stream_router(service))  # live captions (WebSocket), FunASR's too
     if settings.ui:
         app = mount_ui(app, settings, service)
-    app.add_middleware(AccessGuard, settings=settings)  # token on /docs; what the UI may read
+    # token on /docs; what the UI may read; its session routes only after its login
+    app.add_middleware(AccessGuard, settings=settings,
+                       ui_app=lambda: getattr(app.state, "gradio_app", None))
     uploads = settings.max_concurrent_uploads or max(8, 2 * (os.cpu_count() or 2))
     app.add_middleware(UploadLimit, max_bytes=settings.max_upload_bytes + 64 * 1024,
                        max_in_flight=uploads, retry_after_s=settings.retry_after_s,
@@ -128,4 +130,5 @@ def mount_ui(app, settings, service):
     for route in app.routes:
         if getattr(route, "path", None) == UI_PATH and hasattr(route.app, "uploaded_file_dir"):
             route.app.uploaded_file_dir = upload_dir
+            app.state.gradio_app = route.app  # its login, for AccessGuard
     return app

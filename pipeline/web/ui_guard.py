@@ -31,6 +31,7 @@ import time
 from pathlib import Path
 
 from starlette.datastructures import Headers
+from starlette.requests import HTTPConnection
 from starlette.responses import JSONResponse
 
 from pipeline.audio.decode import read_upload
@@ -54,6 +55,9 @@ DOCS_PATHS = frozenset({"/docs", "/docs/oauth2-redirect", "/redoc", "/openapi.js
 # into the upload directory, capped by max_file_size) and the login form
 PASS_THROUGH = frozenset({UI_PATH + "/gradio_api/upload", UI_PATH + "/login", UI_PATH + "/login/"})
 FILE_ROUTES = (UI_PATH + "/gradio_api/file=", UI_PATH + "/gradio_api/file/")
+# Gradio routes that hold a session's resources but do not check its login themselves (the
+# heartbeat answered 200 and held a stream open without one: issue 19)
+SESSION_ROUTES = (UI_PATH + "/gradio_api/heartbeat/", UI_PATH + "/gradio_api/stream/")
 URL_SCHEMES = ("http:", "https:", "ftp:", "file:", "data:", "//", "\\\\")
 
 
@@ -199,13 +203,26 @@ def error_response(e: SenseVoiceError) -> JSONResponse:
     return JSONResponse({"error": {"code": e.code, "message": e.message}}, status_code=e.status)
 
 
+def signed_in(gradio_app, scope) -> bool:
+    """Whether the request carries a login of the mounted Gradio app (its session cookie, as
+    Gradio's own ``login_check`` reads it); True when the UI asks for no login."""
+    if gradio_app is None or getattr(gradio_app, "auth", None) is None:
+        return True
+    cookies = HTTPConnection(scope).cookies
+    cookie_id = gradio_app.cookie_id
+    token = cookies.get(f"access-token-{cookie_id}") or cookies.get(f"access-token-unsecure-{cookie_id}")
+    return token is not None and gradio_app.tokens.get(token) is not None
+
+
 class AccessGuard:
     """ASGI middleware: the API token on /docs, /redoc, /openapi.json (when one is set), and what
     the mounted UI may read on the server (see the module docstring). From ``settings``, or from
     ``token`` and ``upload_dir`` (None: no UI served)."""
 
-    def __init__(self, app, settings=None, token: str = "", upload_dir: str | None = None):
+    def __init__(self, app, settings=None, token: str = "", upload_dir: str | None = None,
+                 ui_app=lambda: None):
         self.app = app
+        self.ui_app = ui_app  # () -> the mounted Gradio app (its login), once mounted
         self.token = settings.api_token if settings is not None else token
         if settings is not None and settings.ui:
             upload_dir = prepare_upload_dir(settings.data_dir)
@@ -227,6 +244,8 @@ class AccessGuard:
         if self.upload_dir is None or not (path == UI_PATH or path.startswith(UI_PATH + "/")):
             return await self.app(scope, receive, send)
         method = scope.get("method", "GET")
+        if path.startswith(SESSION_ROUTES) and not signed_in(self.ui_app(), scope):
+            return await error_response(Unauthorized("sign in to the UI first"))(scope, receive, send)
         if method in ("GET", "HEAD"):
             for prefix in FILE_ROUTES:
                 if path.startswith(prefix) and own_upload(path[len(prefix):], self.upload_dir) is None:

@@ -178,10 +178,11 @@ def test_gpu_memory_admission_across_the_cluster(cluster, clip_factory):
     memory (workers report through Redis; here the reports are written as a worker would), and
     takes it again once one reports room."""
     redis_server, role = cluster
-    api = role("api", SENSEVOICE_MIN_FREE_MEMORY_RATIO="0.15").ready()
-    clip = clip_factory("wav", 16000, 1)
     r = redis.Redis.from_url(redis_server.url)
     expiry = int((time.time() + 60) * 1000)  # the registry: field -> "expiry_ms ratio"
+    r.hset("sv:workers", "alive:host-a:1", str(expiry))  # a live worker (else readyz: no_worker)
+    api = role("api", SENSEVOICE_MIN_FREE_MEMORY_RATIO="0.15").ready()
+    clip = clip_factory("wav", 16000, 1)
     r.hset("sv:workers", mapping={"gpu:host-a:1": f"{expiry} 0.05", "gpu:host-b:2": f"{expiry} 0.10",
                                   "gpu:host-c:3": f"{int(time.time() * 1000) - 1} 0.90"})  # expired
     time.sleep(0.5)  # the api reads the reports at most every 0.25 s
@@ -191,3 +192,41 @@ def test_gpu_memory_admission_across_the_cluster(cluster, clip_factory):
     r.hset("sv:workers", "gpu:host-b:2", f"{expiry} 0.60")
     time.sleep(0.5)
     assert _submit(api.url, clip).status_code == 202
+
+
+def test_an_api_without_a_live_worker_is_not_ready_and_says_why(cluster, clip_factory):
+    """Issue 19 row 9: with no worker alive the api's /readyz stayed 200. Now 503 no_worker until
+    a worker reports (within the visibility time-out); a submit is still accepted and waits in the
+    queue (README), and runs once a worker comes."""
+    redis_server, role = cluster
+    api = role("api")
+    deadline = time.monotonic() + 120
+    while True:
+        try:
+            r = httpx.get(api.url + "/readyz", timeout=2)
+            break
+        except httpx.HTTPError:
+            assert time.monotonic() < deadline and api.proc.poll() is None
+            time.sleep(0.2)
+    while r.json().get("state") != "ready":  # started (the decoders warm up), still no worker
+        assert time.monotonic() < deadline
+        time.sleep(0.2)
+        r = httpx.get(api.url + "/readyz", timeout=2)
+    assert r.status_code == 503 and r.json()["code"] == "no_worker", r.text
+    assert "no worker has reported" in r.json()["error"]
+    accepted = _submit(api.url, clip_factory("wav", 16000, 1))
+    assert accepted.status_code == 202, accepted.text
+    jid = accepted.json()["id"]
+    worker = role("worker").ready()
+    api.ready()  # 200 again within a janitor tick of the worker's first report
+    assert "code" not in httpx.get(api.url + "/readyz", timeout=2).json()
+    deadline = time.monotonic() + 60
+    while httpx.get(f"{api.url}/api/jobs/{jid}").json()["status"] != "done":
+        assert time.monotonic() < deadline
+        time.sleep(0.1)
+    worker.kill()  # its report expires with the visibility time-out: not ready again
+    deadline = time.monotonic() + VISIBILITY_S + 15
+    while httpx.get(api.url + "/readyz", timeout=2).status_code != 503:
+        assert time.monotonic() < deadline
+        time.sleep(0.5)
+    assert httpx.get(api.url + "/readyz", timeout=2).json()["code"] == "no_worker"

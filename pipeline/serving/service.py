@@ -94,6 +94,7 @@ class TranscriptionService:
         self.queue = self.store if self.distributed else self.scheduler  # where submits go
         self.feeder = None
         self.broker_error: str | None = None  # the latest broker failure (distributed), or None
+        self.no_worker: str | None = None  # distributed api role: why no worker serves, or None
         self.resampler = Resampler(self.devices[0])
         self._decode_slots = threading.BoundedSemaphore(settings.decode_concurrency or os.cpu_count() or 2)
         processes = settings.decode_processes
@@ -144,6 +145,8 @@ class TranscriptionService:
         is unreachable), or None. Unlike :meth:`unhealthy_reason` this never ends the process."""
         if self.broker_error:
             return self.broker_error
+        if self.no_worker:
+            return self.no_worker
         if self.feeder is not None and self.feeder.error is not None:
             return f"the worker cannot reach the broker: {self.feeder.error}"
         return None
@@ -295,7 +298,9 @@ class TranscriptionService:
         return len(purged)
 
     def _check_broker(self) -> None:
-        """Distributed: note whether the broker answers (readyz says 503 while it does not)."""
+        """Distributed: note whether the broker answers (readyz says 503 while it does not), and
+        in an api-only process whether any worker has reported within the visibility time-out
+        (readyz says 503 no_worker while none has: its submits would only wait)."""
         if self.store.ping():
             if self.broker_error:
                 logger.info("the broker answers again")
@@ -304,6 +309,25 @@ class TranscriptionService:
             if not self.broker_error:
                 logger.warning("the broker does not answer")
             self.broker_error = "the broker (redis) does not answer"
+            return
+        if not self.serves_worker:
+            self._check_workers()
+
+    def _check_workers(self) -> None:
+        try:
+            alive = self.store.live_workers()
+        except SenseVoiceError:
+            return  # the broker watch reports it
+        if alive:
+            if self.no_worker:
+                logger.info("%d worker(s) report again", alive)
+            self.no_worker = None
+        elif not self.no_worker:
+            logger.warning("no worker has reported for %.0f s: jobs wait in the queue",
+                           self.settings.visibility_timeout_s)
+            self.no_worker = (f"no_worker: no worker has reported within the visibility time-out "
+                              f"({self.settings.visibility_timeout_s:g} s); jobs are accepted and "
+                              "wait in the queue until one does")
 
     def _janitor_loop(self) -> None:
         """Retention, broker watch, and the watchdog: a fatal or hung worker ends the process (the

@@ -578,6 +578,8 @@ def build_health_router(service: TranscriptionService) -> APIRouter:
                                    if service.state == "ready" else None)
         if reason:
             body["error"] = reason
+        if service.no_worker and not service.error:  # distributed api role: nobody runs the jobs
+            body["code"] = "no_worker"
         if token_ok(request.headers.get, service.settings.api_token):  # paths, versions: not for all
             body["details"] = doctor.details()  # never waits: the latest report (informational only)
         return JSONResponse(body, status_code=200 if service.ready else 503)

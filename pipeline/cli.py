@@ -38,8 +38,10 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import errno
 import fnmatch
 import logging
+import math
 import os
 import re
 import shutil
@@ -221,9 +223,12 @@ def make_plan(paths: Sequence[str], output_dir: Path, formats: Sequence[str]) ->
     return plan
 
 
-def write_atomic(path: Path, body: bytes) -> None:
+def write_atomic(path: Path, body: bytes, root: Path | None = None) -> None:
     """Write ``body`` to ``path`` through a temporary sibling renamed into place: ``path`` is
-    either absent, its old content, or complete. A failed write leaves no temporary file."""
+    either absent, its old content, or complete. A failed write leaves no temporary file. With
+    ``root`` (``--output-dir``), a path whose folder leads out of it (a link) is refused."""
+    if root is not None and not path.parent.resolve().is_relative_to(root.resolve()):
+        raise OSError(errno.EPERM, f"it would be outside {root} (a link leads out of it)")
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}-{threading.get_ident()}.tmp")
     try:
@@ -346,8 +351,10 @@ class RemoteBackend:
                 job_id = self.client.submit(path, self.options)
             job = self.client.wait(job_id, timeout=JOB_TIMEOUT_S)
             if job.get("status") != "done":
-                err = job.get("error") or {}
-                raise FileFailed(f"{err.get('code', job.get('status'))}: {err.get('message', '')}")
+                err = job.get("error") if isinstance(job.get("error"), dict) else {}
+                raise FileFailed(f"{str(err.get('code', job.get('status')))[:80]}: "
+                                 f"{str(err.get('message', ''))[:500]}")
+            seconds = audio_seconds(job.get("audio_seconds"))
             bodies = {fmt: self.client.result(job_id, fmt) for fmt in self.formats}
         except ApiError as e:
             if e.status == 401:
@@ -357,7 +364,23 @@ class RemoteBackend:
             raise FileFailed(f"cannot read: {e.strerror or e}") from e
         except (httpx.HTTPError, WaitTimeout) as e:
             raise FileFailed(f"server: {e}") from e
-        return float(job.get("audio_seconds") or 0.0), bodies
+        return seconds, bodies
+
+
+def audio_seconds(value) -> float:
+    """A job's ``audio_seconds`` as the server sent it: a finite number >= 0 (0 when absent);
+    FileFailed otherwise (a hostile or broken server), never a traceback."""
+    if value is None:
+        return 0.0
+    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+        raise FileFailed(f"server: audio_seconds is not a number ({str(value)[:40]!r})")
+    try:
+        seconds = float(value)
+    except ValueError:
+        raise FileFailed(f"server: audio_seconds is not a number ({value[:40]!r})") from None
+    if not math.isfinite(seconds) or seconds < 0:
+        raise FileFailed(f"server: audio_seconds is not a duration ({seconds!r})")
+    return seconds
 
 
 # ---------------------------------------------------------------------------------------------
@@ -383,8 +406,10 @@ class Runner:
     main thread only counts results and draws the bar. On Ctrl-C (or SIGTERM) no new file is
     taken and no new output begun; outputs being written are finished before the run ends."""
 
-    def __init__(self, backend, formats: Sequence[str], jobs: int, progress: bool):
+    def __init__(self, backend, formats: Sequence[str], jobs: int, progress: bool,
+                 output_dir: Path | None = None):
         self.backend, self.formats, self.jobs, self.progress = backend, formats, jobs, progress
+        self.output_dir = output_dir  # nothing is written outside it
         self.stopping = threading.Event()
         self._lock = threading.Condition()
         self._writing = 0
@@ -454,7 +479,7 @@ class Runner:
             try:
                 for fmt in self.formats:
                     target = output_path(task.out, fmt)
-                    write_atomic(target, bodies[fmt])
+                    write_atomic(target, bodies[fmt], self.output_dir)
             except OSError as e:
                 return task, None, f"cannot write {target}: {e.strerror or e}"
             finally:
@@ -594,7 +619,8 @@ def main(argv=None) -> int:
                     if threading.current_thread() is threading.main_thread() else None)
         try:
             with _backend(args, options) as backend:
-                Runner(backend, args.format, args.jobs, progress=not args.quiet).run(plan.todo, tally)
+                Runner(backend, args.format, args.jobs, progress=not args.quiet,
+                       output_dir=args.output_dir).run(plan.todo, tally)
         except StartFailed as e:
             print(f"error: {e}", file=sys.stderr)
             return EXIT_START

@@ -13,6 +13,10 @@
   requests that never reached the server whole (refused connection: a server restarting). Any other refusal raises :class:`ApiError` with the
   server's status, stable code and message.
 * Uploads stream from disk: a file is never read whole into memory here.
+* What a server sends back is capped (issue 19: a hostile server's 3 GiB "result" took a CLI to
+  9.5 GB and was written twice): a body over ``max_response_bytes`` (64 MiB; an error's over 64
+  KiB) is cut off and raises :class:`ResponseTooLarge`, gzip or not; a job JSON that is not an
+  object, or a job id that is not an id, raises :class:`BadResponse`.
 * ``token`` is sent as ``Authorization: Bearer <token>``, as the server (and OpenAI's client) expect.
 * httpx and the standard library only (no torch): a laptop can feed a remote GPU server.
   Thread-safe: one client may serve many threads (httpx's connection pool).
@@ -25,6 +29,7 @@ from __future__ import annotations
 import dataclasses
 import email.utils
 import os
+import re
 import threading
 import time
 from collections.abc import Mapping
@@ -40,6 +45,9 @@ FINISHED = ("done", "failed", "purged")  # job states that never change again
 POLL_FIRST_S = 0.2  # s, the first poll interval; it grows by POLL_GROWTH up to POLL_MAX_S
 POLL_GROWTH = 1.5
 POLL_MAX_S = 2.0  # s
+MAX_RESPONSE_BYTES = 64 * 1024 * 1024  # a job JSON or an export (a 4 h recording's is a few MB)
+MAX_ERROR_BYTES = 64 * 1024  # an error answer's body (its JSON is under 1 KB)
+JOB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$")  # what the server's ids look like
 
 
 # transport errors raised before the request was sent whole: the server has no job from it
@@ -54,6 +62,21 @@ class ApiError(Exception):
     def __init__(self, status: int, code: str, message: str, retry_after: float | None = None):
         super().__init__(f"{code}: {message}")
         self.status, self.code, self.message, self.retry_after = status, code, message, retry_after
+
+
+class ResponseTooLarge(ApiError):
+    """The server's answer was larger than this client reads (the rest was not read)."""
+
+    def __init__(self, status: int, limit: int):
+        super().__init__(status, "response_too_large",
+                         f"the server's answer is larger than {limit} bytes; nothing was kept")
+
+
+class BadResponse(ApiError):
+    """The server's answer is not what the API sends (not JSON, not an object, a bad job id)."""
+
+    def __init__(self, status: int, message: str):
+        super().__init__(status, "bad_response", message)
 
 
 class WaitTimeout(TimeoutError):
@@ -88,6 +111,38 @@ def _form(options: Any) -> dict[str, str]:
             for k, v in options.items() if v is not None}
 
 
+def read_capped(response: httpx.Response, limit: int) -> httpx.Response:
+    """``response`` (opened with ``stream=True``) read whole if it is at most ``limit`` bytes
+    (after content decoding), as a closed, fully read response; ResponseTooLarge otherwise."""
+    try:
+        declared = response.headers.get("content-length", "")
+        if declared.isdigit() and int(declared) > limit and "content-encoding" not in response.headers:
+            raise ResponseTooLarge(response.status_code, limit)
+        chunks, size = [], 0
+        for chunk in response.iter_bytes():
+            size += len(chunk)
+            if size > limit:
+                raise ResponseTooLarge(response.status_code, limit)
+            chunks.append(chunk)
+    finally:
+        response.close()
+    headers = [(k, v) for k, v in response.headers.multi_items()
+               if k.lower() not in ("content-encoding", "content-length", "transfer-encoding")]
+    return httpx.Response(response.status_code, headers=headers, content=b"".join(chunks),
+                          request=response.request)
+
+
+def json_object(response: httpx.Response) -> dict:
+    """The answer's JSON object; BadResponse when it is not one."""
+    try:
+        body = response.json()
+    except ValueError:
+        body = None
+    if not isinstance(body, dict):
+        raise BadResponse(response.status_code, "the server's answer is not a JSON object")
+    return body
+
+
 def _error(response: httpx.Response) -> ApiError:
     """The server's ``{"error": {"code", "message"}}`` (or OpenAI's shape) as an ApiError."""
     code, message = f"http_{response.status_code}", response.text[:500]
@@ -110,10 +165,12 @@ class Client:
 
     def __init__(self, base_url: str, token: str | None = None, *, timeout: float = 300.0,
                  busy_timeout: float = 3600.0, transport: httpx.BaseTransport | None = None,
-                 sleep: Callable[[float], None] = time.sleep):
+                 sleep: Callable[[float], None] = time.sleep,
+                 max_response_bytes: int = MAX_RESPONSE_BYTES):
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         self.base_url = base_url.rstrip("/")
         self.busy_timeout = busy_timeout
+        self.max_response_bytes = max_response_bytes
         self.sleep = sleep
         self.retries = 0  # busy answers and refused connections retried so far (all threads)
         self._lock = threading.Lock()
@@ -133,7 +190,21 @@ class Client:
 
     def health(self) -> bool:
         """True when the server answers ``/healthz`` (raises httpx.HTTPError when unreachable)."""
-        return self._http.get("/healthz").status_code == 200
+        return self._send(self._http.build_request("GET", "/healthz")).status_code == 200
+
+    def _send(self, request: httpx.Request) -> httpx.Response:
+        """Send ``request`` and read its answer within the caps (an error's is smaller)."""
+        response = self._http.send(request, stream=True)
+        limit = self.max_response_bytes if response.is_success else MAX_ERROR_BYTES
+        try:
+            return read_capped(response, limit)
+        except ResponseTooLarge:
+            if response.is_success:
+                raise
+            # an error's body cut off: its status is still the answer
+            return httpx.Response(response.status_code, headers={
+                k: v for k, v in response.headers.items() if k.lower() == "retry-after"},
+                content=b"", request=request)
 
     def submit(self, audio: str | os.PathLike | bytes, options: Any = None, *,
                filename: str | None = None) -> str:
@@ -145,17 +216,26 @@ class Client:
         def post() -> httpx.Response:
             if isinstance(audio, (bytes, bytearray, memoryview)):
                 files = {"file": (filename or "audio", bytes(audio), "application/octet-stream")}
-                return self._http.post("/api/jobs", data=fields, files=files)
+                return self._send(self._http.build_request("POST", "/api/jobs", data=fields,
+                                                           files=files))
             path = Path(audio)
             with path.open("rb") as f:  # reopened on each attempt: a retry sends it whole again
                 files = {"file": (filename or path.name, f, "application/octet-stream")}
-                return self._http.post("/api/jobs", data=fields, files=files)
+                return self._send(self._http.build_request("POST", "/api/jobs", data=fields,
+                                                           files=files))
 
-        return str(self._call(post).json()["id"])
+        response = self._call(post)
+        job_id = json_object(response).get("id")
+        if not isinstance(job_id, str) or not JOB_ID.match(job_id):
+            raise BadResponse(response.status_code, f"the server's job id {str(job_id)[:80]!r} "
+                              "is not an id")
+        return job_id
 
     def get(self, job_id: str) -> dict:
         """The job's JSON (status, audio_seconds, result, error, ...)."""
-        return self._call(lambda: self._http.get(f"/api/jobs/{job_id}"), idempotent=True).json()
+        return json_object(self._call(
+            lambda: self._send(self._http.build_request("GET", f"/api/jobs/{job_id}")),
+            idempotent=True))
 
     def wait(self, job_id: str, timeout: float = 3600.0) -> dict:
         """Poll the job until it is done, failed or purged; its JSON. Raises :class:`WaitTimeout`
@@ -177,8 +257,8 @@ class Client:
         as query parameters (e.g. ``tags=False``)."""
         query = {"format": format, **{k: ("true" if v else "false") if isinstance(v, bool) else v
                                       for k, v in params.items()}}
-        return self._call(lambda: self._http.get(f"/api/jobs/{job_id}/result", params=query),
-                          idempotent=True).content
+        return self._call(lambda: self._send(self._http.build_request(
+            "GET", f"/api/jobs/{job_id}/result", params=query)), idempotent=True).content
 
     # -- retries --------------------------------------------------------------------------------
 

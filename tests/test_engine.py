@@ -177,11 +177,12 @@ def test_fused_block_arithmetic_matches_the_eager_reference(tiny_engine, clips):
 
 def test_fused_block_notices_a_wrong_fsmn(tiny_engine, clips, monkeypatch):
     """The check above can fail: a 1 % error in the FSMN memory moves the logits well past it."""
-    from pipeline.model import fused
+    from pipeline.model import kernels
     from pipeline.model.fused import CompiledBlocks
 
-    right = fused.fsmn_memory
-    monkeypatch.setattr(fused, "fsmn_memory", lambda vm, taps, left: right(vm, taps, left) * 1.01)
+    right = kernels.fsmn_memory_reference
+    monkeypatch.setattr(kernels, "fsmn_memory_reference",
+                        lambda v, mask, taps, left: right(v, mask, taps, left) * 1.01)
     core = tiny_engine.core
     with torch.inference_mode():
         x, lens, ban = _inputs(tiny_engine, clips, OPTS)
@@ -215,3 +216,31 @@ def test_compiled_fused_engine_gives_funasr_tokens(tiny_am, clips, tmp_path):
     assert list(single.token_ids) == funasr_ids(tiny_am, clips[2], OPTS[1])
     with engine.compiled.no_recompile():  # batch and frames are dynamic: a new shape reuses it
         engine.transcribe([torch.from_numpy(c[:20_000]) for c in clips[:3]], OPTS[:3])
+
+
+def test_fsmn_triton_kernel_equals_the_reference():
+    """The CUDA kernel of the FSMN memory, run by Triton's interpreter on the CPU: equal to the
+    PyTorch arithmetic for strided values (a slice of the fused q|k|v), padded rows, odd sizes."""
+    pytest.importorskip("triton")
+    import subprocess
+    import sys
+
+    code = """
+import torch
+from pipeline.model.kernels import fsmn_memory_reference, fsmn_memory_triton
+g = torch.Generator().manual_seed(0)
+for b, t, d, k, left in ((3, 37, 160, 11, 5), (2, 5, 512, 11, 5), (1, 20, 96, 7, 2)):
+    qkv = torch.randn(b, t, 3 * d, generator=g)
+    v = qkv[:, :, 2 * d:]
+    lens = torch.tensor([t] + [max(1, t - 7 * i) for i in range(1, b)])
+    mask = (torch.arange(t)[None] < lens[:, None]).float()
+    taps = torch.randn(d, k, generator=g)
+    err = (fsmn_memory_reference(v, mask, taps, left) - fsmn_memory_triton(v, mask, taps, left)).abs().max()
+    assert err < 1e-5, (b, t, d, k, left, float(err))
+print("ok")
+"""
+    import os
+
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
+    assert r.returncode == 0 and r.stdout.strip().endswith("ok"), r.stderr[-2000:]

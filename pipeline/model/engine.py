@@ -89,6 +89,19 @@ class EncoderCore(torch.nn.Module):
         self.compiled = compiled
         self.blocks = [fused_mod.block_weights(layer, dtype, ln_dtype) for layer in self.layers]
         self.tp_blocks = [fused_mod.block_weights(layer, dtype, ln_dtype) for layer in self.tp_layers]
+        self._lo_padded: tuple[torch.Tensor, torch.Tensor] | None = None  # made on first use
+
+    def lo_padded(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The CTC projection with its rows padded to a multiple of 64 (bias -inf: never chosen)."""
+        if self._lo_padded is None:
+            w, b = self.lo.weight.detach(), self.lo.bias.detach()
+            rows = _round_up(w.shape[0], 64)
+            wp = torch.zeros(rows, w.shape[1], device=w.device, dtype=w.dtype)
+            bp = torch.full((rows,), float("-inf"), device=b.device, dtype=b.dtype)
+            wp[: w.shape[0]] = w
+            bp[: b.shape[0]] = b
+            self._lo_padded = (wp, bp)
+        return self._lo_padded
 
     @property
     def fused(self) -> bool:
@@ -183,8 +196,8 @@ class EncoderCore(torch.nn.Module):
                                                        logits[:, :, EMO_UNKNOWN_ID])
             return logits
         c.mark((x, (0, 1)))
-        return c.head(x, ln_w, ln_b, float(self.enc.tp_norm.eps), self.lo.weight, self.lo.bias,
-                      ban_emo_unk, EMO_UNKNOWN_ID)
+        lo_w, lo_b = self.lo_padded()
+        return c.head(x, ln_w, ln_b, float(self.enc.tp_norm.eps), lo_w, lo_b, ban_emo_unk, EMO_UNKNOWN_ID)
 
 
 class _Graph:

@@ -202,6 +202,10 @@ class Settings(BaseSettings):
         256 * 1024, ge=4096, description="Largest frame a live stream may send, bytes (256 KiB: "
         "2.7 s of 48 kHz PCM); larger gets frame_too_large. The WebSocket layer itself refuses "
         "messages over twice this (close 1009).")
+    live_burst_s: float = Field(
+        10.0, ge=0, description="Audio a live stream may send ahead of real time, seconds: beyond "
+        "real time plus this burst the server stops reading the stream until its audio is due "
+        "(back-pressure), so a sender faster than real time costs no more than a real-time one.")
     live_max_buffered_s: float = Field(
         60.0, gt=0, description="Audio one live stream may hold while it waits for the model "
         "(the utterance in progress plus finals not yet decoded; at least the longest utterance "

@@ -14,6 +14,8 @@ Three parts:
   One window per call costs 0.25 ms and 64 rows per call 2 ms on this 2-core machine (vad.py's
   figures), so 500 streams at real time (15,600 windows/s) take about half a core rather than four.
   Conversion and resampling run on that thread too: the event loop only hands bytes over.
+  Rounds are fair: each takes the next ``PIECE_S`` of input of every waiting stream, so a stream
+  with a large frame of 192 kHz audio never makes another stream's frame wait for all of it.
 * :class:`Endpointer` -- silero's hysteresis (``get_speech_timestamps_from_probs``: a region
   starts at a window >= ``threshold`` and ends where ``min_silence`` of windows under
   ``threshold - 0.15`` began; regions not longer than ``min_speech`` are dropped), the offline
@@ -32,9 +34,10 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -49,6 +52,7 @@ logger = logging.getLogger("sensevoice.live.vad")
 MIN_RATE = 8_000  # Hz, the lowest input rate a live stream may declare
 MAX_RATE = 192_000  # Hz, the highest
 MAX_ROWS = 256  # windows scored in one silero call (streams beyond it wait for the next step)
+PIECE_S = 0.25  # input audio of one stream scored per round (a larger frame takes more rounds)
 PCM_SCALE = 32768.0  # s16 -> [-1, 1), as FFmpeg converts it
 
 
@@ -115,10 +119,22 @@ class StreamAudio:
 
 @dataclass(eq=False)
 class _Request:
+    """One frame of one stream, cut into pieces of at most ``piece_s`` of input audio."""
+
     audio: StreamAudio
+    future: Future
+    pieces: int  # pieces not yet scored
+    started: bool = False  # its first piece was taken
+    dead: bool = False  # cancelled before it ran, or failed: its other pieces are skipped
+    samples: list = field(default_factory=list)
+    probs: list = field(default_factory=list)
+
+
+@dataclass(eq=False)
+class _Piece:
+    request: _Request
     data: bytes
     flush: bool
-    future: Future
     rows: np.ndarray | None = None
     samples: np.ndarray | None = None
     probs: np.ndarray | None = None
@@ -127,20 +143,28 @@ class _Request:
 class StreamScorer:
     """Scores the windows of every live stream on one thread, batched (see the module docstring).
 
+    Fair across streams: a frame is cut into pieces of at most ``piece_s`` of input audio, and
+    each scoring round takes the next piece of every stream that has one (round robin). A stream
+    with a large backlog (a large frame of 192 kHz audio) therefore costs each round what any
+    other stream costs, and another stream's frame waits at most one round, never for that
+    backlog (issue 19: a real-time stream's frames waited behind 8 fast senders' frames).
+
     :meth:`score` never blocks: it queues the frame and returns a future of :class:`Scored`.
     silero loads on the thread at the first request. Thread-safe."""
 
     _shared: StreamScorer | None = None
     _shared_lock = threading.Lock()
 
-    def __init__(self, max_rows: int = MAX_ROWS):
+    def __init__(self, max_rows: int = MAX_ROWS, piece_s: float = PIECE_S):
         self.max_rows = max_rows
+        self.piece_s = piece_s
         self._cond = threading.Condition()
-        self._pending: list[_Request] = []
+        self._queues: dict[StreamAudio, deque[_Piece]] = {}  # per stream, in arrival order
         self._thread: threading.Thread | None = None
         self._net: Any = None
         self.calls = 0  # silero calls made (for the benchmark and the tests)
         self.rows = 0  # windows scored
+        self.rounds = 0  # scoring rounds (one piece of each waiting stream)
 
     @classmethod
     def shared(cls) -> StreamScorer:
@@ -152,14 +176,17 @@ class StreamScorer:
 
     def score(self, audio: StreamAudio, data: bytes, flush: bool = False) -> Future:
         """Queue one frame of ``audio``'s stream; the future gets its :class:`Scored`."""
-        request = _Request(audio, bytes(data), flush, Future())
+        step = max(2, int(audio.sample_rate * self.piece_s) * 2)  # bytes of s16 input
+        cuts = [bytes(data[i:i + step]) for i in range(0, len(data), step)] or [b""]
+        request = _Request(audio, Future(), len(cuts))
+        pieces = [_Piece(request, cut, flush and k == len(cuts) - 1) for k, cut in enumerate(cuts)]
         with self._cond:
             if self._thread is None:
                 with _torch_threads_kept():  # the thread's set_num_threads changes the default
                     self._thread = threading.Thread(target=self._run, name="sensevoice-live-vad",
                                                     daemon=True)
                     self._thread.start()
-            self._pending.append(request)
+            self._queues.setdefault(audio, deque()).extend(pieces)
             self._cond.notify()
         return request.future
 
@@ -172,54 +199,78 @@ class StreamScorer:
             self._net = e
         while True:
             with self._cond:
-                while not self._pending:
+                while not self._queues:
                     self._cond.wait()
-                batch, self._pending = self._pending, []
+                batch = []
+                for audio in list(self._queues):  # one piece of each waiting stream
+                    queue = self._queues[audio]
+                    batch.append(queue.popleft())
+                    if not queue:
+                        del self._queues[audio]
+            self.rounds += 1
             self._serve(batch)
 
-    def _serve(self, batch: list[_Request]) -> None:
-        live = [r for r in batch if r.future.set_running_or_notify_cancel()]
+    def _serve(self, batch: list[_Piece]) -> None:
+        live = []
+        for piece in batch:
+            r = piece.request
+            if not r.started and not r.dead:
+                r.started = True
+                r.dead = not r.future.set_running_or_notify_cancel()  # cancelled before it ran
+            if not r.dead:
+                live.append(piece)
         if isinstance(self._net, BaseException):
-            for r in live:
-                r.future.set_exception(RuntimeError(f"speech detection is unavailable: {self._net}"))
+            for piece in live:
+                self._fail(piece.request, RuntimeError(f"speech detection is unavailable: {self._net}"))
             return
         ready = []
-        for r in live:
+        for piece in live:
             try:
-                r.samples = r.audio.convert(r.data, r.flush)
-                r.rows = r.audio.windows(r.samples, r.flush)
-                r.probs = np.zeros(len(r.rows), dtype=np.float32)
-                ready.append(r)
+                piece.samples = piece.request.audio.convert(piece.data, piece.flush)
+                piece.rows = piece.request.audio.windows(piece.samples, piece.flush)
+                piece.probs = np.zeros(len(piece.rows), dtype=np.float32)
+                ready.append(piece)
             except Exception as e:  # a stream's own fault (never seen: any bytes are PCM)
-                r.future.set_exception(e)
+                self._fail(piece.request, e)
         try:
             self._score(ready)
         except Exception as e:
             logger.exception("live speech detection failed")
-            for r in ready:
-                r.future.set_exception(RuntimeError(f"speech detection failed: {e}"))
+            for piece in ready:
+                self._fail(piece.request, RuntimeError(f"speech detection failed: {e}"))
             return
-        for r in ready:
-            r.future.set_result(Scored(r.samples, r.probs))
+        for piece in ready:
+            r = piece.request
+            r.samples.append(piece.samples)
+            r.probs.append(piece.probs)
+            r.pieces -= 1
+            if r.pieces == 0:
+                r.future.set_result(Scored(np.concatenate(r.samples), np.concatenate(r.probs)))
 
-    def _score(self, requests: list[_Request]) -> None:
-        """Step through the requests' windows: step t scores window t of every request that has
+    @staticmethod
+    def _fail(request: _Request, e: BaseException) -> None:
+        if not request.dead:
+            request.dead = True
+            request.future.set_exception(e)
+
+    def _score(self, pieces: list[_Piece]) -> None:
+        """Step through the pieces' windows: step t scores window t of every piece that has
         one, in groups of at most ``max_rows``, each row with its stream's state."""
-        steps = max((len(r.rows) for r in requests), default=0)
+        steps = max((len(p.rows) for p in pieces), default=0)
         with torch.inference_mode():
             for t in range(steps):
-                active = [r for r in requests if len(r.rows) > t]
+                active = [p for p in pieces if len(p.rows) > t]
                 for g in range(0, len(active), self.max_rows):
                     group = active[g:g + self.max_rows]
-                    x = torch.from_numpy(np.stack([r.rows[t] for r in group]))
-                    state = torch.cat([r.audio.state for r in group], dim=1)
+                    x = torch.from_numpy(np.stack([p.rows[t] for p in group]))
+                    state = torch.cat([p.request.audio.state for p in group], dim=1)
                     out, state = self._net(x, state)
                     self.calls += 1
                     self.rows += len(group)
                     probs = out[:, 0].numpy()
-                    for j, r in enumerate(group):
-                        r.probs[t] = probs[j]
-                        r.audio.state = state[:, j:j + 1].clone()
+                    for j, p in enumerate(group):
+                        p.probs[t] = probs[j]
+                        p.request.audio.state = state[:, j:j + 1].clone()
 
 
 # ---------------------------------------------------------------------------- endpointing

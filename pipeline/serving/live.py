@@ -21,7 +21,8 @@ its protocol (pipeline/web/routes/stream.py serves the native one and FunASR's):
 * **captions out**: the driver awaits ``emit(caption)``: a client that reads slowly slows its own
   stream only, and holds up its decodes rather than piling up captions.
 
-Bounded per stream whatever the client sends: the frame size (the route checks it), the audio held
+Bounded per stream whatever the client sends: its pace (real time plus ``burst_s``: a faster sender
+waits, :class:`RealTimePace`), the frame size (the route checks it), the audio held
 while it waits for the model (``max_buffered_s``: beyond it :meth:`feed` waits for the decodes,
 which stops reading the socket; after ``idle_timeout_s`` of that, ``live_overloaded``), a decode's
 wait (``decode_timeout_s``: a worker that died or hangs ends the stream with ``not_ready``), the audio
@@ -74,6 +75,7 @@ class LiveLimits:
     max_stream_s: float = 4 * 3600.0
     max_frame_bytes: int = 256 * 1024
     max_buffered_s: float = 60.0
+    burst_s: float = 10.0  # audio a stream may send ahead of real time
     decode_timeout_s: float = 60.0  # a decode not answered by then: the workers are gone or hung
 
     @classmethod
@@ -85,7 +87,8 @@ class LiveLimits:
                    idle_timeout_s=settings.live_idle_timeout_s,
                    max_stream_s=settings.live_max_stream_s,
                    max_frame_bytes=settings.live_max_frame_bytes,
-                   max_buffered_s=settings.live_max_buffered_s)
+                   max_buffered_s=settings.live_max_buffered_s,
+                   burst_s=settings.live_burst_s)
 
     @property
     def buffered_samples(self) -> int:
@@ -165,6 +168,34 @@ class AudioBuffer:
         self.base = keep_from
 
 
+class RealTimePace:
+    """A stream's audio is taken at most at real time plus ``burst_s`` (issue 19: 8 senders of
+    192 kHz noise as fast as accepted took a real-time stream's speech-end -> final from 0.4 to
+    5.5 s). :meth:`admit` waits until a frame is due: the stream's socket is not read meanwhile,
+    so a faster client is slowed by TCP back-pressure, and costs the server what a real-time one
+    costs."""
+
+    def __init__(self, sample_rate: int, burst_s: float, clock=time.monotonic):
+        self.bytes_per_s = 2.0 * sample_rate  # s16le mono
+        self.burst_s = burst_s
+        self.clock = clock
+        self.started = clock()
+        self.received = 0  # bytes so far
+        self.waited_s = 0.0  # how long this stream was held back in all
+
+    def ahead_s(self, incoming: int = 0) -> float:
+        """How far the stream (with ``incoming`` more bytes) is ahead of real time plus the burst."""
+        sent_s = (self.received + incoming) / self.bytes_per_s
+        return sent_s - (self.clock() - self.started) - self.burst_s
+
+    async def admit(self, n: int) -> None:
+        wait = self.ahead_s(n)
+        if wait > 0:
+            self.waited_s += wait
+            await asyncio.sleep(wait)
+        self.received += n
+
+
 def _seconds(samples: int) -> float:
     return round(samples / SAMPLE_RATE, 3)
 
@@ -196,6 +227,7 @@ class LiveSession:
         self._wake = asyncio.Event()  # new audio, a final queued, the end
         self._progress = asyncio.Event()  # a final decoded (held audio shrank)
         self._ending = False
+        self.pace = RealTimePace(sample_rate, self.limits.burst_s)
         self.failed: asyncio.Future = asyncio.get_running_loop().create_future()
         self._driver = asyncio.create_task(self._drive(), name="sensevoice-live-driver")
 
@@ -204,6 +236,7 @@ class LiveSession:
         """One binary frame of s16le PCM (any length). Frames shorter than MIN_FEED_S are
         gathered first: a client sending tiny frames costs the speech scorer no more calls."""
         self._check()
+        await self.pace.admit(len(data))  # never faster than real time plus the burst
         if len(self._gathered) + len(data) < self._min_feed:
             self._gathered += data
             return

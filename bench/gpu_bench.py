@@ -141,9 +141,9 @@ class Bench:
         log("setup done", m)
 
     def engine(self, dtype: str, graphs: bool, batches=(1, 2, 4, 8, 16, 32, 64, 128),
-               fp32_residual: bool = False, fused: bool | None = None, prefill_batch: int = 8):
+               fp32_residual: bool = False, fused: bool | None = None, prefill_batch: int = 1):
         """An engine as the service builds it; fused (compiled) by default on CUDA. Compiles in
-        this thread (timed), then captures the prefill graphs (batches <= 8, every length)."""
+        this thread (timed), then captures the prefill graphs (a batch of one, every length)."""
         from pipeline.model.engine import SenseVoiceEngine
 
         fused = self.cuda and not self.args.eager if fused is None else fused
@@ -505,6 +505,8 @@ class Bench:
         # (3) batch-size sweep, engine alone (features + encoder + CTC + decode, waves on device)
         sweep = S.setdefault("batch_sweep_10s", {})
         for b in (1, 2, 4, 8, 16, 32, 64, 128):
+            if self.cuda:  # captured as the worker would after the first such batch
+                self.want_graphs(eng, [(b, self.clips10[0])])
             waves = gpu([self.clips10[i % 8] for i in range(b)])
             ts = self.timeit(lambda: eng.transcribe(waves, [opts] * b), self.args.n)
             st = stats_ms(ts)

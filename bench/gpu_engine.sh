@@ -4,7 +4,8 @@
 #   bash bench/gpu_engine.sh bench      # bench/gpu_bench.py: eager vs fused, through the worker,
 #                                       # fidelity, one hour (GPU speech detection); $OUT/results.json
 #   bash bench/gpu_engine.sh startup    # bench/gpu_startup.py (cold and warm compile cache) and the
-#                                       # CUDA-only tests (tests -m requires_cuda)
+#                                       # CUDA-only tests (tests -m requires_cuda; their espeak-ng
+#                                       # media made here and carried in .gpu-media)
 # The full-size model (random weights) is built once per machine under /tmp.
 set -uo pipefail
 OUT=${OUT:-$(mktemp -d)}
@@ -28,6 +29,7 @@ case "${1:-bench}" in
     tail -25 "$OUT/startup.log"
     python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/pytest*.whl .whl/pluggy*.whl \
       .whl/iniconfig*.whl >/dev/null 2>&1
-    python3 -m pytest -q -p no:cacheprovider -m requires_cuda tests/test_engine.py tests/test_vad.py 2>&1 \
+    SENSEVOICE_TEST_MEDIA=$PWD/.gpu-media python3 -m pytest -q -p no:cacheprovider -m requires_cuda \
+      tests/test_engine.py tests/test_vad.py 2>&1 \
       | grep -v torch_complex | tail -15;;
 esac

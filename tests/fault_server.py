@@ -38,15 +38,22 @@ def inject(fault: str) -> None:
     if fault == "freeze":
         freeze_on_request()
         return
-    clean = SenseVoiceEngine.transcribe
+    clean = SenseVoiceEngine.transcribe_async
 
-    def transcribe(self, waves, options):
+    class Faulty:
+        """A batch the device never completes: its result hangs or raises, as a real GPU fault
+        surfaces when the finisher thread waits for the batch."""
+
+        def result(self):
+            time.sleep(3600 if fault == "hang" else 1.0)  # long enough for more jobs to queue behind
+            raise RuntimeError("CUDA error: an illegal memory access was encountered (injected)")
+
+    def transcribe_async(self, waves, options):
         if not threading.current_thread().name.startswith("sensevoice-worker"):
             return clean(self, waves, options)  # start-up warm-up runs clean
-        time.sleep(3600 if fault == "hang" else 1.0)  # long enough for more jobs to queue behind
-        raise RuntimeError("CUDA error: an illegal memory access was encountered (injected)")
+        return Faulty()
 
-    SenseVoiceEngine.transcribe = transcribe
+    SenseVoiceEngine.transcribe_async = transcribe_async
 
 
 if __name__ == "__main__":

@@ -447,7 +447,8 @@ def _score_on_device(net: Any, x: torch.Tensor, on_progress: Callable[[float], N
     state = torch.zeros(2, lanes, STATE_SIZE, device=dev)
     out = torch.empty(lanes, steps, device=dev)
     every = max(1, steps // PROGRESS_STEPS)
-    with torch.inference_mode():
+    # full fp32 convolutions (cuDNN would use TF32 by default: 10-bit mantissas in the STFT)
+    with torch.inference_mode(), torch.backends.cudnn.flags(enabled=True, allow_tf32=False):
         for s in range(steps):
             p, state = net(view[(start_d + s).clamp(max=nw - 1)], state)
             out[:, s] = p[:, 0]

@@ -213,8 +213,7 @@ class _Graph:
         self.x.zero_()
         stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(stream):
-            for _ in range(2):  # warm up kernels and the allocator outside capture
-                core(self.x, self.lengths, self.ban)
+            core(self.x, self.lengths, self.ban)  # the allocator's blocks, outside the capture
         torch.cuda.current_stream().wait_stream(stream)
         self.graph = torch.cuda.CUDAGraph()
         # thread_local: another thread's CUDA work (decoding, speech detection, a live stream's
@@ -232,6 +231,25 @@ class _Graph:
         self.ban[:b].copy_(ban)
         self.graph.replay()
         return self.ids[:b, :t]
+
+
+@dataclass
+class PendingBatch:
+    """A batch queued on the device: its token ids arrive in host memory when ``event`` fires."""
+
+    engine: "SenseVoiceEngine"
+    host: torch.Tensor  # [B, T] int32, -1 where nothing is emitted
+    runs: torch.Tensor | None  # [B, T] bool, run starts (word times only)
+    lengths: list[int]
+    word_times: list[bool]
+    event: "torch.cuda.Event | None"
+
+    def result(self) -> list[EngineOutput]:
+        """Wait for the ids (this thread only), then detokenise on the host."""
+        if self.event is not None:
+            self.event.synchronize()
+        runs = self.runs.numpy() if self.runs is not None else None
+        return self.engine._host_decode(self.host.numpy(), runs, self.lengths, self.word_times)
 
 
 class SenseVoiceEngine:
@@ -290,10 +308,11 @@ class SenseVoiceEngine:
     def in_dim(self) -> int:
         return int(self._queries.shape[-1])
 
-    def plan_graphs(self, batch_sizes: Sequence[int], max_seconds: float, prefill_batch: int = 8) -> None:
+    def plan_graphs(self, batch_sizes: Sequence[int], max_seconds: float, prefill_batch: int = 1) -> None:
         """Serve (batch bucket, length bucket) shapes from CUDA graphs, captured lazily by
-        :meth:`idle_step`: every length bucket for batches up to ``prefill_batch`` is queued now,
-        larger batch buckets when a batch first needs one. No GPU work here."""
+        :meth:`idle_step` (~0.1 s each): every length bucket for batches up to ``prefill_batch``
+        (a lone clip, the idle-latency case) is queued now, other buckets when a batch first
+        needs one. No GPU work here."""
         if self.device.type != "cuda" or not batch_sizes:
             return
         self._graph_batches = sorted(set(int(b) for b in batch_sizes))
@@ -406,22 +425,31 @@ class SenseVoiceEngine:
         return secs
 
     # ------------------------------------------------------------------ inference
+    def _to_device(self, t: torch.Tensor) -> torch.Tensor:
+        """Host -> device without making the host wait for the GPU's queued work: pinned memory
+        and an asynchronous copy on CUDA (a pageable copy waits for the stream to drain)."""
+        if self.device.type != "cuda" or t.device.type == "cuda":
+            return t.to(self.device)
+        return t.pin_memory().to(self.device, non_blocking=True)
+
     def features(self, waves: Sequence[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
         """16 kHz waves (1-D float32, any device) -> padded features on the device."""
         lengths = [int(w.shape[0]) for w in waves]
-        batch = torch.nn.utils.rnn.pad_sequence([w.to(self.device, torch.float32) for w in waves],
-                                                batch_first=True)
-        lens_t = torch.tensor(lengths, device=self.device)
+        if all(w.device == self.device for w in waves):
+            batch = torch.nn.utils.rnn.pad_sequence([w.float() for w in waves], batch_first=True)
+        else:  # one padded host batch, one asynchronous copy
+            batch = self._to_device(torch.nn.utils.rnn.pad_sequence(
+                [w.to("cpu", torch.float32) for w in waves], batch_first=True))
+        lens_t = self._to_device(torch.tensor(lengths))
         feats, _ = self.frontend(batch, lens_t)
         return feats, lens_t, [num_lfr_frames(n) for n in lengths]
 
     def encoder_inputs(self, feats: torch.Tensor, frames: Sequence[int],
                        options: Sequence[TranscribeOptions]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        rows = torch.tensor([LID[o.language] * 2 + (0 if o.use_itn else 1) for o in options],
-                            device=self.device)
+        rows = self._to_device(torch.tensor([LID[o.language] * 2 + (0 if o.use_itn else 1) for o in options]))
         x = torch.cat([self._queries[rows], feats.to(self.dtype)], dim=1)
-        lengths = torch.tensor([f + N_QUERIES for f in frames], device=self.device)
-        ban = torch.tensor([o.ban_emo_unk for o in options], device=self.device)
+        lengths = self._to_device(torch.tensor([f + N_QUERIES for f in frames]))
+        ban = self._to_device(torch.tensor([o.ban_emo_unk for o in options]))
         return x, lengths, ban
 
     def _pick_graph(self, b: int, t: int) -> _Graph | None:
@@ -454,23 +482,46 @@ class SenseVoiceEngine:
     def transcribe(self, waves: Sequence[torch.Tensor],
                    options: Sequence[TranscribeOptions]) -> list[EngineOutput]:
         """Transcribe a batch of 16 kHz waves; each item has its own options."""
+        return self.transcribe_async(waves, options).result()
+
+    @torch.inference_mode()
+    def transcribe_async(self, waves: Sequence[torch.Tensor],
+                         options: Sequence[TranscribeOptions]) -> "PendingBatch":
+        """Queue a batch on the device and return at once (on CUDA the host never waits for the
+        GPU here): :meth:`PendingBatch.result` waits for its token ids and detokenises. The next
+        batch may be queued before this one's result is read: the worker overlaps them."""
         feats, _, frames = self.features(waves)
         x, lengths, ban = self.encoder_inputs(feats, frames, options)
         ids = self.forward_ids(x, lengths, ban)
-        return self.decode(ids, lengths, [o.word_timestamps for o in options])
+        return self._launch_decode(ids, lengths, [f + N_QUERIES for f in frames],
+                                   [o.word_timestamps for o in options])
 
     def decode(self, ids: torch.Tensor, lengths: torch.Tensor,
                word_times: Sequence[bool] = ()) -> list[EngineOutput]:
         """Greedy CTC on the device (collapse repeats, drop blanks and padding), ids to host.
         Items with ``word_times`` also get words timed by their CTC runs (funasr's 60 ms rule)."""
+        return self._launch_decode(ids, lengths, lengths.tolist(), word_times).result()
+
+    def _launch_decode(self, ids: torch.Tensor, lengths: torch.Tensor, host_lengths: list[int],
+                       word_times: Sequence[bool]) -> "PendingBatch":
         t = ids.shape[1]
         valid = torch.arange(t, device=ids.device)[None, :] < lengths[:, None]
         starts = torch.ones_like(ids, dtype=torch.bool)  # a new run of one symbol starts here
         starts[:, 1:] = ids[:, 1:] != ids[:, :-1]
         keep = starts & (ids != BLANK_ID) & valid
-        host = torch.where(keep, ids, -1).to(torch.int32).cpu().numpy()
-        runs = (starts & valid).cpu().numpy() if any(word_times) else None
-        lens = lengths.tolist()
+        kept = torch.where(keep, ids, -1).to(torch.int32)
+        runs = (starts & valid) if any(word_times) else None
+        cuda = ids.device.type == "cuda"
+        host = kept.to("cpu", non_blocking=cuda)  # pinned by the copy itself when asynchronous
+        host_runs = runs.to("cpu", non_blocking=cuda) if runs is not None else None
+        event = None
+        if cuda:
+            event = torch.cuda.Event()
+            event.record()
+        return PendingBatch(self, host, host_runs, host_lengths, list(word_times), event)
+
+    def _host_decode(self, host: np.ndarray, runs: np.ndarray | None, lens: list[int],
+                     word_times: Sequence[bool]) -> list[EngineOutput]:
         outs = []
         for i, row in enumerate(host):
             pos = np.flatnonzero(row >= 0)

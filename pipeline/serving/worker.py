@@ -4,11 +4,18 @@ It reads a queue and writes the broker, and knows nothing else: no callbacks int
 broker publishes what changed, pipeline/serving/job_events.py; a fatal error is left in ``fatal``
 for the owner's watchdog). Only this thread touches its engine. A CUDA out-of-memory error halves the batch and retries; a job
 that fails alone is failed with its reason, and the worker keeps serving.
+
+Two threads share the work of a batch so that the GPU never waits on Python: this one takes a
+batch, marks it running and queues it on the device (``engine.transcribe_async``, which returns
+before the GPU is done); a finisher thread waits for its token ids, builds the transcripts, stores
+them and announces them, while this one already queues the next batch. At most one finished batch
+waits for the finisher, so results are never far behind the GPU; stopping drains it first.
 """
 
 from __future__ import annotations
 
 import logging
+import queue
 import threading
 import time
 from dataclasses import replace
@@ -44,11 +51,21 @@ class Worker(threading.Thread):
         self.delete_audio_when_done = delete_audio_when_done
         self.metrics = metrics or Metrics([])
         self.cpu_threads = cpu_threads
-        self.heartbeat = time.monotonic()
+        self._loop_beat = time.monotonic()
+        self._waiting_since: float | None = None  # the finisher waits for the device since then
         self.batches = 0
         self.items_done = 0
         self.fatal: BaseException | None = None
         self._stop_event = threading.Event()
+        self._finishing: queue.Queue = queue.Queue(maxsize=1)  # launched batches, one waiting
+        self._finisher: threading.Thread | None = None
+
+    @property
+    def heartbeat(self) -> float:
+        """When this worker last proved alive: its loop's last turn, or when the finisher began
+        waiting for a batch that has not come back from the device (a hung GPU stops both)."""
+        waiting = self._waiting_since
+        return self._loop_beat if waiting is None else min(self._loop_beat, waiting)
 
     def stop(self) -> None:
         self._stop_event.set()
@@ -60,14 +77,61 @@ class Worker(threading.Thread):
             elif self.cpu_threads:
                 torch.get_num_threads()  # a thread's count is set lazily on first use: touch it first
                 torch.set_num_threads(self.cpu_threads)
+            self._finisher = threading.Thread(target=self._finish_loop, name=f"{self.name}-finisher",
+                                              daemon=True)
+            self._finisher.start()
             self._loop()
         except BaseException as e:  # the thread must never die silently: readiness reports it
             logger.critical("worker %s died: %s", self.name, e, exc_info=True)
             self.fatal = e  # the owner's watchdog reads it
+        finally:
+            if self._finisher is not None:  # what was launched is finished and stored first
+                self._finishing.put(None)
+                self._finisher.join()
+
+    def _finish_loop(self) -> None:
+        """The finisher thread: wait for each launched batch, store and announce its results."""
+        if self.engine.device.type == "cuda":
+            torch.cuda.set_device(self.engine.device)
+        while True:
+            job = self._finishing.get()
+            if job is None:
+                return
+            batch, waves, pending, t_start, t0 = job
+            self._waiting_since = time.monotonic()
+            try:
+                outs = pending.result()
+            except Exception as e:
+                if _is_fatal(e):
+                    logger.critical("fatal device error, worker stops: %s", e)
+                    self.fatal = e
+                    self._stop_event.set()
+                    for item in batch:  # its jobs are recovered after the restart
+                        if item.reply is not None:
+                            self._fail(item, "device_error", f"the GPU failed: {e}",
+                                       NotReady(f"the GPU failed: {e}"))
+                    continue
+                logger.exception("batch of %d failed on the device", len(batch))
+                for item in batch:
+                    self._fail(item, "inference_error", f"inference failed: {e}", e)
+                continue
+            finally:
+                self._waiting_since = None
+            try:
+                compute_ms = (time.monotonic() - t0) * 1e3
+                self.metrics.observe_compute(compute_ms / 1e3, len(batch), str(self.engine.device))
+                self._complete(batch, waves, outs, t_start, compute_ms)
+            except BrokerUnavailable as e:  # entries stay pending: reclaimed later, never lost
+                logger.warning("%s", e)
+                self.store.release([i.job_id for i in batch if i.reply is None])
+            except Exception as e:  # a bug here must not leave its jobs running forever
+                logger.exception("unexpected error while storing a batch (the worker goes on)")
+                for item in batch:
+                    self._fail(item, "internal_error", f"the worker failed on this batch: {e}")
 
     def _loop(self) -> None:
-        while not self._stop_event.is_set():
-            self.heartbeat = time.monotonic()
+        while not self._stop_event.is_set() and self.fatal is None:
+            self._loop_beat = time.monotonic()
             batch: list[WorkItem] = []
             try:
                 idle_work = getattr(self.engine, "has_idle_work", False)  # test doubles have none
@@ -144,9 +208,11 @@ class Worker(threading.Thread):
     def _infer(self, batch: Sequence[WorkItem], waves: Sequence[torch.Tensor], t_start: float) -> None:
         try:
             t0 = time.monotonic()
-            outs = self.engine.transcribe(waves, [i.options for i in batch])
-            compute_ms = (time.monotonic() - t0) * 1e3
-            self.metrics.observe_compute(compute_ms / 1e3, len(batch), str(self.engine.device))
+            launch = getattr(self.engine, "transcribe_async", None)
+            if launch is not None:
+                pending = launch(waves, [i.options for i in batch])
+            else:  # an engine without the asynchronous API (test doubles)
+                pending = _Done(self.engine.transcribe(waves, [i.options for i in batch]))
         except torch.cuda.OutOfMemoryError as e:
             if len(batch) == 1:
                 self._fail(batch[0], "out_of_memory", "the GPU ran out of memory on this clip alone", e)
@@ -168,6 +234,11 @@ class Worker(threading.Thread):
             for item, wave in zip(batch, waves):
                 self._infer([item], [wave], t_start)
             return
+        self._finishing.put((batch, waves, pending, t_start, t0))  # waits while one is waiting
+
+    def _complete(self, batch: list[WorkItem], waves: Sequence[torch.Tensor], outs,
+                  t_start: float, compute_ms: float) -> None:
+        """Finisher thread: answer live re-decodes, store and announce the jobs' results."""
         self.batches += 1
         for item, out in zip(batch, outs):
             if item.reply is not None:
@@ -229,6 +300,16 @@ class Worker(threading.Thread):
         else:
             logger.debug("job %s already finished; piece %d failed with %s", item.job_id,
                          item.piece, code)
+
+
+class _Done:
+    """The result of a synchronous ``transcribe``, shaped like a pending batch."""
+
+    def __init__(self, outs):
+        self.outs = outs
+
+    def result(self):
+        return self.outs
 
 
 def _piece(item: WorkItem, wave: torch.Tensor, out) -> SegmentResult:

@@ -490,8 +490,20 @@ class SenseVoiceEngine:
         """Queue a batch on the device and return at once (on CUDA the host never waits for the
         GPU here): :meth:`PendingBatch.result` waits for its token ids and detokenises. The next
         batch may be queued before this one's result is read: the worker overlaps them."""
-        feats, _, frames = self.features(waves)
-        x, lengths, ban = self.encoder_inputs(feats, frames, options)
+        samples = [int(w.shape[0]) for w in waves]
+        frames = [num_lfr_frames(n) for n in samples]
+        # the per-item integers in one host tensor and one copy (each small copy costs ~0.1 ms)
+        small = self._to_device(torch.tensor([
+            samples, [LID[o.language] * 2 + (0 if o.use_itn else 1) for o in options],
+            [f + N_QUERIES for f in frames], [int(o.ban_emo_unk) for o in options]], dtype=torch.int64))
+        if all(w.device == self.device for w in waves):
+            batch = torch.nn.utils.rnn.pad_sequence([w.float() for w in waves], batch_first=True)
+        else:
+            batch = self._to_device(torch.nn.utils.rnn.pad_sequence(
+                [w.to("cpu", torch.float32) for w in waves], batch_first=True))
+        feats, _ = self.frontend(batch, small[0])
+        x = torch.cat([self._queries[small[1]], feats.to(self.dtype)], dim=1)
+        lengths, ban = small[2], small[3].bool()
         ids = self.forward_ids(x, lengths, ban)
         return self._launch_decode(ids, lengths, [f + N_QUERIES for f in frames],
                                    [o.word_timestamps for o in options])

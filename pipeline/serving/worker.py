@@ -59,6 +59,7 @@ class Worker(threading.Thread):
         self._stop_event = threading.Event()
         self._finishing: queue.Queue = queue.Queue(maxsize=1)  # launched batches, one waiting
         self._finisher: threading.Thread | None = None
+        self._finish_lock = threading.Lock()  # one batch finished at a time (long jobs' pieces)
 
     @property
     def heartbeat(self) -> float:
@@ -97,37 +98,43 @@ class Worker(threading.Thread):
             job = self._finishing.get()
             if job is None:
                 return
-            batch, waves, pending, t_start, t0 = job
-            self._waiting_since = time.monotonic()
-            try:
-                outs = pending.result()
-            except Exception as e:
-                if _is_fatal(e):
-                    logger.critical("fatal device error, worker stops: %s", e)
-                    self.fatal = e
-                    self._stop_event.set()
-                    for item in batch:  # its jobs are recovered after the restart
-                        if item.reply is not None:
-                            self._fail(item, "device_error", f"the GPU failed: {e}",
-                                       NotReady(f"the GPU failed: {e}"))
-                    continue
-                logger.exception("batch of %d failed on the device", len(batch))
-                for item in batch:
-                    self._fail(item, "inference_error", f"inference failed: {e}", e)
-                continue
-            finally:
-                self._waiting_since = None
-            try:
-                compute_ms = (time.monotonic() - t0) * 1e3
-                self.metrics.observe_compute(compute_ms / 1e3, len(batch), str(self.engine.device))
-                self._complete(batch, waves, outs, t_start, compute_ms)
-            except BrokerUnavailable as e:  # entries stay pending: reclaimed later, never lost
-                logger.warning("%s", e)
-                self.store.release([i.job_id for i in batch if i.reply is None])
-            except Exception as e:  # a bug here must not leave its jobs running forever
-                logger.exception("unexpected error while storing a batch (the worker goes on)")
-                for item in batch:
-                    self._fail(item, "internal_error", f"the worker failed on this batch: {e}")
+            with self._finish_lock:
+                self._finish(job)
+
+    def _finish(self, job) -> None:
+        """Wait for a launched batch, then store and announce its results (finisher thread, or
+        the worker's own when nothing else is queued)."""
+        batch, waves, pending, t_start, t0 = job
+        self._waiting_since = time.monotonic()
+        try:
+            outs = pending.result()
+        except Exception as e:
+            if _is_fatal(e):
+                logger.critical("fatal device error, worker stops: %s", e)
+                self.fatal = e
+                self._stop_event.set()
+                for item in batch:  # its jobs are recovered after the restart
+                    if item.reply is not None:
+                        self._fail(item, "device_error", f"the GPU failed: {e}",
+                                   NotReady(f"the GPU failed: {e}"))
+                return
+            logger.exception("batch of %d failed on the device", len(batch))
+            for item in batch:
+                self._fail(item, "inference_error", f"inference failed: {e}", e)
+            return
+        finally:
+            self._waiting_since = None
+        try:
+            compute_ms = (time.monotonic() - t0) * 1e3
+            self.metrics.observe_compute(compute_ms / 1e3, len(batch), str(self.engine.device))
+            self._complete(batch, waves, outs, t_start, compute_ms)
+        except BrokerUnavailable as e:  # entries stay pending: reclaimed later, never lost
+            logger.warning("%s", e)
+            self.store.release([i.job_id for i in batch if i.reply is None])
+        except Exception as e:  # a bug here must not leave its jobs running forever
+            logger.exception("unexpected error while storing a batch (the worker goes on)")
+            for item in batch:
+                self._fail(item, "internal_error", f"the worker failed on this batch: {e}")
 
     def _loop(self) -> None:
         while not self._stop_event.is_set() and self.fatal is None:
@@ -234,7 +241,14 @@ class Worker(threading.Thread):
             for item, wave in zip(batch, waves):
                 self._infer([item], [wave], t_start)
             return
-        self._finishing.put((batch, waves, pending, t_start, t0))  # waits while one is waiting
+        job = (batch, waves, pending, t_start, t0)
+        if self._finishing.empty() and not len(self.scheduler) and self._finish_lock.acquire(blocking=False):
+            try:  # nothing to overlap with: no hand-over to the finisher (idle latency)
+                self._finish(job)
+            finally:
+                self._finish_lock.release()
+        else:
+            self._finishing.put(job)  # waits while one is waiting
 
     def _complete(self, batch: list[WorkItem], waves: Sequence[torch.Tensor], outs,
                   t_start: float, compute_ms: float) -> None:

@@ -34,25 +34,39 @@ async def _idle(channel) -> None:
     await asyncio.sleep(3600)
 
 
+def subscribe(fanout: EventFanout, job_id: str, client, first: bytes, final: bool, producer):
+    """What the route does: the job's channel (opened by its first subscriber), then one more."""
+    fanout.check(job_id, client)
+    channel = fanout.open(job_id, first, final, producer)
+    fanout.join(channel, client)
+    return channel
+
+
 def test_subscribers_are_bounded_per_job_and_per_client():
     async def main():
         fanout = EventFanout(per_job=3, per_client=2)
-        a1 = fanout.join("job", "10.0.0.1", b"first", False, _idle)
-        fanout.join("job", "10.0.0.1", b"", False, _idle)
+        a1 = subscribe(fanout, "job", "10.0.0.1", b"first", False, _idle)
+        subscribe(fanout, "job", "10.0.0.1", b"", False, _idle)
         with pytest.raises(ClientEventStreamLimit) as e:  # a third stream from one address
-            fanout.join("other", "10.0.0.1", b"", False, _idle)
+            subscribe(fanout, "other", "10.0.0.1", b"", False, _idle)
         assert e.value.status == 429 and e.value.code == "too_many_event_streams_from_client"
-        fanout.join("job", "10.0.0.2", b"", False, _idle)
+        subscribe(fanout, "job", "10.0.0.2", b"", False, _idle)
         with pytest.raises(EventStreamsFull) as e:  # a fourth stream of one job
-            fanout.join("job", "10.0.0.3", b"", False, _idle)
+            subscribe(fanout, "job", "10.0.0.3", b"", False, _idle)
         assert e.value.status == 503 and e.value.code == "event_streams_full"
         assert fanout.subscribers() == 3 and a1.latest.data == b"first"
+        assert set(fanout.channels) == {"job"}  # the refused stream of "other" opened nothing
+        # a channel opened by a first subscriber that a race then refuses is not left behind
+        orphan = fanout.open("late", b"x", False, _idle)
+        with pytest.raises(ClientEventStreamLimit):
+            fanout.join(orphan, "10.0.0.1")
+        assert "late" not in fanout.channels
         task = a1.task
-        for _ in range(3):
-            fanout.leave(a1, None)
-        fanout.by_client.clear()
+        for client in ("10.0.0.1", "10.0.0.1", "10.0.0.2"):
+            fanout.leave(a1, client)
         await asyncio.sleep(0)
-        assert fanout.channels == {} and task.cancelled()  # the producer stops with the last one
+        assert fanout.channels == {} and fanout.by_client == {}
+        assert task.cancelled()  # the producer stops with the last subscriber
 
     asyncio.run(main())
 
@@ -68,7 +82,7 @@ def test_a_subscriber_that_is_behind_gets_only_the_latest_event_and_the_bytes_ar
                 channel.publish(b"event %d" % k)
             channel.publish(b"final", final=True)
 
-        channel = fanout.join("job", None, b"event 0", False, producer)
+        channel = subscribe(fanout, "job", None, b"event 0", False, producer)
         fast, slow = [], []
 
         async def read(out, stall):
@@ -92,7 +106,7 @@ def test_a_subscriber_that_is_behind_gets_only_the_latest_event_and_the_bytes_ar
 def test_keep_alives_are_the_channels_ticks_and_the_deadline_is_checked_at_each():
     async def main():
         fanout = EventFanout(0, 0)
-        channel = fanout.join("job", None, b"first", False, _idle)
+        channel = subscribe(fanout, "job", None, b"first", False, _idle)
         got = []
 
         async def read():
@@ -114,7 +128,7 @@ def test_keep_alives_are_the_channels_ticks_and_the_deadline_is_checked_at_each(
 def test_many_waiting_subscribers_are_woken_a_batch_per_loop_iteration():
     async def main():
         fanout = EventFanout(0, 0)
-        channel = fanout.join("job", None, b"first", False, _idle)
+        channel = subscribe(fanout, "job", None, b"first", False, _idle)
         iterations: list[int] = []
         n = 20 * WAKE_BATCH
 

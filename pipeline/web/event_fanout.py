@@ -119,10 +119,8 @@ class EventFanout:
     def subscribers(self) -> int:
         return sum(c.subscribers for c in self.channels.values())
 
-    def join(self, job_id: str, client: str | None, first: bytes, first_final: bool,
-             producer: Producer) -> Channel:
-        """Count one subscriber of ``job_id`` for ``client`` (refused beyond a limit); the first
-        subscriber of a job publishes ``first`` and starts its producer."""
+    def check(self, job_id: str, client: str | None) -> None:
+        """Raise when one more subscriber of ``job_id`` from ``client`` is over a limit."""
         channel = self.channels.get(job_id)
         if self.per_job and channel is not None and channel.subscribers >= self.per_job:
             raise EventStreamsFull(f"job {job_id} already has {channel.subscribers} event streams, "
@@ -131,15 +129,30 @@ class EventFanout:
             raise ClientEventStreamLimit(
                 f"client {client} already has {self.by_client[client]} event streams open, the "
                 "most one client may have; close some first")
+
+    def open(self, job_id: str, first: bytes, final: bool, producer: Producer) -> Channel:
+        """The channel of ``job_id``: the one open already, else a new one that publishes
+        ``first`` and (unless it is ``final``) starts ``producer``."""
+        channel = self.channels.get(job_id)
         if channel is None:
             channel = self.channels[job_id] = Channel(job_id)
-            channel.publish(first, first_final)
-            if not first_final:
+            channel.publish(first, final)
+            if not final:
                 channel.task = asyncio.create_task(self._run(channel, producer))
+        return channel
+
+    def join(self, channel: Channel, client: str | None) -> None:
+        """Count one subscriber of ``channel`` for ``client`` (refused beyond a limit; a channel
+        left without subscribers by the refusal is closed)."""
+        try:
+            self.check(channel.job_id, client)
+        except (EventStreamsFull, ClientEventStreamLimit):
+            if channel.subscribers <= 0:
+                self._close(channel)
+            raise
         channel.subscribers += 1
         if client is not None:
             self.by_client[client] = self.by_client.get(client, 0) + 1
-        return channel
 
     def leave(self, channel: Channel, client: str | None) -> None:
         channel.subscribers -= 1
@@ -149,10 +162,14 @@ class EventFanout:
                 self.by_client[client] = n
             else:
                 self.by_client.pop(client, None)
-        if channel.subscribers <= 0 and self.channels.get(channel.job_id) is channel:
+        if channel.subscribers <= 0:
+            self._close(channel)
+
+    def _close(self, channel: Channel) -> None:
+        if self.channels.get(channel.job_id) is channel:
             del self.channels[channel.job_id]
-            if channel.task is not None:
-                channel.task.cancel()
+        if channel.task is not None:
+            channel.task.cancel()
 
     async def _run(self, channel: Channel, producer: Producer) -> None:
         try:

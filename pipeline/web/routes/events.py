@@ -136,25 +136,17 @@ async def encode_job_event(job: Job, service) -> bytes:
     return await run_in_threadpool(job_event, job, service)
 
 
-def produce_job_events(service, job_id: str, first: Job):
+def produce_job_events(service, job_id: str):
     """The producer of one job's channel (pipeline/web/event_fanout.py): it reads the job on each
-    change notice (or its refresh interval) and publishes the event when it changed."""
+    change notice (or its refresh interval) and publishes the event when it changed; a quiet
+    channel ticks every KEEPALIVE_S. The job is read again as soon as the watch is taken: a change
+    since the channel's first event is not missed."""
 
     async def produce(channel) -> None:
         deadline = time.monotonic() + STREAM_MAX_S
-        job = first
         with service.changes.watch(job_id) as watch:
             while time.monotonic() < deadline:
-                if service.distributed:
-                    wait = BROKER_REFRESH_S
-                elif job.state is JobState.QUEUED or service.state != "ready":
-                    wait = QUEUED_REFRESH_S
-                else:
-                    wait = KEEPALIVE_S
-                await watch.wait(min(wait, max(0.0, channel.last_sent + KEEPALIVE_S - time.monotonic())))
                 watch.clear()
-                if time.monotonic() - channel.last_sent >= KEEPALIVE_S:
-                    channel.tick()
                 try:
                     job = await read_job(service, job_id)
                 except SenseVoiceError as e:  # purged while watched
@@ -166,6 +158,15 @@ def produce_job_events(service, job_id: str, first: Job):
                     channel.publish(data, final=job.state in FINAL)
                 if job.state in FINAL:
                     return
+                if service.distributed:
+                    wait = BROKER_REFRESH_S
+                elif job.state is JobState.QUEUED or service.state != "ready":
+                    wait = QUEUED_REFRESH_S
+                else:
+                    wait = KEEPALIVE_S
+                await watch.wait(min(wait, max(0.0, channel.last_sent + KEEPALIVE_S - time.monotonic())))
+                if time.monotonic() - channel.last_sent >= KEEPALIVE_S:
+                    channel.tick()
 
     return produce
 
@@ -193,14 +194,14 @@ def build_events_router(service, fanout: EventFanout) -> APIRouter:
         until it is done or failed. 404 / 410 (JSON) for an unknown or purged job; 503
         event_streams_full / 429 too_many_event_streams_from_client beyond the limits."""
         client = scope_client_key(request.scope)
+        fanout.check(job_id, client)  # over a limit: refused before any work
         channel = fanout.channels.get(job_id)
         if channel is None:  # the first subscriber builds the first event (unknown / purged: JSON)
             job = await read_job(service, job_id)
             first = await encode_job_event(job, service)
-            channel = fanout.join(job_id, client, first, job.state in FINAL,
-                                  produce_job_events(service, job_id, job))
-        else:
-            channel = fanout.join(job_id, client, b"", False, produce_job_events(service, job_id, None))
+            channel = fanout.open(job_id, first, job.state in FINAL,
+                                  produce_job_events(service, job_id))
+        fanout.join(channel, client)
         return StreamingResponse(job_stream(fanout, channel, client), media_type="text/event-stream",
                                  headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no",
                                           "X-Content-Type-Options": "nosniff"})

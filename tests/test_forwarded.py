@@ -74,6 +74,43 @@ def test_a_trusted_proxy_sets_the_client_address_and_nobody_else_does(demo_dir, 
         server.stop()
 
 
+def test_live_streams_of_one_host_are_counted_on_it_whatever_it_forwards(demo_dir, tmp_path):
+    """The report: 12 of 12 live streams from one host (limit 8), each "from" another address."""
+    import asyncio
+    import json
+
+    import websockets
+
+    server = LiveServer(make_settings(demo_dir, tmp_path / "data", ui=False,
+                                      max_live_streams=16)).start()
+    url = server.url.replace("http://", "ws://") + "/api/stream"
+
+    async def main():
+        held, first_messages = [], []
+        try:
+            for k in range(12):
+                ws = await websockets.connect(
+                    url, proxy=None, additional_headers={"X-Forwarded-For": f"198.51.100.{k + 1}"})
+                held.append(ws)
+                try:
+                    first_messages.append(json.loads(await asyncio.wait_for(ws.recv(), 1.0)))
+                except TimeoutError:
+                    first_messages.append(None)  # open and waiting for audio: accepted
+                except websockets.ConnectionClosed:
+                    first_messages.append({"type": "closed"})
+        finally:
+            for ws in held:
+                await ws.close()
+        return first_messages
+
+    try:
+        messages = asyncio.run(main())
+    finally:
+        server.stop()
+    assert messages[:8] == [None] * 8
+    assert all(m and m.get("code") == "too_many_streams" for m in messages[8:]), messages[8:]
+
+
 @pytest.mark.parametrize("value", ["*", "nginx", "10.0.0.0/33", "127.0.0.1,*"])
 def test_trusted_proxies_must_name_addresses(value):
     with pytest.raises(ValidationError, match="never '\\*'"):

@@ -104,7 +104,7 @@ class Worker(threading.Thread):
     def _finish(self, job) -> None:
         """Wait for a launched batch, then store and announce its results (finisher thread, or
         the worker's own when nothing else is queued)."""
-        batch, waves, pending, t_start, t0 = job
+        batch, waves, pending, t_start, t0, moved = job
         self._waiting_since = time.monotonic()
         try:
             outs = pending.result()
@@ -124,6 +124,9 @@ class Worker(threading.Thread):
             return
         finally:
             self._waiting_since = None
+        keep = [k for k, i in enumerate(batch) if i.reply is not None or i.job_id in moved]
+        if len(keep) < len(batch):  # cancelled or handled elsewhere while it ran
+            batch, waves, outs = ([seq[k] for k in keep] for seq in (batch, waves, outs))
         try:
             compute_ms = (time.monotonic() - t0) * 1e3
             self.metrics.observe_compute(compute_ms / 1e3, len(batch), str(self.engine.device))
@@ -181,18 +184,10 @@ class Worker(threading.Thread):
             self._fail(item, "queue_timeout",
                        f"timed out in queue after {t_start - item.enqueued_at:.0f} s")
             batch.remove(item)
-        moved = self.store.mark_running([i.job_id for i in batch if i.pieces == 1]) if batch else set()
-        pieces = [i.job_id for i in batch if i.pieces > 1]
-        if pieces:  # a long job's later pieces find it already running
-            moved |= self.store.mark_running(pieces, already_running_ok=True)
-        batch = [i for i in batch if i.job_id in moved]  # cancelled or already handled elsewhere
         if live:
             batch = live + batch
         if not batch:
             return
-        for item in batch:
-            if item.reply is None:
-                self.metrics.observe_queue(t_start - item.enqueued_at)
         waves = []
         for item in list(batch):
             try:
@@ -212,7 +207,24 @@ class Worker(threading.Thread):
             raise ValueError("the work item carries no audio")
         return item.audio.load()  # a recovered job: its spooled upload is decoded now
 
-    def _infer(self, batch: Sequence[WorkItem], waves: Sequence[torch.Tensor], t_start: float) -> None:
+    def _mark_running(self, batch: Sequence[WorkItem], t_start: float) -> set[str]:
+        """Move the batch's jobs to running; returns those this worker moved (the others were
+        cancelled or handled elsewhere meanwhile: their outputs are dropped)."""
+        jobs = [i for i in batch if i.reply is None]
+        moved = self.store.mark_running([i.job_id for i in jobs if i.pieces == 1]) if jobs else set()
+        pieces = [i.job_id for i in jobs if i.pieces > 1]
+        if pieces:  # a long job's later pieces find it already running
+            moved |= self.store.mark_running(pieces, already_running_ok=True)
+        for item in jobs:
+            if item.job_id in moved:
+                self.metrics.observe_queue(t_start - item.enqueued_at)
+        return moved
+
+    def _infer(self, batch: Sequence[WorkItem], waves: Sequence[torch.Tensor], t_start: float,
+               moved: set[str] | None = None) -> None:
+        """Queue the batch on the device, then mark its jobs running while the GPU computes (the
+        store's transaction is off the latency path), then hand it to the finisher. A batch that
+        fails to launch is marked running first (``moved``: already marked, for the retries)."""
         try:
             t0 = time.monotonic()
             launch = getattr(self.engine, "transcribe_async", None)
@@ -221,27 +233,32 @@ class Worker(threading.Thread):
             else:  # an engine without the asynchronous API (test doubles)
                 pending = _Done(self.engine.transcribe(waves, [i.options for i in batch]))
         except torch.cuda.OutOfMemoryError as e:
+            moved = self._mark_running(batch, t_start) if moved is None else moved
             if len(batch) == 1:
-                self._fail(batch[0], "out_of_memory", "the GPU ran out of memory on this clip alone", e)
+                if batch[0].reply is not None or batch[0].job_id in moved:
+                    self._fail(batch[0], "out_of_memory", "the GPU ran out of memory on this clip alone", e)
                 return
             torch.cuda.empty_cache()
             half = len(batch) // 2
             logger.warning("CUDA OOM on a batch of %d; retrying as %d + %d", len(batch), half,
                            len(batch) - half)
-            self._infer(batch[:half], waves[:half], t_start)
-            self._infer(batch[half:], waves[half:], t_start)
+            self._infer(batch[:half], waves[:half], t_start, moved)
+            self._infer(batch[half:], waves[half:], t_start, moved)
             return
         except Exception as e:
+            moved = self._mark_running(batch, t_start) if moved is None else moved
             if _is_fatal(e) or len(batch) == 1:
                 if _is_fatal(e):
                     raise
-                self._fail(batch[0], "inference_error", f"inference failed: {e}", e)
+                if batch[0].reply is not None or batch[0].job_id in moved:
+                    self._fail(batch[0], "inference_error", f"inference failed: {e}", e)
                 return
             logger.warning("batch of %d failed (%s); retrying one by one", len(batch), e)
             for item, wave in zip(batch, waves):
-                self._infer([item], [wave], t_start)
+                self._infer([item], [wave], t_start, moved)
             return
-        job = (batch, waves, pending, t_start, t0)
+        moved = self._mark_running(batch, t_start) if moved is None else moved
+        job = (batch, waves, pending, t_start, t0, moved)
         if self._finishing.empty() and not len(self.scheduler) and self._finish_lock.acquire(blocking=False):
             try:  # nothing to overlap with: no hand-over to the finisher (idle latency)
                 self._finish(job)

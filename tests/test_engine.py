@@ -244,3 +244,59 @@ print("ok")
     env = dict(os.environ, TRITON_INTERPRET="1")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
     assert r.returncode == 0 and r.stdout.strip().endswith("ok"), r.stderr[-2000:]
+
+
+def test_engine_loaded_without_funasr_equals_the_funasr_one(tiny_am, tiny_dir, tiny_engine, clips):
+    """pipeline/model/fast_load.py reads the directory itself (funasr's import is most of a GPU
+    server's start-up): the same logits as the engine built through funasr (fused arithmetic,
+    fp32) and funasr's own token ids, for a mixed batch."""
+    from pipeline.model.fused import CompiledBlocks
+
+    fast = SenseVoiceEngine.from_model_dir_fast(tiny_dir, "cpu", "float32", compile=False)
+    assert fast is not None and fast.model is None
+    with torch.inference_mode():
+        x, lens, ban = _inputs(tiny_engine, clips, OPTS)
+        fx, flens, fban = _inputs(fast, clips, OPTS)
+        assert torch.equal(fx, x) and torch.equal(flens, lens) and torch.equal(fban, ban)
+        tiny_engine.core.compiled = CompiledBlocks(compile=False)
+        try:
+            ref = tiny_engine.core(x, lens, ban, return_logits=True)
+        finally:
+            tiny_engine.core.compiled = None
+        got = fast.core(fx, flens, fban, return_logits=True)
+    torch.testing.assert_close(got, ref, atol=1e-5, rtol=0)
+    outs = fast.transcribe([torch.from_numpy(c) for c in clips], OPTS)
+    for wave, opt, out in zip(clips, OPTS, outs):
+        assert list(out.token_ids) == funasr_ids(tiny_am, wave, opt), opt
+        assert out.raw_text == tiny_engine.tokenizer.decode(list(out.token_ids))
+
+
+def test_fast_loader_declines_what_it_does_not_know(tiny_dir, tmp_path):
+    """Another model or encoder in config.yaml: None (the caller loads through funasr); weights
+    that do not match the config: a clear ModelUnavailable."""
+    import shutil
+
+    from pipeline.domain.errors import ModelUnavailable
+
+    other = tmp_path / "other"
+    shutil.copytree(tiny_dir, other)
+    cfg = (other / "config.yaml").read_text()
+    (other / "config.yaml").write_text(cfg.replace("encoder: SenseVoiceEncoderSmall", "encoder: Conformer"))
+    assert SenseVoiceEngine.from_model_dir_fast(other, "cpu", compile=False) is None
+    (other / "config.yaml").write_text(cfg.replace("num_blocks: 2", "num_blocks: 3"))
+    with pytest.raises(ModelUnavailable, match="not the weights config.yaml describes"):
+        SenseVoiceEngine.from_model_dir_fast(other, "cpu", compile=False)
+
+
+@pytest.mark.requires_cuda
+def test_fast_loaded_fused_engine_on_the_gpu(tiny_am, tiny_dir, clips, tmp_path):
+    """On a GPU: the engine the service builds there (no funasr import, compiled fused blocks,
+    graphs) gives funasr's own tokens in fp32."""
+    fast = SenseVoiceEngine.from_model_dir_fast(tiny_dir, "cuda", "float32", cache_dir=tmp_path)
+    fast.plan_graphs([1, 8], max_seconds=10.0)
+    while fast.idle_step():
+        time.sleep(0.01)
+    assert fast.core.compiled.ready and fast._graphs
+    outs = fast.transcribe([torch.from_numpy(c) for c in clips], OPTS)
+    for wave, opt, out in zip(clips, OPTS, outs):
+        assert list(out.token_ids) == funasr_ids(tiny_am, wave, opt), opt

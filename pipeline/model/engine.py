@@ -86,22 +86,17 @@ class EncoderCore(torch.nn.Module):
         self._ln_params = {id(n): (n.weight.detach().to(ln_dtype), n.bias.detach().to(ln_dtype))
                            for n in norms + [enc.after_norm, enc.tp_norm]}
         # the fused path: the same weights as views, one compiled block function for all blocks
-        self.compiled = compiled
-        self.blocks = [fused_mod.block_weights(layer, dtype, ln_dtype) for layer in self.layers]
-        self.tp_blocks = [fused_mod.block_weights(layer, dtype, ln_dtype) for layer in self.tp_layers]
-        self._lo_padded: tuple[torch.Tensor, torch.Tensor] | None = None  # made on first use
+        self.fused_model = fused_mod.FusedModel.from_funasr(
+            self.layers, self.tp_layers, enc.after_norm, enc.tp_norm, self.lo, self.pe, self.scale,
+            dtype, self.fp32_residual, compiled)
 
-    def lo_padded(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """The CTC projection with its rows padded to a multiple of 64 (bias -inf: never chosen)."""
-        if self._lo_padded is None:
-            w, b = self.lo.weight.detach(), self.lo.bias.detach()
-            rows = _round_up(w.shape[0], 64)
-            wp = torch.zeros(rows, w.shape[1], device=w.device, dtype=w.dtype)
-            bp = torch.full((rows,), float("-inf"), device=b.device, dtype=b.dtype)
-            wp[: w.shape[0]] = w
-            bp[: b.shape[0]] = b
-            self._lo_padded = (wp, bp)
-        return self._lo_padded
+    @property
+    def compiled(self) -> "fused_mod.CompiledBlocks | None":
+        return self.fused_model.compiled
+
+    @compiled.setter
+    def compiled(self, value: "fused_mod.CompiledBlocks | None") -> None:
+        self.fused_model.compiled = value
 
     @property
     def fused(self) -> bool:
@@ -160,9 +155,8 @@ class EncoderCore(torch.nn.Module):
             return self.forward_fused(x, lengths, ban_emo_unk, return_logits)
         return self.forward_eager(x, lengths, ban_emo_unk, return_logits)
 
-    def forward_fused(self, x, lengths, ban_emo_unk, return_logits: bool = False):
-        x, mask, key_mask = self._prologue(x, lengths)
-        return self._forward_fused(x, mask, key_mask, ban_emo_unk, return_logits)
+    def forward_fused(self, x, lengths, ban_emo_unk, return_logits: bool = False, compiled: bool | None = None):
+        return self.fused_model.forward_fused(x, lengths, ban_emo_unk, return_logits, compiled)
 
     def forward_eager(self, x, lengths, ban_emo_unk, return_logits: bool = False):
         """The reference: funasr's arithmetic, block by block, uncompiled."""
@@ -178,26 +172,6 @@ class EncoderCore(torch.nn.Module):
         if return_logits:
             return logits
         return logits.argmax(-1)
-
-    def _forward_fused(self, x, mask, key_mask, ban_emo_unk, return_logits: bool):
-        """The compiled blocks (pipeline.model.fused); batch and frames dynamic."""
-        c = self.compiled
-        c.mark((mask, (0, 1)), (key_mask, (0, 3)), (ban_emo_unk, (0,)))
-        for n, (w, spec) in enumerate(self.blocks + self.tp_blocks):
-            if n == len(self.blocks):
-                x = self._ln(self.enc.after_norm, x)
-            c.mark((x, (0, 1)))
-            x = c.block(x, mask, key_mask, w, spec)
-        ln_w, ln_b = self._ln_params[id(self.enc.tp_norm)]
-        if return_logits:  # fidelity checks: the same head, uncompiled, logits kept
-            h = F.layer_norm(x, self.enc.tp_norm.normalized_shape, ln_w, ln_b, self.enc.tp_norm.eps)
-            logits = self.lo(h.to(self.dtype))
-            logits[:, :, EMO_UNKNOWN_ID] = torch.where(ban_emo_unk[:, None], float("-inf"),
-                                                       logits[:, :, EMO_UNKNOWN_ID])
-            return logits
-        c.mark((x, (0, 1)))
-        lo_w, lo_b = self.lo_padded()
-        return c.head(x, ln_w, ln_b, float(self.enc.tp_norm.eps), lo_w, lo_b, ban_emo_unk, EMO_UNKNOWN_ID)
 
 
 class _Graph:
@@ -280,10 +254,55 @@ class SenseVoiceEngine:
             fused_mod.configure_cache(cache_dir)
             self.compiled = fused_mod.CompiledBlocks(compile=True)
         self.core = EncoderCore(model, self.dtype, max_frames, fp32_residual, self.compiled).eval()
-        q_rows = torch.tensor([[lid, EVENT_ROW, EMO_ROW, itn] for lid in range(16) for itn in (14, 15)],
-                              device=self.device)
         with torch.inference_mode():
-            self._queries = model.embed(q_rows).to(self.dtype)  # [32, 4, 560]
+            self._queries = model.embed(self._query_rows()).to(self.dtype)  # [32, 4, 560]
+        self._init_graph_state()
+
+    # ------------------------------------------------------------------ set-up
+    @classmethod
+    def from_automodel(cls, am, device: str, dtype: str = "float16", fp32_residual: bool = False,
+                       fused: bool = False, cache_dir: Path | None = None) -> "SenseVoiceEngine":
+        frontend = BatchedFrontend(am.kwargs["frontend"].cmvn)
+        return cls(am.model, am.kwargs["tokenizer"], frontend, device, dtype,
+                   fp32_residual=fp32_residual, fused=fused, cache_dir=cache_dir)
+
+    @classmethod
+    def from_model_dir_fast(cls, model_dir, device: str, dtype: str = "float16",
+                            fp32_residual: bool = False, cache_dir: Path | None = None,
+                            compile: bool = True, max_frames: int = 4096) -> "SenseVoiceEngine | None":
+        """The fused engine straight from a model directory, without importing funasr
+        (:mod:`pipeline.model.fast_load`; ~15 s of a GPU server's start-up). Until the compile is
+        done the same fused functions run uncompiled. ``None``: a directory this loader does not
+        understand (load through funasr instead)."""
+        from pipeline.model.fast_load import load_fast
+
+        dev = torch.device(device)
+        if dev.type == "cuda" and dev.index is None:
+            dev = torch.device("cuda", torch.cuda.current_device())
+        dt = DTYPES["float32" if dev.type == "cpu" else dtype]
+        if compile:
+            fused_mod.configure_cache(cache_dir)
+        compiled = fused_mod.CompiledBlocks(compile=compile)
+        fast = load_fast(model_dir, str(dev), dt, fp32_residual, max_frames, compiled)
+        if fast is None:
+            return None
+        self = cls.__new__(cls)
+        self.device, self.dtype, self.max_frames = dev, dt, max_frames
+        self.tokenizer = fast.tokenizer
+        self.frontend = fast.frontend.to(dev)
+        self.model = None  # no funasr modules: the fused path only
+        self.compiled = compiled if compile else None
+        self.core = fast.fused
+        self._queries = fast.embed[self._query_rows()]
+        self._init_graph_state()
+        return self
+
+    def _query_rows(self) -> torch.Tensor:
+        """Embedding rows of every (language, itn) prompt: [32, 4] (language, event, emotion, itn)."""
+        return torch.tensor([[lid, EVENT_ROW, EMO_ROW, itn] for lid in range(16) for itn in (14, 15)],
+                            device=self.device)
+
+    def _init_graph_state(self) -> None:
         self._graphs: dict[tuple[int, int], _Graph] = {}
         self._graph_batches: list[int] = []
         self._graph_max_frames = 0
@@ -295,14 +314,6 @@ class SenseVoiceEngine:
         self._compile_thread: threading.Thread | None = None
         self.compile_error: BaseException | None = None
         self.startup_seconds: dict[str, float] = {}
-
-    # ------------------------------------------------------------------ set-up
-    @classmethod
-    def from_automodel(cls, am, device: str, dtype: str = "float16", fp32_residual: bool = False,
-                       fused: bool = False, cache_dir: Path | None = None) -> "SenseVoiceEngine":
-        frontend = BatchedFrontend(am.kwargs["frontend"].cmvn)
-        return cls(am.model, am.kwargs["tokenizer"], frontend, device, dtype,
-                   fp32_residual=fp32_residual, fused=fused, cache_dir=cache_dir)
 
     @property
     def in_dim(self) -> int:
@@ -350,7 +361,8 @@ class SenseVoiceEngine:
             for b, t in shapes:
                 x = torch.zeros(b, t, self.in_dim, device=self.device, dtype=self.dtype)
                 lengths = torch.full((b,), t, device=self.device, dtype=torch.long)
-                self.core.forward_fused(x, lengths, torch.zeros(b, dtype=torch.bool, device=self.device))
+                self.core.forward_fused(x, lengths, torch.zeros(b, dtype=torch.bool, device=self.device),
+                                        compiled=True)
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         c.compile_seconds = time.perf_counter() - t0

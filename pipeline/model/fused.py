@@ -31,6 +31,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+from dataclasses import dataclass
 from pathlib import Path
 from typing import NamedTuple
 
@@ -128,6 +129,100 @@ def head(x: torch.Tensor, ln_w: torch.Tensor, ln_b: torch.Tensor, eps: float, lo
     col = torch.arange(logits.shape[-1], device=logits.device) == emo_unknown_id
     logits = logits.masked_fill(col & ban_emo_unk[:, None, None], float("-inf"))
     return logits.argmax(-1)
+
+
+@dataclass(frozen=True)
+class Norm:
+    weight: torch.Tensor
+    bias: torch.Tensor
+    eps: float
+
+
+class FusedModel:
+    """The encoder + CTC head as tensors and the functions above: everything the fast path needs,
+    with no funasr module in it. Built from a funasr model (:meth:`from_funasr`, beside the eager
+    reference) or straight from a model directory's weights (:mod:`pipeline.model.fast_load`).
+    Runs the compiled functions once ``compiled.ready``, the same functions uncompiled before."""
+
+    def __init__(self, blocks: list[tuple[BlockWeights, BlockSpec]], tp_blocks: list[tuple[BlockWeights, BlockSpec]],
+                 after_norm: Norm, tp_norm: Norm, lo_w: torch.Tensor, lo_b: torch.Tensor,
+                 pe: torch.Tensor, scale: float, dtype: torch.dtype, fp32_residual: bool,
+                 compiled: "CompiledBlocks | None" = None):
+        self.blocks, self.tp_blocks = blocks, tp_blocks
+        self.after_norm, self.tp_norm = after_norm, tp_norm
+        self.lo_w, self.lo_b = lo_w, lo_b
+        self.pe, self.scale, self.dtype = pe, scale, dtype
+        self.fp32_residual = fp32_residual
+        self.compiled = compiled
+        rows = (lo_w.shape[0] + 63) // 64 * 64  # the CTC rows padded (bias -inf: never chosen)
+        self.lo_w_padded = torch.zeros(rows, lo_w.shape[1], device=lo_w.device, dtype=lo_w.dtype)
+        self.lo_b_padded = torch.full((rows,), float("-inf"), device=lo_b.device, dtype=lo_b.dtype)
+        self.lo_w_padded[: lo_w.shape[0]] = lo_w
+        self.lo_b_padded[: lo_b.shape[0]] = lo_b
+
+    @classmethod
+    def from_funasr(cls, layers, tp_layers, after_norm, tp_norm, lo, pe: torch.Tensor, scale: float,
+                    dtype: torch.dtype, fp32_residual: bool, compiled: "CompiledBlocks | None"):
+        """Views of a funasr encoder's parameters (already on the device, in the compute dtype)."""
+        ln_dtype = torch.float32 if fp32_residual else dtype
+
+        def norm(n):
+            return Norm(n.weight.detach().to(ln_dtype), n.bias.detach().to(ln_dtype), float(n.eps))
+
+        return cls([block_weights(layer, dtype, ln_dtype) for layer in layers],
+                   [block_weights(layer, dtype, ln_dtype) for layer in tp_layers],
+                   norm(after_norm), norm(tp_norm), lo.weight.detach(), lo.bias.detach(), pe, scale,
+                   dtype, fp32_residual, compiled)
+
+    @property
+    def fused(self) -> bool:
+        return True
+
+    def _functions(self):
+        c = self.compiled
+        if c is not None and c.ready:
+            return c.block, c.head, c.mark
+        return sanm_block, head, _no_mark
+
+    def __call__(self, x, lengths, ban_emo_unk, return_logits: bool = False):
+        return self.forward_fused(x, lengths, ban_emo_unk, return_logits)
+
+    def forward_fused(self, x, lengths, ban_emo_unk, return_logits: bool = False, compiled: bool | None = None):
+        """x [B, T, D_in] (compute dtype), lengths [B], ban_emo_unk [B] bool -> ids [B, T] (or
+        logits). ``compiled=True`` runs the compiled functions even before ``ready`` (compiling)."""
+        block, head_fn, mark = self._functions()
+        if compiled and self.compiled is not None:
+            block, head_fn, mark = self.compiled.block, self.compiled.head, self.compiled.mark
+        t = x.shape[1]
+        valid = torch.arange(t, device=x.device)[None, :] < lengths[:, None]  # [B, T] bool
+        mask = valid[:, :, None].to(self.dtype)
+        key_mask = valid[:, None, None, :]  # [B, 1, 1, T]: True = attend
+        if self.fp32_residual:
+            x = x.float()
+        x = x * self.scale + self.pe[:t]
+        mark((mask, (0, 1)), (key_mask, (0, 3)), (ban_emo_unk, (0,)))
+        for n, (w, spec) in enumerate(self.blocks + self.tp_blocks):
+            if n == len(self.blocks):
+                an = self.after_norm
+                x = F.layer_norm(x, (x.shape[-1],), an.weight, an.bias, an.eps)
+            mark((x, (0, 1)))
+            x = block(x, mask, key_mask, w, spec)
+        tn = self.tp_norm
+        if return_logits:  # fidelity checks: the same head, uncompiled, logits kept
+            h = F.layer_norm(x, (x.shape[-1],), tn.weight, tn.bias, tn.eps)
+            logits = F.linear(h.to(self.dtype), self.lo_w, self.lo_b)
+            col = torch.arange(logits.shape[-1], device=logits.device) == EMO_UNKNOWN_ID
+            return logits.masked_fill(col & ban_emo_unk[:, None, None], float("-inf"))
+        mark((x, (0, 1)))
+        return head_fn(x, tn.weight, tn.bias, tn.eps, self.lo_w_padded, self.lo_b_padded, ban_emo_unk,
+                       EMO_UNKNOWN_ID)
+
+
+def _no_mark(*_):
+    pass
+
+
+EMO_UNKNOWN_ID = 25009  # <|EMO_UNKNOWN|>, banned per item when asked
 
 
 def configure_cache(cache_dir: Path | None) -> None:

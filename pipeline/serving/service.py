@@ -230,13 +230,21 @@ class TranscriptionService:
         t0 = time.perf_counter()
         if self.source is None:
             self.source = resolve_model(self.settings)
-        am = load_automodel(self.source.path, self.devices[0])
-        self.startup["load_s"] = time.perf_counter() - t0
+        am = None  # funasr's AutoModel, loaded only when an engine needs its modules
         for n, dev in enumerate(self.devices):
-            cuda = dev.startswith("cuda")
-            engine = SenseVoiceEngine.from_automodel(
-                am, dev, self.settings.dtype, fp32_residual=self.settings.fp32_residual,
-                fused=cuda and self.settings.fused_encoder, cache_dir=self.settings.cache_dir)
+            engine = None
+            if dev.startswith("cuda") and self.settings.fused_encoder:  # no funasr import (~15 s)
+                engine = SenseVoiceEngine.from_model_dir_fast(
+                    self.source.path, dev, self.settings.dtype,
+                    fp32_residual=self.settings.fp32_residual, cache_dir=self.settings.cache_dir)
+            if engine is None:
+                if am is None:
+                    am = load_automodel(self.source.path, self.devices[0])
+                engine = SenseVoiceEngine.from_automodel(
+                    am, dev, self.settings.dtype, fp32_residual=self.settings.fp32_residual,
+                    fused=dev.startswith("cuda") and self.settings.fused_encoder,
+                    cache_dir=self.settings.cache_dir)
+            self.startup.setdefault("load_s", time.perf_counter() - t0)
             if self.settings.cuda_graphs:  # captured by the worker when idle, after the compile
                 sizes = [int(b) for b in self.settings.graph_batch_sizes.split(",") if b.strip()]
                 engine.plan_graphs(sizes, self.settings.graph_max_seconds)

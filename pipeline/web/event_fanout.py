@@ -62,6 +62,7 @@ class Channel:
     latest: Published | None = None
     ticks: int = 0
     last_sent: float = 0.0  # monotonic time of the last event or tick
+    published_at: float = 0.0  # monotonic time of the last event
     subscribers: int = 0
     task: asyncio.Task | None = None
     _waiters: list[asyncio.Future] = field(default_factory=list)
@@ -71,6 +72,7 @@ class Channel:
         version = self.latest.version + 1 if self.latest else 1
         self.latest = Published(version, data, final)
         self._wake()
+        self.published_at = self.last_sent
 
     def tick(self) -> None:
         """A keep-alive for every subscriber (a quiet stream is not closed by proxies)."""

@@ -21,6 +21,7 @@ token the route is as open as the rest of the API (the job id, 122 random bits, 
 
 from __future__ import annotations
 
+import asyncio
 import re
 import time
 from dataclasses import replace
@@ -46,6 +47,10 @@ BROKER_REFRESH_S = 0.02  # distributed: how often the broker is read (as service
 KEEPALIVE_S = 15.0  # a comment line this often keeps proxies from closing a quiet stream
 STREAM_MAX_S = 600.0  # a stream ends after this; the page reconnects (bounded server state)
 EVENT_RESULT_MAX_BYTES = 32 * 1024  # a larger result is fetched once by the page, not pushed
+# progress (queue place, %, pieces) is published at most this often per job, the latest state
+# then: each event is one write per subscriber (a 20-min recording's 312 pieces made hundreds of
+# fan-outs to 1,200 subscribers); the final state goes out at once
+PROGRESS_INTERVAL_S = 0.25
 SEGMENTING = re.compile(r"^segmenting(?: (\d+)%)?$")
 PIECES = re.compile(r"^segment (\d+) of (\d+)$")
 FINAL = (JobState.DONE, JobState.FAILED, JobState.PURGED)
@@ -154,9 +159,14 @@ def produce_job_events(service, job_id: str):
                                     final=True)
                     return
                 data = await encode_job_event(job, service)
+                final = job.state in FINAL
                 if data != channel.latest.data:
-                    channel.publish(data, final=job.state in FINAL)
-                if job.state in FINAL:
+                    hold = channel.published_at + PROGRESS_INTERVAL_S - time.monotonic()
+                    if not final and hold > 0:  # progress: at most every interval, the latest
+                        await asyncio.sleep(hold)
+                        continue
+                    channel.publish(data, final=final)
+                if final:
                     return
                 if service.distributed:
                     wait = BROKER_REFRESH_S

@@ -21,7 +21,6 @@ token the route is as open as the rest of the API (the job id, 122 random bits, 
 
 from __future__ import annotations
 
-import asyncio
 import re
 import time
 from dataclasses import replace
@@ -163,7 +162,7 @@ def produce_job_events(service, job_id: str):
                 if data != channel.latest.data:
                     hold = channel.published_at + PROGRESS_INTERVAL_S - time.monotonic()
                     if not final and hold > 0:  # progress: at most every interval, the latest
-                        await asyncio.sleep(hold)
+                        await watch.wait(hold)  # (a notice: read again, a final goes out at once)
                         continue
                     channel.publish(data, final=final)
                 if final:

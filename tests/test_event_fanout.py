@@ -155,6 +155,43 @@ def test_many_waiting_subscribers_are_woken_a_batch_per_loop_iteration():
     asyncio.run(main())
 
 
+def test_a_stream_whose_client_left_before_it_began_gives_its_place_back():
+    """Starlette's StreamingResponse never closes its body iterator: when the client is gone
+    before the body begins (its disconnect seen at once), a generator that never started would
+    never run its ``finally``; the route starts it first (events.started)."""
+    import gc
+
+    from fastapi.responses import StreamingResponse
+
+    from pipeline.web.routes.events import job_stream, started
+
+    async def answer(prime: bool) -> dict:
+        fanout = EventFanout(0, 2)
+        channel = subscribe(fanout, "job", "10.0.0.9", b"first", False, _idle)
+        body = job_stream(fanout, channel, "10.0.0.9")
+        if prime:
+            body = await started(body)
+        messages = iter([{"type": "http.request", "body": b"", "more_body": False},
+                         {"type": "http.disconnect"}])
+
+        async def receive():
+            return next(messages, {"type": "http.disconnect"})
+
+        async def send(message):
+            await asyncio.sleep(0)
+
+        scope = {"type": "http", "asgi": {"spec_version": "2.3"}, "method": "GET", "headers": []}
+        await StreamingResponse(body, media_type="text/event-stream")(scope, receive, send)
+        del body
+        gc.collect()
+        for _ in range(5):
+            await asyncio.sleep(0)  # the loop's finaliser closes a dropped, started generator
+        return dict(fanout.by_client)
+
+    assert asyncio.run(answer(prime=True)) == {}
+    assert asyncio.run(answer(prime=False)) == {"10.0.0.9": 1}  # what it was: a place held for good
+
+
 class _Service:
     class settings:  # noqa: N801 (a settings stand-in)
         api_token = "tok"

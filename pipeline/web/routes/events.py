@@ -181,12 +181,28 @@ def produce_job_events(service, job_id: str):
 
 
 async def job_stream(fanout: EventFanout, channel, client: str | None):
-    """One subscriber's bytes; its place in the channel is given back however the stream ends."""
+    """One subscriber's bytes; its place in the channel is given back however the stream ends
+    (see :func:`started`)."""
     try:
         async for chunk in follow(channel, time.monotonic() + STREAM_MAX_S):
             yield chunk
     finally:
         fanout.leave(channel, client)
+
+
+async def started(stream):
+    """``stream`` advanced to its first chunk, then the rest. Starlette never closes a body
+    iterator: one that a client left before it began would never run its ``finally`` (the
+    subscriber's place would stay counted); once begun, the loop's async-generator finalizer
+    closes it when it is dropped."""
+    first = await stream.__anext__()
+
+    async def chunks():
+        yield first
+        async for chunk in stream:
+            yield chunk
+
+    return chunks()
 
 
 def event_fanout(settings) -> EventFanout:
@@ -211,7 +227,8 @@ def build_events_router(service, fanout: EventFanout) -> APIRouter:
             channel = fanout.open(job_id, first, job.state in FINAL,
                                   produce_job_events(service, job_id))
         fanout.join(channel, client)
-        return StreamingResponse(job_stream(fanout, channel, client), media_type="text/event-stream",
+        body = await started(job_stream(fanout, channel, client))
+        return StreamingResponse(body, media_type="text/event-stream",
                                  headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no",
                                           "X-Content-Type-Options": "nosniff"})
 

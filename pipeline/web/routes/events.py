@@ -4,10 +4,16 @@ site's ``/favicon.ico``).
 The stream sends the job as an ``event: job`` whenever it changes (queued position, segmenting %,
 pieces transcribed, done or failed) and ends after the final state, so the page shows a result the
 moment the worker stores it: no poll interval between the worker and the screen. The service's
-threads wake the stream through ``service.changes`` (pipeline/serving/job_events.py); a queued job
-is read again every ``QUEUED_REFRESH_S`` for its place in the queue, and in the distributed topology
-(workers in other processes notify nobody here) the broker is read every ``BROKER_REFRESH_S``.
-The REST poll (``GET /api/jobs/{id}``) stays as it is for API clients.
+threads wake the job's producer through ``service.changes`` (pipeline/serving/job_events.py); a
+queued job is read again every ``QUEUED_REFRESH_S`` for its place in the queue, and in the
+distributed topology (workers in other processes notify nobody here) the broker is read every
+``BROKER_REFRESH_S``. The REST poll (``GET /api/jobs/{id}``) stays as it is for API clients.
+
+One producer per job, whatever the number of its subscribers (pipeline/web/event_fanout.py): each
+change is read, built and encoded once and the same bytes go to every stream; progress goes out at
+most every ``PROGRESS_INTERVAL_S``, the final state at once; a result over
+``EVENT_RESULT_MAX_BYTES`` is left out of the final event (``result_omitted``: the page fetches it
+once from ``links.result``). Streams are bounded per job and per client address (issue 19).
 
 Each event's data is the REST job JSON plus what a screen needs to word the state honestly
 (:func:`live_view`): ``stage`` (loading, queued, segmenting, transcribing, done, failed), the model's

@@ -156,21 +156,25 @@ def _inputs(engine, clips, opts):
     return engine.encoder_inputs(f, frames, opts)
 
 
-def test_fused_block_arithmetic_matches_the_eager_reference(tiny_engine, clips):
-    """pipeline/model/fused.py, uncompiled, fp32: the same logits as the eager blocks (to float
-    rounding: the FSMN conv becomes a sum of shifted taps) and the same argmax, mixed batch."""
+def _eager_and_fused(engine, clips):
+    """(eager reference logits, fused logits, fused ids) of one mixed batch, fused uncompiled."""
     from pipeline.model.fused import CompiledBlocks
 
-    core = tiny_engine.core
+    core = engine.core
     with torch.inference_mode():
-        x, lens, ban = _inputs(tiny_engine, clips, OPTS)
+        x, lens, ban = _inputs(engine, clips, OPTS)
         ref = core.forward_eager(x, lens, ban, return_logits=True)
         core.compiled = CompiledBlocks(compile=False)
         try:
-            got = core(x, lens, ban, return_logits=True)
-            ids = core(x, lens, ban)
+            return ref, core(x, lens, ban, return_logits=True), core(x, lens, ban)
         finally:
             core.compiled = None
+
+
+def test_fused_block_arithmetic_matches_the_eager_reference(tiny_engine, clips):
+    """pipeline/model/fused.py, uncompiled, fp32: the same logits as the eager blocks (to float
+    rounding: the FSMN conv becomes a sum of shifted taps) and the same argmax, mixed batch."""
+    ref, got, ids = _eager_and_fused(tiny_engine, clips)
     torch.testing.assert_close(got, ref, atol=1e-4, rtol=0)  # -inf (a banned tag) equals -inf
     assert torch.equal(ids, ref.argmax(-1))
 
@@ -178,20 +182,11 @@ def test_fused_block_arithmetic_matches_the_eager_reference(tiny_engine, clips):
 def test_fused_block_notices_a_wrong_fsmn(tiny_engine, clips, monkeypatch):
     """The check above can fail: a 1 % error in the FSMN memory moves the logits well past it."""
     from pipeline.model import kernels
-    from pipeline.model.fused import CompiledBlocks
 
     right = kernels.fsmn_memory_reference
     monkeypatch.setattr(kernels, "fsmn_memory_reference",
                         lambda v, mask, taps, left: right(v, mask, taps, left) * 1.01)
-    core = tiny_engine.core
-    with torch.inference_mode():
-        x, lens, ban = _inputs(tiny_engine, clips, OPTS)
-        ref = core.forward_eager(x, lens, ban, return_logits=True)
-        core.compiled = CompiledBlocks(compile=False)
-        try:
-            got = core(x, lens, ban, return_logits=True)
-        finally:
-            core.compiled = None
+    ref, got, _ = _eager_and_fused(tiny_engine, clips)
     finite = ref.isfinite()
     assert (got - ref)[finite].abs().max().item() > 1e-3
 
@@ -250,20 +245,14 @@ def test_engine_loaded_without_funasr_equals_the_funasr_one(tiny_am, tiny_dir, t
     """pipeline/model/fast_load.py reads the directory itself (funasr's import is most of a GPU
     server's start-up): the same logits as the engine built through funasr (fused arithmetic,
     fp32) and funasr's own token ids, for a mixed batch."""
-    from pipeline.model.fused import CompiledBlocks
-
     fast = SenseVoiceEngine.from_model_dir_fast(tiny_dir, "cpu", "float32", compile=False)
     assert fast is not None and fast.model is None
     with torch.inference_mode():
         x, lens, ban = _inputs(tiny_engine, clips, OPTS)
         fx, flens, fban = _inputs(fast, clips, OPTS)
         assert torch.equal(fx, x) and torch.equal(flens, lens) and torch.equal(fban, ban)
-        tiny_engine.core.compiled = CompiledBlocks(compile=False)
-        try:
-            ref = tiny_engine.core(x, lens, ban, return_logits=True)
-        finally:
-            tiny_engine.core.compiled = None
         got = fast.core(fx, flens, fban, return_logits=True)
+    _, ref, _ = _eager_and_fused(tiny_engine, clips)
     torch.testing.assert_close(got, ref, atol=1e-5, rtol=0)
     outs = fast.transcribe([torch.from_numpy(c) for c in clips], OPTS)
     for wave, opt, out in zip(clips, OPTS, outs):

@@ -138,13 +138,7 @@ class EncoderCore(torch.nn.Module):
         return F.layer_norm(x, norm.normalized_shape, w, b, norm.eps)
 
     def _prologue(self, x: torch.Tensor, lengths: torch.Tensor):
-        t = x.shape[1]
-        valid = torch.arange(t, device=x.device)[None, :] < lengths[:, None]  # [B, T] bool
-        mask = valid[:, :, None].to(self.dtype)
-        key_mask = valid[:, None, None, :]  # [B, 1, 1, T]: True = attend
-        if self.fp32_residual:
-            x = x.float()
-        return x * self.scale + self.pe[:t], mask, key_mask
+        return fused_mod.prologue(x, lengths, self.dtype, self.fp32_residual, self.scale, self.pe)
 
     def forward(self, x: torch.Tensor, lengths: torch.Tensor, ban_emo_unk: torch.Tensor,
                 return_logits: bool = False):

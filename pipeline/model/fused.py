@@ -193,13 +193,7 @@ class FusedModel:
         block, head_fn, mark = self._functions()
         if compiled and self.compiled is not None:
             block, head_fn, mark = self.compiled.block, self.compiled.head, self.compiled.mark
-        t = x.shape[1]
-        valid = torch.arange(t, device=x.device)[None, :] < lengths[:, None]  # [B, T] bool
-        mask = valid[:, :, None].to(self.dtype)
-        key_mask = valid[:, None, None, :]  # [B, 1, 1, T]: True = attend
-        if self.fp32_residual:
-            x = x.float()
-        x = x * self.scale + self.pe[:t]
+        x, mask, key_mask = prologue(x, lengths, self.dtype, self.fp32_residual, self.scale, self.pe)
         mark((mask, (0, 1)), (key_mask, (0, 3)), (ban_emo_unk, (0,)))
         for n, (w, spec) in enumerate(self.blocks + self.tp_blocks):
             if n == len(self.blocks):
@@ -216,6 +210,17 @@ class FusedModel:
         mark((x, (0, 1)))
         return head_fn(x, tn.weight, tn.bias, tn.eps, self.lo_w_padded, self.lo_b_padded, ban_emo_unk,
                        EMO_UNKNOWN_ID)
+
+
+def prologue(x: torch.Tensor, lengths: torch.Tensor, dtype: torch.dtype, fp32_residual: bool,
+             scale: float, pe: torch.Tensor):
+    """Masks from the lengths (frames [B, T, 1] in the compute dtype; keys [B, 1, 1, T] bool) and
+    the scaled input plus the positional encoding, in the residual stream's dtype."""
+    t = x.shape[1]
+    valid = torch.arange(t, device=x.device)[None, :] < lengths[:, None]  # [B, T] bool
+    if fp32_residual:
+        x = x.float()
+    return x * scale + pe[:t], valid[:, :, None].to(dtype), valid[:, None, None, :]
 
 
 def _no_mark(*_):

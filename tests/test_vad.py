@@ -428,3 +428,26 @@ def test_one_hour_bounded_memory_and_time(segmenter, phrases):
     assert len(spans) <= reps * len(speech)
     assert growth < RSS_GROWTH_LIMIT
     assert elapsed < HOUR_TIME_LIMIT_S
+
+
+@pytest.mark.requires_cuda
+def test_live_scorer_on_the_gpu_equals_the_cpu_one(phrases):
+    """Live captions' speech detection on a GPU (states kept there, one transfer a round) gives
+    the CPU scorer's probabilities, stream by stream, frame after frame."""
+    from pipeline.audio.stream_vad import StreamAudio, StreamScorer
+
+    x = _speech_with_pauses(phrases, n=6)
+    pcm = (np.clip(x, -1, 1) * 32767).astype("<i2").tobytes()
+    frame = 3200  # 100 ms of 16 kHz 16-bit audio
+    results = {}
+    for device in ("cpu", "cuda"):
+        scorer = StreamScorer(device=device)
+        streams = [StreamAudio(16000) for _ in range(5)]
+        probs = [[] for _ in streams]
+        for i in range(0, len(pcm), frame):
+            futures = [scorer.score(s, pcm[i + 640 * k:i + 640 * k + frame]) for k, s in enumerate(streams)]
+            for k, f in enumerate(futures):
+                probs[k].append(f.result(timeout=60).probs)
+        results[device] = [np.concatenate(p) for p in probs]
+    for a, b in zip(results["cpu"], results["cuda"]):
+        assert a.shape == b.shape and np.abs(a - b).max() < 1e-4

@@ -52,6 +52,7 @@ logger = logging.getLogger("sensevoice.live.vad")
 MIN_RATE = 8_000  # Hz, the lowest input rate a live stream may declare
 MAX_RATE = 192_000  # Hz, the highest
 MAX_ROWS = 256  # windows scored in one silero call (streams beyond it wait for the next step)
+MAX_ROWS_GPU = 2048  # the same on a GPU, where a call of 2,048 windows costs what one of 64 does
 PIECE_S = 0.25  # input audio of one stream scored per round (a larger frame takes more rounds)
 PCM_SCALE = 32768.0  # s16 -> [-1, 1), as FFmpeg converts it
 
@@ -155,8 +156,12 @@ class StreamScorer:
     _shared: StreamScorer | None = None
     _shared_lock = threading.Lock()
 
-    def __init__(self, max_rows: int = MAX_ROWS, piece_s: float = PIECE_S):
-        self.max_rows = max_rows
+    def __init__(self, max_rows: int = MAX_ROWS, piece_s: float = PIECE_S, device: str = "cpu"):
+        """``device``: where silero runs. On a GPU (the offline segmenter's network,
+        :mod:`pipeline.audio.silero_net`) each stream's state stays there, a step scores up to
+        :data:`MAX_ROWS_GPU` streams, and a round's scores come back in one transfer."""
+        self.device = torch.device(device)
+        self.max_rows = max_rows if self.device.type == "cpu" else max(max_rows, MAX_ROWS_GPU)
         self.piece_s = piece_s
         self._cond = threading.Condition()
         self._queues: dict[StreamAudio, deque[_Piece]] = {}  # per stream, in arrival order
@@ -167,11 +172,12 @@ class StreamScorer:
         self.rounds = 0  # scoring rounds (one piece of each waiting stream)
 
     @classmethod
-    def shared(cls) -> StreamScorer:
-        """The process's scorer (one thread and one silero for every live stream)."""
+    def shared(cls, device: str = "cpu") -> StreamScorer:
+        """The process's scorer (one thread and one silero for every live stream); the first
+        caller's ``device`` is the one it runs on."""
         with cls._shared_lock:
             if cls._shared is None:
-                cls._shared = cls()
+                cls._shared = cls(device=device)
             return cls._shared
 
     def score(self, audio: StreamAudio, data: bytes, flush: bool = False) -> Future:
@@ -193,7 +199,9 @@ class StreamScorer:
     def _run(self) -> None:
         _init_scoring_thread()  # one intra-op thread (vad.py says why)
         try:
-            self._net = _load_net()
+            if self.device.type == "cuda":
+                torch.cuda.set_device(self.device)
+            self._net = _load_net(self.device)
         except BaseException as e:  # every request fails with the reason, now and later
             logger.exception("silero-vad could not be loaded for live captions")
             self._net = e
@@ -257,20 +265,31 @@ class StreamScorer:
         """Step through the pieces' windows: step t scores window t of every piece that has
         one, in groups of at most ``max_rows``, each row with its stream's state."""
         steps = max((len(p.rows) for p in pieces), default=0)
+        if not steps:
+            return
+        dev = self.device
+        on_gpu = dev.type == "cuda"
+        scores = torch.zeros(len(pieces), steps, device=dev)  # the round's scores, on the device
+        slot = {id(p): k for k, p in enumerate(pieces)}
         with torch.inference_mode():
             for t in range(steps):
                 active = [p for p in pieces if len(p.rows) > t]
                 for g in range(0, len(active), self.max_rows):
                     group = active[g:g + self.max_rows]
                     x = torch.from_numpy(np.stack([p.rows[t] for p in group]))
-                    state = torch.cat([p.request.audio.state for p in group], dim=1)
+                    if on_gpu:  # asynchronous copies: the host never waits for the step
+                        x = x.pin_memory().to(dev, non_blocking=True)
+                    state = torch.cat([p.request.audio.state.to(dev, non_blocking=on_gpu) for p in group], dim=1)
                     out, state = self._net(x, state)
                     self.calls += 1
                     self.rows += len(group)
-                    probs = out[:, 0].numpy()
-                    for j, p in enumerate(group):
-                        p.probs[t] = probs[j]
+                    rows = torch.tensor([slot[id(p)] for p in group])
+                    scores[rows.to(dev, non_blocking=on_gpu), t] = out[:, 0]
+                    for j, p in enumerate(group):  # the stream's state stays on the device
                         p.request.audio.state = state[:, j:j + 1].clone()
+            host = scores.cpu().numpy()  # the one transfer of the round
+        for k, p in enumerate(pieces):
+            p.probs[:] = host[k, : len(p.rows)]
 
 
 # ---------------------------------------------------------------------------- endpointing

@@ -135,6 +135,9 @@ def _load_net(device: torch.device | None = None) -> Any:
     if device is not None and device.type == "cuda":
         from pipeline.audio.silero_net import SileroNet
 
+        # full fp32 convolutions, process-wide: cuDNN's default TF32 keeps 10-bit mantissas in
+        # silero's STFT (fp16/bf16 work, the engine's, is not affected by this switch)
+        torch.backends.cudnn.allow_tf32 = False
         return SileroNet(net).to(device).eval()
     return net
 
@@ -447,8 +450,7 @@ def _score_on_device(net: Any, x: torch.Tensor, on_progress: Callable[[float], N
     state = torch.zeros(2, lanes, STATE_SIZE, device=dev)
     out = torch.empty(lanes, steps, device=dev)
     every = max(1, steps // PROGRESS_STEPS)
-    # full fp32 convolutions (cuDNN would use TF32 by default: 10-bit mantissas in the STFT)
-    with torch.inference_mode(), torch.backends.cudnn.flags(enabled=True, allow_tf32=False):
+    with torch.inference_mode():
         for s in range(steps):
             p, state = net(view[(start_d + s).clamp(max=nw - 1)], state)
             out[:, s] = p[:, 0]

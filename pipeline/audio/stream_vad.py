@@ -161,6 +161,8 @@ class StreamScorer:
         :mod:`pipeline.audio.silero_net`) each stream's state stays there, a step scores up to
         :data:`MAX_ROWS_GPU` streams, and a round's scores come back in one transfer."""
         self.device = torch.device(device)
+        if self.device.type == "cuda" and self.device.index is None:  # set_device needs an index
+            self.device = torch.device("cuda", torch.cuda.current_device())
         self.max_rows = max_rows if self.device.type == "cpu" else max(max_rows, MAX_ROWS_GPU)
         self.piece_s = piece_s
         self._cond = threading.Condition()

@@ -14,7 +14,12 @@ worker asks for :meth:`SenseVoiceEngine.idle_step` when it has nothing to do, wh
 (once, in a background thread) and then captures one wanted bucket at a time, in the worker's own
 thread, so a capture never races the engine's user. Until a bucket exists its shape runs
 uncaptured (compiled, or eager until the compile is done): the engine serves from the first second.
-The weights are funasr's own modules (loaded by ``pipeline.model.loading``), used read-only.
+The weights are funasr's own modules (loaded by ``pipeline.model.loading``), used read-only; on a
+GPU the service builds the fused path straight from the model directory instead
+(:meth:`SenseVoiceEngine.from_model_dir_fast`, :mod:`pipeline.model.fast_load`: no funasr import).
+
+:meth:`SenseVoiceEngine.transcribe_async` queues a batch and returns before the GPU is done (the
+worker finishes the previous batch meanwhile); :meth:`SenseVoiceEngine.transcribe` waits for it.
 """
 
 from __future__ import annotations

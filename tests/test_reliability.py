@@ -553,5 +553,9 @@ def test_device_fault_exits_3_and_the_supervisor_resumes_the_jobs(demo_dir, tmp_
         with pytest.raises(httpx.HTTPError):
             httpx.get(url + "/healthz", timeout=2)  # the server went with it
     finally:
-        if sup.poll() is None:
-            sup.kill()
+        if sup.poll() is None:  # SIGTERM first: the supervisor takes its server down with it
+            sup.terminate()     # (a SIGKILL left the server running on as an orphan)
+            try:
+                sup.wait(30)
+            except subprocess.TimeoutExpired:
+                sup.kill()

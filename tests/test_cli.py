@@ -135,7 +135,10 @@ def test_interrupted_run_leaves_only_complete_outputs_and_resumes(tmp_path, spee
     proc = subprocess.Popen(
         [sys.executable, "-m", "pipeline.cli", str(src), "--output-dir", str(out), "--format",
          "json,srt", "--model", str(demo_dir), "--device", "cpu", "--jobs", "1"],
-        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        # Ctrl-C as a terminal delivers it, whatever this process inherited: a suite started in the
+        # background by a non-interactive shell ignores SIGINT, and so would the CLI
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     deadline = time.monotonic() + 240
     while not (out.exists() and any(out.glob("*.srt"))):
         assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()

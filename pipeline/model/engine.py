@@ -62,6 +62,15 @@ class EngineOutput:
     words: tuple[Word, ...] = ()  # seconds from the clip's start; only when asked
 
 
+def _device_and_dtype(device: str, dtype: str) -> tuple[torch.device, torch.dtype]:
+    """An indexed device, and the compute dtype (float32 on a CPU: fp16 matmuls there are slow
+    and not what users expect)."""
+    dev = torch.device(device)
+    if dev.type == "cuda" and dev.index is None:
+        dev = torch.device("cuda", torch.cuda.current_device())
+    return dev, DTYPES["float32" if dev.type == "cpu" else dtype]
+
+
 def _round_up(n: int, m: int) -> int:
     return (n + m - 1) // m * m
 
@@ -232,12 +241,7 @@ class SenseVoiceEngine:
     def __init__(self, sv_model, tokenizer, frontend: BatchedFrontend, device: str,
                  dtype: str = "float16", max_frames: int = 4096, fp32_residual: bool = False,
                  fused: bool = False, cache_dir: Path | None = None):
-        self.device = torch.device(device)
-        if self.device.type == "cuda" and self.device.index is None:
-            self.device = torch.device("cuda", torch.cuda.current_device())
-        if self.device.type == "cpu":
-            dtype = "float32"  # fp16 matmuls on CPU are slow and not what users expect
-        self.dtype = DTYPES[dtype]
+        self.device, self.dtype = _device_and_dtype(device, dtype)
         self.tokenizer = tokenizer
         self.frontend = frontend.to(self.device)
         model = sv_model
@@ -275,10 +279,7 @@ class SenseVoiceEngine:
         understand (load through funasr instead)."""
         from pipeline.model.fast_load import load_fast
 
-        dev = torch.device(device)
-        if dev.type == "cuda" and dev.index is None:
-            dev = torch.device("cuda", torch.cuda.current_device())
-        dt = DTYPES["float32" if dev.type == "cpu" else dtype]
+        dev, dt = _device_and_dtype(device, dtype)
         if compile:
             fused_mod.configure_cache(cache_dir)
         compiled = fused_mod.CompiledBlocks(compile=compile)
@@ -443,14 +444,18 @@ class SenseVoiceEngine:
             return t.to(self.device)
         return t.pin_memory().to(self.device, non_blocking=True)
 
+    def _padded(self, waves: Sequence[torch.Tensor]) -> torch.Tensor:
+        """The waves as one zero-padded float32 batch on the device (host waves: one padded host
+        batch, one asynchronous copy)."""
+        if all(w.device == self.device for w in waves):
+            return torch.nn.utils.rnn.pad_sequence([w.float() for w in waves], batch_first=True)
+        return self._to_device(torch.nn.utils.rnn.pad_sequence(
+            [w.to("cpu", torch.float32) for w in waves], batch_first=True))
+
     def features(self, waves: Sequence[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
         """16 kHz waves (1-D float32, any device) -> padded features on the device."""
         lengths = [int(w.shape[0]) for w in waves]
-        if all(w.device == self.device for w in waves):
-            batch = torch.nn.utils.rnn.pad_sequence([w.float() for w in waves], batch_first=True)
-        else:  # one padded host batch, one asynchronous copy
-            batch = self._to_device(torch.nn.utils.rnn.pad_sequence(
-                [w.to("cpu", torch.float32) for w in waves], batch_first=True))
+        batch = self._padded(waves)
         lens_t = self._to_device(torch.tensor(lengths))
         feats, _ = self.frontend(batch, lens_t)
         return feats, lens_t, [num_lfr_frames(n) for n in lengths]
@@ -507,12 +512,7 @@ class SenseVoiceEngine:
         small = self._to_device(torch.tensor([
             samples, [LID[o.language] * 2 + (0 if o.use_itn else 1) for o in options],
             [f + N_QUERIES for f in frames], [int(o.ban_emo_unk) for o in options]], dtype=torch.int64))
-        if all(w.device == self.device for w in waves):
-            batch = torch.nn.utils.rnn.pad_sequence([w.float() for w in waves], batch_first=True)
-        else:
-            batch = self._to_device(torch.nn.utils.rnn.pad_sequence(
-                [w.to("cpu", torch.float32) for w in waves], batch_first=True))
-        feats, _ = self.frontend(batch, small[0])
+        feats, _ = self.frontend(self._padded(waves), small[0])
         x = torch.cat([self._queries[small[1]], feats.to(self.dtype)], dim=1)
         lengths, ban = small[2], small[3].bool()
         ids = self.forward_ids(x, lengths, ban)

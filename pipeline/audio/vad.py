@@ -142,25 +142,6 @@ def _load_net(device: torch.device | None = None) -> Any:
     return net
 
 
-def _as_device_wave(wave: torch.Tensor | np.ndarray, device: torch.device) -> torch.Tensor:
-    """A 1-D float32 tensor on ``device`` (int16 scaled to [-1, 1))."""
-    if isinstance(wave, np.ndarray):
-        wave = torch.from_numpy(np.ascontiguousarray(wave))
-    if not isinstance(wave, torch.Tensor):
-        raise TypeError(f"wave must be a torch.Tensor or numpy array, not {type(wave).__name__}")
-    t = wave.detach().to(device, non_blocking=False)
-    if t.dtype == torch.int16:
-        t = t.float() / 32768.0
-    elif not t.is_floating_point():
-        raise TypeError(f"wave must be float or int16 samples, not {t.dtype}")
-    t = t.float()
-    if t.dim() == 2 and t.shape[0] == 1:
-        t = t[0]
-    if t.dim() != 1:
-        raise ValueError(f"wave must be mono (1-D), got shape {tuple(t.shape)}")
-    return t
-
-
 def lane_plan(nw: int, max_lanes: int, min_lane_s: float) -> tuple[int, int, int]:
     """(lanes, windows each lane reports, windows replayed before each lane's part)."""
     min_lane = int(min_lane_s * SAMPLE_RATE) // WINDOW
@@ -353,10 +334,10 @@ class Segmenter:
         self, wave: torch.Tensor | np.ndarray, on_progress: Callable[[float], None] | None = None
     ) -> np.ndarray:
         """silero's speech probability per 512-sample window (last window zero-padded), float32."""
-        if self.device.type == "cuda":
-            x = _as_device_wave(wave, self.device)
-            return self._scorer().submit(_score_on_device, self._net, x, on_progress).result()
         x = _as_wave(wave)
+        if self.device.type == "cuda":  # the wave goes to the device once
+            x = x.to(self.device)
+            return self._scorer().submit(_score_on_device, self._net, x, on_progress).result()
         return self._scorer().submit(_score, self._net, x, on_progress).result()
 
     def spans_from_probs(self, samples: np.ndarray, probs: np.ndarray) -> list[Span]:

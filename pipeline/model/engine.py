@@ -47,7 +47,7 @@ LID = {"auto": 0, "zh": 3, "en": 4, "yue": 7, "ja": 11, "ko": 12, "nospeech": 13
 ITN = {True: 14, False: 15}  # withitn, woitn embed rows
 EVENT_ROW, EMO_ROW = 1, 2
 BLANK_ID = 0
-EMO_UNKNOWN_ID = 25009
+EMO_UNKNOWN_ID = fused_mod.EMO_UNKNOWN_ID  # 25009, <|EMO_UNKNOWN|>
 LENGTH_BUCKET = 16  # LFR frames (~0.96 s): captured graphs pad up to a multiple of this (a 10 s
 # clip's 171 frames pad to 176, 3 % of waste; 32 gave 192, 12 %)
 FRAME_SECONDS = 0.06  # one LFR frame

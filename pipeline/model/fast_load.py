@@ -24,10 +24,11 @@ import torch
 from pipeline.domain.errors import ModelUnavailable
 from pipeline.model.features import BatchedFrontend
 from pipeline.model.fused import BlockSpec, BlockWeights, FusedModel, Norm
+from pipeline.model.loading import REQUIRED_FILES, read_state_dict
 
 logger = logging.getLogger("sensevoice.model")
 
-BPE_MODEL = "chn_jpn_yue_eng_ko_spectok.bpe.model"
+BPE_MODEL = REQUIRED_FILES[3]  # chn_jpn_yue_eng_ko_spectok.bpe.model
 LAYER_NORM_EPS = 1e-5  # funasr.models.sense_voice.model.LayerNorm (torch default)
 
 
@@ -86,11 +87,7 @@ def load_fast(model_dir: str | Path, device: str, dtype: torch.dtype, fp32_resid
     conf = _encoder_conf(model_dir)
     if conf is None:
         return None
-    try:
-        sd = torch.load(model_dir / "model.pt", map_location="cpu", weights_only=True, mmap=True)
-    except RuntimeError:  # a legacy (non-zip) checkpoint cannot be memory-mapped
-        sd = torch.load(model_dir / "model.pt", map_location="cpu", weights_only=True)
-    sd = sd.get("state_dict", sd) if isinstance(sd, dict) else sd
+    sd = read_state_dict(model_dir / "model.pt")
     ln_dtype = torch.float32 if (fp32_residual and dtype != torch.float32) else dtype
     dev = torch.device(device)
 

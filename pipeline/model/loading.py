@@ -122,16 +122,23 @@ def _check_weights_loaded(model, weights: Path) -> None:
     (memory-mapped: only that tensor is read, not the whole file a second time)."""
     import torch
 
-    try:
-        sd = torch.load(weights, map_location="cpu", weights_only=True, mmap=True)
-    except RuntimeError:  # a legacy (non-zip) checkpoint cannot be memory-mapped
-        sd = torch.load(weights, map_location="cpu", weights_only=True)
-    sd = sd.get("state_dict", sd) if isinstance(sd, dict) else sd
+    sd = read_state_dict(weights)
     name = "ctc.ctc_lo.weight"
     if name in sd:
         have = model.state_dict()[name].detach().float().cpu()
         if have.shape != sd[name].shape or not torch.equal(have, sd[name].float()):
             raise ModelUnavailable(f"{weights}: weights did not load into the model (config mismatch)")
+
+
+def read_state_dict(weights: Path) -> dict:
+    """A checkpoint's tensors, memory-mapped (only what is used is read), on the CPU."""
+    import torch
+
+    try:
+        sd = torch.load(weights, map_location="cpu", weights_only=True, mmap=True)
+    except RuntimeError:  # a legacy (non-zip) checkpoint cannot be memory-mapped
+        sd = torch.load(weights, map_location="cpu", weights_only=True)
+    return sd.get("state_dict", sd) if isinstance(sd, dict) else sd
 
 
 def reference_generate(

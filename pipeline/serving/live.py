@@ -461,12 +461,6 @@ class LiveMetrics:
                              "Audio seconds received by live streams.", registry=r)
 
 
-def _speech_device(service) -> str:
-    """Live speech detection runs on this process's first GPU when it serves one."""
-    devices = getattr(service, "devices", None) or ["cpu"]
-    return devices[0] if str(devices[0]).startswith("cuda") else "cpu"
-
-
 class LiveHub:
     """The live streams of one process: their limit, the shared speech scorer, the endpointing
     rules and the metrics. Only touched on the event loop."""
@@ -474,7 +468,7 @@ class LiveHub:
     def __init__(self, service, limits: LiveLimits | None = None, scorer: StreamScorer | None = None):
         self.service = service
         self.limits = limits or LiveLimits.from_settings(service.settings)
-        self.scorer = scorer or StreamScorer.shared(device=_speech_device(service))
+        self.scorer = scorer or StreamScorer.shared(device=getattr(service, "speech_device", "cpu"))  # doubles: CPU
         self.rules = EndpointRules.of(Segmenter(max_segment_s=self.limits.max_utterance_s),
                                       self.limits.pause_s, self.limits.max_utterance_s)
         self.open = 0

@@ -528,15 +528,19 @@ class TranscriptionService:
     def _is_long(self, seconds: float, options: TranscribeOptions) -> bool:
         return seconds > self.settings.segment_threshold_s or options.split_channels
 
+    @property
+    def speech_device(self) -> str:
+        """Where speech detection runs (offline splits and live captions): this process's first
+        GPU when it has one, else the CPU."""
+        return self.devices[0] if self.devices[0].startswith("cuda") else "cpu"
+
     def segmenter(self):
         from pipeline.audio.vad import Segmenter
 
         with self._segmenter_lock:
             if self._segmenter is None:
-                # speech detection on this process's first GPU when it has one (512 lanes there)
-                device = self.devices[0] if self.devices[0].startswith("cuda") else "cpu"
                 self._segmenter = Segmenter(max_segment_s=self.settings.max_segment_s,
-                                            device=device).load()
+                                            device=self.speech_device).load()
             return self._segmenter
 
     def _pieces(self, job: Job, wave: torch.Tensor) -> list[WorkItem]:

@@ -55,6 +55,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from queue import Empty, Queue
 
+from pipeline.config import env_api_token
 from pipeline.domain.exports import FORMATS
 from pipeline.domain.types import LANGUAGES
 
@@ -255,7 +256,7 @@ def _reason(e: Exception) -> str:
 
 
 class LocalBackend:
-    """``build_runtime(settings).service`` in this process: submit (bulk lane), wait, export."""
+    """``build_runtime(settings)`` in this process: submit (bulk lane), wait, export."""
 
     def __init__(self, settings, options, formats: Sequence[str], retry_for: float):
         self.settings, self.options, self.formats, self.retry_for = settings, options, formats, retry_for
@@ -283,7 +284,7 @@ class LocalBackend:
         from pipeline.domain.exports import export
         from pipeline.domain.types import JobState
 
-        service = self.runtime.service
+        health, view = self.runtime.health, self.runtime.view
         limit = self.settings.max_upload_bytes
         try:
             if path.stat().st_size > limit:  # refused before it is read into memory
@@ -293,10 +294,10 @@ class LocalBackend:
         except OSError as e:
             raise FileFailed(f"cannot read: {e.strerror or e}") from e
         except SenseVoiceError as e:
-            if service.state == "failed":
-                raise StartFailed(f"the service failed: {service.error}") from e
+            if health.state == "failed":
+                raise StartFailed(f"the service failed: {health.error}") from e
             raise FileFailed(_reason(e)) from e
-        done = service.wait(job.id, timeout=JOB_TIMEOUT_S)
+        done = view.wait(job.id, timeout=JOB_TIMEOUT_S)
         if done.state is not JobState.DONE or done.result is None:
             raise FileFailed(_reason(done.error) if done.error else f"job {done.state.value}")
         meta = {"id": done.id, "audio_seconds": done.audio_seconds, "created_at": done.created_at,
@@ -310,8 +311,8 @@ class LocalBackend:
         deadline = time.monotonic() + self.retry_for
         while True:
             try:
-                return self.runtime.service.submit(data, filename=filename, options=self.options,
-                                                   lane=Lane.BULK)
+                return self.runtime.intake.submit(data, filename=filename, options=self.options,
+                                                  lane=Lane.BULK)
             except Busy as e:
                 if time.monotonic() + e.retry_after > deadline:
                     raise
@@ -554,7 +555,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     local.add_argument("--data-dir", type=Path, help="job store (default: a temporary folder)")
     remote = ap.add_argument_group("server mode")
     remote.add_argument("--server", metavar="URL", help="a running server, e.g. http://gpu-box:7860")
-    remote.add_argument("--token", default=os.environ.get("SENSEVOICE_API_TOKEN") or None,
+    remote.add_argument("--token", default=env_api_token(),
                         help="its API token (default: SENSEVOICE_API_TOKEN)")
     ap.add_argument("--jobs", type=int, default=DEFAULT_JOBS,
                     help=f"files in flight at once (default {DEFAULT_JOBS})")

@@ -13,6 +13,21 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 DEFAULT_MODEL = "iic/SenseVoiceSmall"
 
 
+def env_cache_dir() -> Path | None:
+    """``SENSEVOICE_CACHE_DIR`` as set (the demo builder's cache root when given), or None."""
+    import os
+
+    value = os.environ.get("SENSEVOICE_CACHE_DIR")
+    return Path(value).expanduser() if value else None
+
+
+def env_api_token() -> str | None:
+    """``SENSEVOICE_API_TOKEN`` as set (the CLI's default token for ``--server``), or None."""
+    import os
+
+    return os.environ.get("SENSEVOICE_API_TOKEN") or None
+
+
 def default_device() -> str:
     """``cuda`` when a GPU is visible, else ``cpu``. Imports torch lazily."""
     import torch

@@ -97,7 +97,7 @@ class LiveServer:
 
         self.settings = settings
         self.app = create_app(settings)
-        self.service = self.app.state.service
+        self.runtime = self.app.state.runtime
         self.url = f"http://127.0.0.1:{settings.port}"
         from pipeline.web.edge import uvicorn_options
 
@@ -119,8 +119,8 @@ class LiveServer:
                     return self
             except httpx.HTTPError:
                 pass
-            if self.service.state == "failed":
-                raise RuntimeError(f"service failed to start: {self.service.error}")
+            if self.runtime.health.state == "failed":
+                raise RuntimeError(f"service failed to start: {self.runtime.health.error}")
             time.sleep(0.2)
         raise TimeoutError("server not ready")
 

@@ -22,7 +22,7 @@ from pipeline.model.engine import SenseVoiceEngine  # noqa: E402
 
 
 def freeze_on_request() -> None:
-    from pipeline.web.api import FastPolls
+    from pipeline.web.middleware import FastPolls
 
     clean = FastPolls.__call__
 

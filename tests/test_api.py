@@ -131,7 +131,7 @@ def test_upload_over_byte_cap_is_413(demo_dir, tmp_path):
 
 
 def test_queue_full_is_503_with_retry_after(live_server, clip_factory):
-    sched = live_server.service.scheduler
+    sched = live_server.runtime.pool.scheduler
     old = sched.maxsize
     sched.maxsize = 0
     try:
@@ -260,16 +260,16 @@ def test_one_hour_recording_on_cpu_with_bounded_memory(demo_dir, tmp_path, long_
         w.writeframes(hour.tobytes())
     data = path.read_bytes()
     del hour, mono, stereo
-    service = build_runtime(make_settings(demo_dir, tmp_path / "d")).service
-    service.start()
+    runtime = build_runtime(make_settings(demo_dir, tmp_path / "d"))
+    runtime.start()
     try:
         before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB
-        job = service.submit(data, filename="hour.wav", options=TranscribeOptions("en"),
-                             lane=Lane.BULK)
+        job = runtime.intake.submit(data, filename="hour.wav", options=TranscribeOptions("en"),
+                                    lane=Lane.BULK)
         seen = set()
         deadline = time.monotonic() + 900
         while time.monotonic() < deadline:
-            j = service.get(job.id)
+            j = runtime.view.get(job.id)
             if j.meta.get("progress"):
                 seen.add(j.meta["progress"].split()[0])
             if j.state in (JobState.DONE, JobState.FAILED):
@@ -277,7 +277,7 @@ def test_one_hour_recording_on_cpu_with_bounded_memory(demo_dir, tmp_path, long_
             time.sleep(0.2)
         growth_mib = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) / 1024
     finally:
-        service.stop()
+        runtime.stop()
     assert j.state is JobState.DONE, j.error
     segs = j.result.segments
     assert len(segs) > 100 and segs[-1].end > 3500
@@ -292,13 +292,12 @@ def test_fast_poll_path_answers_what_the_route_answers(live_server, clip_factory
     the body must be the route's own (the same job read cold from SQLite), byte for byte."""
     job_id = submit(live_server, clip_factory("wav", 16000, 1)).json()["id"]
     wait_done(live_server, job_id)
-    service = live_server.service
+    view = live_server.runtime.view
     fast = httpx.get(f"{live_server.url}/api/jobs/{job_id}")
-    cached = service.get_cached(job_id)
-    with service._recent_lock:
-        service._recent.pop(job_id)  # forget it: the next poll goes through the route and SQLite
+    cached = view.get_cached(job_id)
+    view.forget([job_id])  # the next poll goes through the route and SQLite
     cold = httpx.get(f"{live_server.url}/api/jobs/{job_id}")
-    service._remember(cached)
+    view.remember(cached)
     assert fast.status_code == cold.status_code == 200
     assert fast.headers["content-type"] == cold.headers["content-type"] == "application/json"
     assert fast.content == cold.content and fast.json()["status"] == "done"

@@ -77,9 +77,9 @@ def test_long_uploads_beyond_the_backlog_get_503_and_wait_on_disk(demo_dir, tmp_
     seconds = _wav_seconds(clip)
     server = LiveServer(make_settings(demo_dir, tmp_path / "d", segment_threshold_s=1.0,
                                       segment_backlog_jobs=2, decode_processes=0)).start()
-    service = server.service
-    held = _HeldSegmenter(service.segmenter())
-    service._segmenter = held  # the splitter is slow now: a backlog builds up
+    long_audio = server.runtime.intake.long_audio
+    held = _HeldSegmenter(long_audio.segmenter())
+    long_audio._segmenter = held  # the splitter is slow now: a backlog builds up
     try:
         first, second = (submit(server, clip) for _ in range(2))
         assert first.status_code == 202 and second.status_code == 202
@@ -93,7 +93,7 @@ def test_long_uploads_beyond_the_backlog_get_503_and_wait_on_disk(demo_dir, tmp_
         assert _metric(metrics, "sensevoice_backlog_jobs") == 2
         assert _metric(metrics, "sensevoice_backlog_audio_seconds") == pytest.approx(2 * seconds, abs=0.01)
         ids = [first.json()["id"], second.json()["id"]]
-        waves = [service.waves.path(j) for j in ids]
+        waves = [long_audio.waves.path(j) for j in ids]
         assert all(p.exists() for p in waves)  # the waiting audio is on disk ...
         deadline = time.monotonic() + 10
         while len(held.waves) < 2 and time.monotonic() < deadline:

@@ -18,7 +18,7 @@ import torch
 from pipeline.serving.broker_redis import Feeder, RedisBroker, redact_url
 from pipeline.model.engine import EngineOutput
 from pipeline.domain.errors import AudioGone, BrokerUnavailable, JobGone, JobNotFound, QueueFull
-from pipeline.serving.broker_sqlite import SegmentResult
+from pipeline.serving.records import SegmentResult
 from pipeline.serving.scheduler import Scheduler, WorkItem
 from pipeline.domain.types import Job, JobState, Lane, TranscribeOptions, Transcript, Word
 from pipeline.serving.worker import Worker

@@ -52,7 +52,7 @@ class HostileTokenizer:
 @pytest.fixture(scope="module")
 def server(demo_dir, tmp_path_factory):
     srv = LiveServer(make_settings(demo_dir, tmp_path_factory.mktemp("ui-data"))).start()
-    for w in srv.service.workers:
+    for w in srv.runtime.pool.workers:
         w.engine.tokenizer = HostileTokenizer(w.engine.tokenizer)
     yield srv
     srv.stop()
@@ -66,13 +66,13 @@ class Gate:
         self.event = threading.Event()
 
     def __enter__(self):
-        for w in self.server.service.workers:
+        for w in self.server.runtime.pool.workers:
             w.engine.tokenizer.gate = self.event
         return self
 
     def release(self):
         self.event.set()
-        for w in self.server.service.workers:
+        for w in self.server.runtime.pool.workers:
             w.engine.tokenizer.gate = None
 
     def __exit__(self, *exc):
@@ -185,12 +185,12 @@ def test_upload_renders_chips_without_refresh(page, server, clip_factory):
 
 
 def test_html_in_transcript_renders_as_text(page, server, clip_factory):
-    for w in server.service.workers:
+    for w in server.runtime.pool.workers:
         w.engine.tokenizer.enabled = True
     try:
         _transcribe(page, server, clip_factory("wav", 16000, 1))
     finally:
-        for w in server.service.workers:
+        for w in server.runtime.pool.workers:
             w.engine.tokenizer.enabled = False
     text = page.locator("#sv-result .sv-text").first.inner_text()
     assert "<img src=x onerror=window.__xss=1>" in text and "<script>" in text
@@ -251,7 +251,7 @@ def test_reload_keeps_the_job(page, server, clip_factory):
 def test_submit_is_disabled_while_a_job_runs(page, server, clip_factory):
     open_ui(page, server)
     choose(page, clip_factory("wav", 16000, 1))
-    before = sum(server.service.store.counts().values())
+    before = sum(server.runtime.broker.counts().values())
     with Gate(server) as gate:
         page.locator("#sv-submit").click()
         page.wait_for_selector("#sv-state-view [data-stage=transcribing]", timeout=30_000)
@@ -259,7 +259,7 @@ def test_submit_is_disabled_while_a_job_runs(page, server, clip_factory):
         for _ in range(3):  # clicks on it do nothing
             page.evaluate("document.querySelector('#sv-submit').click()")
         page.wait_for_timeout(300)
-        assert sum(server.service.store.counts().values()) == before + 1
+        assert sum(server.runtime.broker.counts().values()) == before + 1
         gate.release()
         page.wait_for_selector("#sv-result .sv-seg", timeout=30_000)
     assert page.locator("#sv-submit").is_enabled()
@@ -302,20 +302,19 @@ def test_model_loading_is_said(page, server, clip_factory):
     """A job that waits while the model loads says so (and its place), then runs."""
     open_ui(page, server)
     choose(page, clip_factory("wav", 16000, 1))
-    service = server.service
+    runtime = server.runtime
     with Gate(server) as gate:
-        first = service.submit(Path(clip_factory("wav", 16000, 1)).read_bytes(), filename="a.wav")
+        first = runtime.intake.submit(Path(clip_factory("wav", 16000, 1)).read_bytes(), filename="a.wav")
         deadline = time.monotonic() + 30
-        while service.get(first.id).state.value != "running" and time.monotonic() < deadline:
+        while runtime.view.get(first.id).state.value != "running" and time.monotonic() < deadline:
             time.sleep(0.02)
-        service.state = "loading"  # as while a model loads (the worker holds the first job)
+        runtime.health.set_state("loading")  # as while a model loads (the worker holds the first job)
         try:
             page.locator("#sv-submit").click()
             page.wait_for_selector("#sv-state-view [data-stage=loading]", timeout=30_000)
             assert "The model is loading" in state(page)
         finally:
-            service.state = "ready"
-            service.changes.notify_all()
+            runtime.health.set_state("ready")
         page.wait_for_selector("#sv-state-view [data-stage=queued]", timeout=30_000)
         gate.release()
         page.wait_for_selector("#sv-result .sv-seg", timeout=30_000)
@@ -469,7 +468,7 @@ def test_submit_click_to_result_on_screen(page, server, five_seconds, capsys):
         page.wait_for_function("() => !document.querySelector('#sv-submit').disabled")
         page.locator("#sv-submit").click()
         page.wait_for_function(f"() => window.__lat.length > {k}", timeout=30_000)
-        job = server.service.get(job_in_url(page))
+        job = server.runtime.view.get(job_in_url(page))
         rows.append({"ms": page.evaluate(f"window.__lat[{k}]"),
                      "compute_ms": job.duration_s * 1e3,
                      "server_ms": (job.finished_at - job.created_at) * 1e3})

@@ -147,7 +147,7 @@ def test_live_captions_grow_then_save_as_a_job(page, server):
     page.locator("#sv-live .sv-live-save").click()
     assert page.evaluate("window.SenseVoiceLive.mode()") == "file"
     page.wait_for_selector("#sv-review tr.sv-row", timeout=90_000)
-    job = server.service.get(page.evaluate("new URLSearchParams(location.search).get('job')"))
+    job = server.runtime.view.get(page.evaluate("new URLSearchParams(location.search).get('job')"))
     assert job.filename.startswith("live-") and job.filename.endswith(".wav")
     assert abs(job.audio_seconds - session["sentSamples"] / 16000) < 0.05
     assert page.locator("#sv-review tr.sv-row").count() >= 2
@@ -200,7 +200,7 @@ def test_too_many_streams_is_said_plainly(page, server):
         done.set()
         holder.join(30)
     # the slot is free again: the same button works
-    registry = server.service.metrics.registry
+    registry = server.runtime.metrics.registry
     deadline = time.monotonic() + 10
     while registry.get_sample_value("sensevoice_live_streams") and time.monotonic() < deadline:
         time.sleep(0.05)
@@ -210,13 +210,12 @@ def test_too_many_streams_is_said_plainly(page, server):
 
 
 def test_a_model_not_ready_is_said_plainly(page, server):
-    service = server.service
-    service.state = "loading"  # as while a model loads
+    health = server.runtime.health
+    health.set_state("loading")  # as while a model loads
     try:
         text = refused_start(page, server)
     finally:
-        service.state = "ready"
-        service.changes.notify_all()
+        health.set_state("ready")
     assert "The speech model is not ready yet" in text and "Try again in a minute" in text
 
 

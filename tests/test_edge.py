@@ -13,7 +13,7 @@ import time
 import httpx
 import pytest
 
-from pipeline.web.api import UploadLimit
+from pipeline.web.middleware import UploadLimit
 from pipeline.web.edge import (ConnectionLimits, allowed_hosts, client_key, connection_limit,
                            host_allowed, http_protocol, same_origin, split_host)
 from tests.conftest import LiveServer, make_settings
@@ -108,7 +108,7 @@ def submit_from(server, path, source: str = "127.0.0.1", headers=None) -> httpx.
 
 
 def job_count(server) -> int:
-    return sum(server.service.store.counts().values())
+    return sum(server.runtime.broker.counts().values())
 
 
 def slow_upload(server, source: str, length: int = 10_000_000) -> socket.socket:
@@ -512,7 +512,7 @@ def test_rebinding_host_is_refused_on_polls_and_the_ui(edge, clip_factory):
     r = submit_from(edge, clip_factory("wav", 16000, 1))
     job_id = r.json()["id"]
     wait_done(edge, job_id)
-    assert edge.service.get_cached(job_id) is not None  # FastPolls would answer it
+    assert edge.runtime.view.get_cached(job_id) is not None  # FastPolls would answer it
     port = edge.settings.port
     for path in (f"/api/jobs/{job_id}", f"/api/jobs/{job_id}/result", "/ui/", "/metrics", "/"):
         for host in ("evil.example", f"evil.example:{port}", "127.0.0.1.evil.example"):

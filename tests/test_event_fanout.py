@@ -192,12 +192,15 @@ def test_a_stream_whose_client_left_before_it_began_gives_its_place_back():
     assert asyncio.run(answer(prime=False)) == {"10.0.0.9": 1}  # what it was: a place held for good
 
 
-class _Service:
-    class settings:  # noqa: N801 (a settings stand-in)
-        api_token = "tok"
-        retention_hours = 24.0
+def _pages(view=None, token: str = "tok"):
+    """The pages of a process in the ready state (a real Health), over ``view``."""
+    from pipeline.config import Settings
+    from pipeline.serving.health import Health
+    from pipeline.web.views import JobPages
 
-    state = "ready"
+    health = Health(Settings(), None, None)
+    health.state = "ready"
+    return JobPages(Settings(api_token=token, retention_hours=24.0), view, health)
 
 
 def test_a_large_result_is_left_out_of_the_event_and_a_small_one_kept():
@@ -207,23 +210,19 @@ def test_a_large_result_is_left_out_of_the_event_and_a_small_one_kept():
                created_at=time.time(), audio_seconds=5.0, finished_at=time.time())
     small = replace(base, result=Transcript(text="hi", raw_text="hi", segments=(seg,)))
     big = replace(base, result=Transcript(text="x", raw_text="x", segments=(seg,) * 2000))
-    data = job_event(small, _Service)
+    data = job_event(small, _pages())
     assert b'"result":{' in data and b"result_omitted" not in data
-    data = job_event(big, _Service)
+    data = job_event(big, _pages())
     assert len(data) < EVENT_RESULT_MAX_BYTES
     assert b'"result":null' in data and b'"result_omitted":true' in data
     assert b'/api/jobs/j1/result?exp=' in data  # the signed link the page fetches it from
 
 
-class _ProgressService:
-    """A service stand-in whose job advances a piece at a time, notifying each change."""
+class _ProgressView:
+    """A job view stand-in whose job advances a piece at a time, notifying each change."""
 
-    class settings:  # noqa: N801
-        api_token = ""
-        retention_hours = 24.0
-
-    state = "ready"
-    distributed = False
+    class broker:  # noqa: N801 (the embedded broker: this process hears every change)
+        shared = False
 
     def __init__(self):
         from pipeline.serving.job_events import JobChanges
@@ -235,15 +234,19 @@ class _ProgressService:
     async def poll(self, job_id):
         return self.job
 
+    def get(self, job_id):
+        return self.job
+
 
 def test_progress_is_published_at_most_every_interval_and_the_final_state_at_once():
     from pipeline.web.routes.events import PROGRESS_INTERVAL_S, produce_job_events
 
     async def main():
-        service = _ProgressService()
+        service = _ProgressView()
+        pages = _pages(service, token="")
         fanout = EventFanout(0, 0)
-        channel = subscribe(fanout, "j1", None, job_event(service.job, service), False,
-                            produce_job_events(service, "j1"))
+        channel = subscribe(fanout, "j1", None, job_event(service.job, pages), False,
+                            produce_job_events(pages, "j1"))
         published = []
         t0 = time.monotonic()
         for k in range(1, 301):  # 300 pieces in ~1.5 s: one notice every 5 ms

@@ -17,7 +17,8 @@ import pytest
 from pipeline.domain.types import Job, JobError, JobState, Lane, TranscribeOptions
 from pipeline.serving.job_events import JobChanges
 from pipeline.web.links import link_key, verify
-from pipeline.web.routes.events import KEEPALIVE_S, page_query, stage_of
+from pipeline.web.routes.events import KEEPALIVE_S
+from pipeline.web.views import page_query, stage_of
 from tests.conftest import LiveServer, make_settings
 from tests.test_api import submit
 
@@ -152,7 +153,7 @@ def test_events_push_each_state_and_the_result_as_it_is_stored(server, clip_fact
 def test_events_of_a_finished_job_answer_once_and_end(server, clip_factory):
     r = submit(server, clip_factory("wav", 16000, 1))
     job_id = r.json()["id"]
-    server.service.wait(job_id, timeout=60)
+    server.runtime.view.wait(job_id, timeout=60)
     t0 = time.monotonic()
     events = read_events(server, job_id)
     assert len(events) == 1 and events[0][1]["stage"] == "done"
@@ -192,7 +193,7 @@ def test_a_failed_job_streams_its_error(server):
     failed = J(id=jid, state=JobState.FAILED, options=TranscribeOptions(), lane=Lane.BULK,
                created_at=time.time(), audio_seconds=1.0, finished_at=time.time(),
                error=JobError("segmentation_failed", "splitting the recording failed: boom"))
-    server.service._remember(failed)  # (a snapshot, as the service keeps one per job)
+    server.runtime.view.remember(failed)  # (a snapshot, as the service keeps one per job)
     events = read_events(server, jid)
     assert [d["stage"] for _, d, _ in events] == ["failed"]
     assert events[0][1]["error"]["code"] == "segmentation_failed"

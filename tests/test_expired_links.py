@@ -12,7 +12,7 @@ import pytest
 import websockets
 
 from pipeline.web.links import link_key, link_state, sign
-from pipeline.web.routes.stream import LIVE_SUBJECT
+from pipeline.web.links import LIVE_SUBJECT
 from tests.conftest import LiveServer, make_settings
 
 TOKEN = "s3cret-token"

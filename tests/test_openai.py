@@ -82,7 +82,7 @@ def reference(server, speech_clip):
 def test_every_response_format(server, client, speech_clip, fmt, reference, monkeypatch):
     from pipeline.domain.types import Lane
 
-    lanes = spy_submits(monkeypatch, server.service)
+    lanes = spy_submits(monkeypatch, server.runtime.intake)
     out = transcribe(client, speech_clip, response_format=fmt, language="en")
     assert lanes == [Lane.INTERACTIVE]  # one job, through the same queue, interactive lane
     text = reference["result"]["text"]  # the demo model says "speech speech ..."
@@ -245,7 +245,7 @@ def test_a_waiting_request_holds_no_upload_slot():
 
     from starlette.requests import Request
 
-    from pipeline.web.api import UploadLimit, release_upload_slot
+    from pipeline.web.middleware import UploadLimit, release_upload_slot
 
     async def scenario():
         submitted, finish = asyncio.Event(), asyncio.Event()
@@ -307,7 +307,7 @@ def test_oversized_upload(strict, tmp_path):
 def test_wait_timeout_is_504_naming_the_job(strict, speech_clip, monkeypatch):
     """Past request_wait_s: 504, the job named, no retry by the client (it would upload again);
     the job goes on and its result is at /api/jobs/{id}."""
-    lanes = spy_submits(monkeypatch, strict.service)
+    lanes = spy_submits(monkeypatch, strict.runtime.intake)
     client = openai.OpenAI(base_url=strict.url + "/v1", api_key="any", max_retries=2)
     with pytest.raises(openai.InternalServerError) as e:  # split_channels: the slower long path
         transcribe(client, speech_clip, extra_body={"split_channels": "true"})

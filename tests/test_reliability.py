@@ -94,12 +94,12 @@ def test_oom_halves_the_batch_and_only_the_poison_job_fails(tmp_path):
 def test_fatal_device_error_makes_the_service_unready(demo_dir, tmp_path, clip_factory):
     server = LiveServer(make_settings(demo_dir, tmp_path / "d")).start()
     try:
-        for w in server.service.workers:
+        for w in server.runtime.pool.workers:
             w.engine = FakeEngine(fatal=True)
         r = submit(server, clip_factory("wav", 16000, 1))
         assert r.status_code == 202
         deadline = time.monotonic() + 10
-        while server.service.ready and time.monotonic() < deadline:
+        while server.runtime.health.ready and time.monotonic() < deadline:
             time.sleep(0.05)
         ready = httpx.get(server.url + "/readyz")
         assert ready.status_code == 503 and "illegal memory access" in ready.json()["error"]
@@ -112,7 +112,7 @@ def test_fatal_device_error_makes_the_service_unready(demo_dir, tmp_path, clip_f
 def test_hung_worker_turns_readyz_503(demo_dir, tmp_path, clip_factory):
     server = LiveServer(make_settings(demo_dir, tmp_path / "d", hung_timeout_s=0.5)).start()
     try:
-        for w in server.service.workers:
+        for w in server.runtime.pool.workers:
             w.engine = FakeEngine(hang_s=3.0)
         submit(server, clip_factory("wav", 16000, 1))
         time.sleep(1.5)
@@ -250,11 +250,11 @@ def test_retention_purges_result_and_audio_and_answers_410(demo_dir, tmp_path, c
         jid = submit(server, clip_factory("wav", 16000, 1)).json()["id"]
         assert wait_done(server, jid)["status"] == "done"
         assert jid in bodies._bodies  # the done job's JSON, kept for repeated polls
-        server.service.settings.retention_hours = 0.0  # the job is now past its retention
-        assert server.service.purge_expired() == 1
+        server.runtime.settings.retention_hours = 0.0  # the job is now past its retention
+        assert server.runtime.purge_expired() == 1
         r = httpx.get(f"{server.url}/api/jobs/{jid}")
         assert r.status_code == 410 and "retention" in r.json()["error"]["message"]
-        assert not server.service.store.spool_path(jid).exists()
+        assert not server.runtime.broker.spool_path(jid).exists()
         assert jid not in bodies._bodies  # no copy of the result left in memory
     finally:
         server.stop()
@@ -265,7 +265,7 @@ def test_audio_deleted_when_done_if_configured(demo_dir, tmp_path, clip_factory)
     try:
         jid = submit(server, clip_factory("wav", 16000, 1)).json()["id"]
         assert wait_done(server, jid)["status"] == "done"
-        assert not server.service.store.spool_path(jid).exists()
+        assert not server.runtime.broker.spool_path(jid).exists()
     finally:
         server.stop()
 
@@ -287,13 +287,13 @@ def test_gradio_upload_cache_copy_goes_with_its_job(demo_dir, tmp_path, clip_fac
         assert wait_done(server, job_id)["status"] == "done"
         copies = [p for p in Path(gradio_cache_dir()).rglob(clip.name)]
         if delete_when_done:
-            assert copies == [] and not server.service.store.spool_path(job_id).exists()
+            assert copies == [] and not server.runtime.broker.spool_path(job_id).exists()
             return
         assert len(copies) == 1  # kept while the job is (the review player's fallback)
-        server.service.settings.retention_hours = 0.0
-        server.service.purge_expired()
+        server.runtime.settings.retention_hours = 0.0
+        server.runtime.purge_expired()
         assert httpx.get(f"{server.url}/api/jobs/{job_id}").status_code == 410
-        assert not copies[0].exists() and not server.service.store.spool_path(job_id).exists()
+        assert not copies[0].exists() and not server.runtime.broker.spool_path(job_id).exists()
     finally:
         server.stop()
 
@@ -397,7 +397,7 @@ def test_hostile_filenames_are_stored_under_server_names(guarded, clip_factory, 
     shown = job["filename"]
     assert len(shown) <= 200 and "/" not in shown and "\x00" not in shown and "\r" not in shown
     assert "\u202e" not in shown
-    spool = {p.name for p in guarded.service.store.spool_dir.iterdir()}
+    spool = {p.name for p in guarded.runtime.broker.spool_dir.iterdir()}
     assert all(n.endswith(".upload") and uuid.UUID(n[:-7]) for n in spool)
 
 
@@ -424,7 +424,7 @@ def test_ui_says_busy_when_the_queue_is_full(demo_dir, tmp_path, clip_factory):
     from gradio_client import Client, handle_file
 
     server = LiveServer(make_settings(demo_dir, tmp_path / "d", retry_after_s=3)).start()
-    sched = server.service.scheduler
+    sched = server.runtime.pool.scheduler
     try:
         client = Client(server.url + "/ui/", verbose=False)
         sched.maxsize = 0
@@ -469,15 +469,15 @@ def test_memory_admission_refuses_until_memory_recovers(demo_dir, tmp_path, clip
     """Free device memory is injected (the NVML/driver reading replaced): under the threshold new
     jobs get 503 gpu_memory_low with Retry-After; once memory recovers they are accepted again."""
     server = LiveServer(make_settings(demo_dir, tmp_path / "d", min_free_memory_ratio=0.15)).start()
-    service = server.service
+    pool = server.runtime.pool
     clip = clip_factory("wav", 16000, 1)
     try:
-        service.free_memory_ratio = lambda device: 0.05  # a GPU with 5 % free
+        pool.free_memory_ratio = lambda device: 0.05  # a GPU with 5 % free
         r = submit(server, clip)
         assert r.status_code == 503 and r.json()["error"]["code"] == "gpu_memory_low"
         assert int(r.headers["retry-after"]) >= 1 and "5% free" in r.json()["error"]["message"]
-        assert len(service.scheduler) == 0  # nothing was queued
-        service.free_memory_ratio = lambda device: 0.40  # recovered
+        assert len(pool.scheduler) == 0  # nothing was queued
+        pool.free_memory_ratio = lambda device: 0.40  # recovered
         r = submit(server, clip)
         assert r.status_code == 202
         assert wait_done(server, r.json()["id"])["status"] == "done"
@@ -487,7 +487,7 @@ def test_memory_admission_refuses_until_memory_recovers(demo_dir, tmp_path, clip
 
 def test_polls_take_no_queue_slots_and_work_while_the_queue_is_full(live_server, clip_factory):
     job_id = submit(live_server, clip_factory("wav", 16000, 1)).json()["id"]
-    sched = live_server.service.scheduler
+    sched = live_server.runtime.pool.scheduler
     old, sched.maxsize = sched.maxsize, 0  # full: submits are refused from here on
     try:
         depth = len(sched)

@@ -32,7 +32,8 @@ from pipeline.domain.errors import LiveOverloaded, NotReady, StreamTooLong, TooM
 from pipeline.domain.types import TranscribeOptions
 from pipeline.model.engine import EngineOutput
 from pipeline.serving.live import AudioBuffer, LiveHub, LiveLimits
-from pipeline.web.routes.stream import agreed_prefix, live_query, spaced
+from pipeline.web.links import live_query
+from pipeline.web.routes.stream import agreed_prefix, spaced
 from tests.conftest import LiveServer, make_settings
 from tests.media import convert, speech_wav, write_pcm_wav
 
@@ -336,7 +337,7 @@ def test_a_model_failure_ends_the_stream_with_a_reason(server, speech, monkeypat
         future.set_exception(RuntimeError("the device fell over"))
         return future
 
-    monkeypatch.setattr(server.service, "decode_live", broken)
+    monkeypatch.setattr(server.app.state.live_hub, "decode", broken)
     error = expect_error(stream(ws_url(server), speech.pcm, speed=None), "decode_failed", 1011)
     assert "the device fell over" in error["message"]
 
@@ -440,15 +441,25 @@ def test_oversize_frames_and_garbage_text_frames_are_refused(server):
 
 
 # ---------------------------------------------------------------------------- the core, alone
+def health(state: str = "ready"):
+    """A real Health of a process without workers, in ``state``."""
+    from pipeline.config import Settings
+    from pipeline.serving.health import Health
+
+    h = Health(Settings(), None, None)
+    h.state = state
+    return h
+
+
+def fake_hub(fake, limits, *, decode: bool = True, state: str = "ready") -> LiveHub:
+    from pipeline.config import Settings
+
+    return LiveHub(Settings(), fake.decode_live if decode else None, health(state), limits=limits)
+
+
 class FakeService:
     """decode_live answered by a timer thread after ``delay`` s (never, with None); counts how
     many decodes of the stream were in flight at once."""
-
-    serves_worker = True
-    ready = True
-    state = "ready"
-    error = None
-    metrics = None
 
     def __init__(self, delay: float | None = 0.0):
         self.delay = delay
@@ -474,7 +485,7 @@ class FakeService:
 
 async def _session_run(service, limits: LiveLimits, pcm: bytes, speed: float | None,
                        frame: int = FRAME):
-    hub = LiveHub(service, limits)
+    hub = fake_hub(service, limits)
     captions = []
 
     async def emit(caption):
@@ -527,7 +538,7 @@ def test_long_utterances_are_cut(speech):
 def test_one_client_cannot_take_every_live_slot():
     """Per client address at most max_streams_per_client streams (a second address still gets
     one); a slot comes back when its stream ends."""
-    hub = LiveHub(FakeService(), LiveLimits(max_streams=10, max_streams_per_client=2))
+    hub = fake_hub(FakeService(), LiveLimits(max_streams=10, max_streams_per_client=2))
 
     async def emit(caption):
         pass
@@ -548,14 +559,11 @@ def test_one_client_cannot_take_every_live_slot():
 
 
 def test_live_needs_a_process_holding_the_model():
-    api_only = FakeService()
-    api_only.serves_worker = False
     with pytest.raises(NotReady, match="role all"):
-        LiveHub(api_only, LiveLimits()).check_ready()
-    loading = FakeService()
-    loading.ready, loading.state = False, "loading"
+        fake_hub(FakeService(), LiveLimits(), decode=False).check_ready()
     with pytest.raises(NotReady, match="still loading"):
-        LiveHub(loading, LiveLimits()).check_ready()
+        fake_hub(FakeService(), LiveLimits(), state="loading").check_ready()
+    fake_hub(FakeService(), LiveLimits()).check_ready()  # ready: no error
 
 
 def test_endpointer_cuts_where_the_offline_splitter_cuts():

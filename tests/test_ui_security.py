@@ -103,7 +103,7 @@ def event_post(server, route: str, payload, **kw):
 
 def targets(server, job_id: str, tmp: Path) -> dict[str, object]:
     data = Path(os.path.realpath(server.settings.data_dir))
-    spool = str(server.service.store.spool_path(job_id))
+    spool = str(server.runtime.broker.spool_path(job_id))
     ups = upload_dir(server)
     link_dir = ups / ("evil" + uuid.uuid4().hex[:8])
     link_dir.mkdir()
@@ -139,7 +139,7 @@ def test_event_routes_refuse_server_paths(ui_server, a_job, tmp_path, route, tar
     spool, via a symlink in the upload dir, a URL...): 403 path_refused at once, no job, nothing
     copied, the server answers."""
     path = targets(ui_server, a_job, tmp_path)[target]
-    before_jobs = ui_server.service.store.counts()
+    before_jobs = ui_server.runtime.broker.counts()
     before_files = files_under(upload_dir(ui_server))
     url, body = event_request(ui_server, route, file_data(path))
     t = time.monotonic()  # the refusal alone: the config fetch for queue/join is not timed
@@ -152,7 +152,7 @@ def test_event_routes_refuse_server_paths(ui_server, a_job, tmp_path, route, tar
     assert httpx.get(ui_server.url + "/healthz", timeout=1.0).status_code == 200
     assert time.monotonic() - t < 1.0
     assert files_under(upload_dir(ui_server)) == before_files  # nothing copied into the cache
-    assert ui_server.service.store.counts() == before_jobs  # no job was created
+    assert ui_server.runtime.broker.counts() == before_jobs  # no job was created
 
 
 def test_exact_curl_from_the_report(ui_server):
@@ -427,13 +427,13 @@ def test_signed_links_open_their_own_job_only(token_server, clip_factory):
     settings = token_server.settings
     a = submit_token(token_server, clip_factory("wav", 16000, 1))
     b = submit_token(token_server, clip_factory("mp3", 44100, 2))
-    job_a = token_server.service.get(a)
+    job_a = token_server.runtime.view.get(a)
     links = job_links(job_a, settings.api_token, settings.retention_hours)
     assert TOKEN not in links["audio"] and "sig=" in links["audio"] and "exp=" in links["audio"]
     url = token_server.url
     audio = httpx.get(url + links["audio"], timeout=10)
     assert audio.status_code == 200
-    assert audio.content == token_server.service.store.spool_path(a).read_bytes()
+    assert audio.content == token_server.runtime.broker.spool_path(a).read_bytes()
     srt = httpx.get(url + links["result"] + "&format=srt", timeout=10)
     assert srt.status_code == 200 and "-->" in srt.text
     assert httpx.get(url + links["result"], timeout=10).status_code == 200
@@ -461,7 +461,7 @@ def test_signed_links_open_their_own_job_only(token_server, clip_factory):
 
 
 def test_signed_links_without_a_token_are_plain_routes(ui_server, a_job):
-    job = ui_server.service.get(a_job)
+    job = ui_server.runtime.view.get(a_job)
     links = job_links(job, "", 24.0)
     assert links == {"audio": f"/api/jobs/{a_job}/audio", "result": f"/api/jobs/{a_job}/result"}
 
@@ -507,7 +507,7 @@ def test_browser_with_a_token_logs_in_and_plays_through_signed_links(token_serve
 def test_a_path_that_is_not_a_string_reads_nothing(ui_server, value):
     """Gradio takes only a string ``path`` for a file; anything else fails its validation. Any
     string inside is still checked (the nested dict here is refused)."""
-    before_jobs = ui_server.service.store.counts()
+    before_jobs = ui_server.runtime.broker.counts()
     before_files = files_under(upload_dir(ui_server))
     r = event_post(ui_server, "call/submit", {"path": value, "meta": {"_type": "gradio.FileData"}})
     if isinstance(value, dict):
@@ -516,7 +516,7 @@ def test_a_path_that_is_not_a_string_reads_nothing(ui_server, value):
         events = httpx.get(f"{ui_server.url}/ui/gradio_api/call/submit/{r.json()['event_id']}",
                            timeout=10).text
         assert "event: error" in events or "error:" in events
-    assert ui_server.service.store.counts() == before_jobs
+    assert ui_server.runtime.broker.counts() == before_jobs
     assert files_under(upload_dir(ui_server)) == before_files
 
 
@@ -605,12 +605,10 @@ def test_job_events_need_the_token_or_the_jobs_own_link(token_server, clip_facto
     """The stream a page follows is guarded like the job's audio and result: the API token, or
     that job's own signed link; another job's signature or an altered one: 401; an expired one:
     410 link_expired."""
-    from pipeline.web.routes.events import live_view
-
     a = submit_token(token_server, clip_factory("wav", 16000, 1))
     b = submit_token(token_server, clip_factory("mp3", 44100, 2))
-    job_a = token_server.service.get(a)
-    view = live_view(job_a, token_server.service)
+    job_a = token_server.runtime.view.get(a)
+    view = token_server.app.state.pages.live_view(job_a)
     assert TOKEN not in json.dumps(view)
     page_q = view["links"]["page"]
     link_q = job_links(job_a, TOKEN, token_server.settings.retention_hours)["audio"].split("?", 1)[1]
@@ -698,9 +696,9 @@ def test_browser_a_url_with_another_jobs_signature_shows_nothing_of_it(token_ser
     transcript never reaches it."""
     a = submit_token(token_server, clip_factory("wav", 16000, 1))
     b = submit_token(token_server, clip_factory("mp3", 44100, 2))
-    from pipeline.web.routes.events import page_query
+    from pipeline.web.views import page_query
 
-    q = page_query(token_server.service.get(a), TOKEN, token_server.settings.retention_hours)
+    q = page_query(token_server.runtime.view.get(a), TOKEN, token_server.settings.retention_hours)
     ctx = browser.new_context()
     page = ctx.new_page()
     try:

@@ -89,12 +89,12 @@ from redis.asyncio.retry import Retry as AsyncRetry
 from redis.retry import Retry
 
 
-from pipeline.domain.errors import AudioGone, BrokerUnavailable, JobGone, JobNotFound, QueueFull
-from pipeline.serving.broker_sqlite import SegmentResult, _dump_options
+from pipeline.domain.errors import AudioGone, BrokerUnavailable, JobGone, JobNotFound, NotReady, QueueFull
 from pipeline.serving.job_events import Feed, JobEvent
 from pipeline.serving.payloads import Payloads
+from pipeline.serving.records import SegmentResult, dump_options, load_options
 from pipeline.serving.scheduler import Scheduler, WorkItem
-from pipeline.domain.types import Job, JobError, JobState, Lane, TranscribeOptions, Transcript, Word
+from pipeline.domain.types import Job, JobError, JobState, Lane, Transcript, Word
 
 logger = logging.getLogger("sensevoice.broker")
 
@@ -395,7 +395,7 @@ def _job_from_hash(h: dict, job_id: str) -> Job:
         progress = g("progress")
         meta["progress"] = _s(progress) if progress else None
     return Job(
-        id=job_id, state=state, options=TranscribeOptions(**json.loads(g("options"))),
+        id=job_id, state=state, options=load_options(g("options")),
         lane=Lane(int(g("lane"))), created_at=float(g("created_at")),
         audio_seconds=float(g("audio_seconds")), filename=_s(g("filename") or b""),
         started_at=_opt_float(g("started_at")), finished_at=_opt_float(g("finished_at")),
@@ -437,7 +437,11 @@ def _atranslated(method):
 
 # ---------------------------------------------------------------------------- the broker
 class RedisBroker:
-    """Job records, results and the lane queues on one Redis; thread-safe (a connection pool)."""
+    """Job records, results and the lane queues on one Redis; thread-safe (a connection pool).
+    One implementation of :class:`~pipeline.serving.broker.Broker` (``shared``: other processes
+    write it too)."""
+
+    shared = True
 
     def __init__(self, url: str, retention_s: float, queue_size: int,
                  visibility_timeout_s: float = 60.0, max_attempts: int = 3, retry_after_s: int = 2,
@@ -591,7 +595,7 @@ class RedisBroker:
         ttl = self._ttl_pending_ms
         record = {
             "id": job.id, "state": JobState.QUEUED.value, "lane": int(job.lane),
-            "options": _dump_options(job.options), "filename": job.filename,
+            "options": dump_options(job.options), "filename": job.filename,
             "audio_seconds": repr(float(job.audio_seconds)), "created_at": repr(float(job.created_at)),
             "attempts": 0,
         }
@@ -794,6 +798,21 @@ class RedisBroker:
         lanes first), or None (claimed by a worker, running, finished, unknown)."""
         return self._position_raw(job_id) or None
 
+    def feeder(self, scheduler: Scheduler, consumer: str, prefetch: int,
+               free_memory: Callable[[], float | None]) -> "Feeder":
+        """The thread that keeps a worker process's local scheduler supplied from this broker."""
+        return Feeder(self, scheduler, consumer, prefetch=prefetch, free_memory=free_memory)
+
+    def upload_path(self, job_id: str) -> None:
+        """No file on this host to serve: the upload is read from the broker (:meth:`load_upload`)."""
+        return None
+
+    def submit_live(self, item: WorkItem):
+        """Live re-decodes are not carried by this broker (yet): a process that holds the model
+        serves them from its own scheduler."""
+        raise NotReady("live captions need a process that holds the model (role all or worker); "
+                       "this broker does not carry live re-decodes")
+
     @_translated
     def load_upload(self, job_id: str) -> bytes:
         value = self._r.get(self._k("upload", job_id))
@@ -917,7 +936,7 @@ class RedisBroker:
             "job": item.job_id, "piece": item.piece, "pieces": item.pieces,
             "start_s": repr(float(item.start_s)), "speaker": json.dumps(item.speaker),
             "n_samples": int(item.n_samples), "lane": int(item.lane),
-            "options": _dump_options(item.options), "enqueued": repr(time.time()),  # (for people)
+            "options": dump_options(item.options), "enqueued": repr(time.time()),  # (for people)
         }
         flat = [x for kv in fields.items() for x in kv]
         audio_key = self._k("audio", item.job_id)
@@ -1064,7 +1083,7 @@ class RedisBroker:
             kept.append(f"{self._streams.index(_s(s))}:{_s(eid)}")
             items.append(WorkItem(
                 job_id=jid, lane=Lane(int(f[b"lane"])),
-                options=TranscribeOptions(**json.loads(f[b"options"])),
+                options=load_options(f[b"options"]),
                 n_samples=int(f[b"n_samples"]), audio=audio,
                 enqueued_at=now_mono - age, piece=int(f[b"piece"]), pieces=int(f[b"pieces"]),
                 start_s=float(f[b"start_s"]), speaker=json.loads(f[b"speaker"])))

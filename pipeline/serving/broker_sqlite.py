@@ -8,7 +8,6 @@ answers), so that a restart can decode and run queued jobs again.
 
 from __future__ import annotations
 
-import errno
 import json
 import logging
 import os
@@ -16,15 +15,15 @@ import sqlite3
 import threading
 import time
 from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Iterator
 
 import numpy as np
 
-from pipeline.domain.errors import JobGone, JobNotFound, SenseVoiceError, StorageError, StorageFull
-from pipeline.domain.types import Job, JobError, JobState, Lane, TranscribeOptions, Transcript, Word
+from pipeline.domain.errors import JobGone, JobNotFound
+from pipeline.domain.types import Job, JobError, JobState, Lane, Transcript, Word
 from pipeline.serving.job_events import Feed, JobEvent
+from pipeline.serving.records import SegmentResult, dump_options, load_options, storage_error
 
 logger = logging.getLogger("sensevoice.jobs")
 
@@ -59,20 +58,6 @@ CREATE TABLE IF NOT EXISTS segments (
     PRIMARY KEY (job_id, idx)
 );
 """
-
-
-@dataclass(frozen=True)
-class SegmentResult:
-    """The model's raw output for one piece (VAD segment and/or channel) of a long job."""
-
-    job_id: str
-    idx: int  # position in the job's piece list
-    start_s: float
-    end_s: float
-    speaker: str | None
-    raw_text: str
-    words: tuple[Word, ...] = ()  # absolute times in the recording
-    pieces: int = 0  # how many pieces the job has (for its progress; 0 when unknown)
 
 
 class JobStore:
@@ -123,7 +108,7 @@ class JobStore:
             self._conn().execute(
                 "INSERT INTO jobs (id, state, lane, options, filename, audio_seconds, created_at)"
                 " VALUES (?, ?, ?, ?, ?, ?, ?)",
-                (job.id, JobState.QUEUED.value, int(job.lane), _dump_options(job.options),
+                (job.id, JobState.QUEUED.value, int(job.lane), dump_options(job.options),
                  job.filename, job.audio_seconds, job.created_at),
             )
         except (OSError, sqlite3.Error) as e:
@@ -307,31 +292,11 @@ class JobStore:
             self._local.conn = None
 
 
-# errno values that mean "no room": the disk, a quota, or the process's file-size limit
-NO_SPACE_ERRNOS = frozenset({errno.ENOSPC, errno.EFBIG, errno.EDQUOT})
-
-
-def storage_error(e: OSError | sqlite3.Error) -> SenseVoiceError:
-    """The user-facing error for a failed write: 507 when storage is full, else 503 (retry)."""
-    full = (getattr(e, "errno", None) in NO_SPACE_ERRNOS
-            or getattr(e, "sqlite_errorcode", None) == sqlite3.SQLITE_FULL
-            or "disk is full" in str(e))
-    if full:
-        return StorageFull("the server has no room to store this upload (disk full); "
-                           "try a smaller file or try again later")
-    return StorageError("the server could not store this upload (an I/O error); try again")
-
-
-def _dump_options(o: TranscribeOptions) -> str:
-    return json.dumps({"language": o.language, "use_itn": o.use_itn, "ban_emo_unk": o.ban_emo_unk,
-                       "split_channels": o.split_channels, "word_timestamps": o.word_timestamps})
-
-
 def _row_to_job(r: sqlite3.Row) -> Job:
     result = Transcript.from_dict(json.loads(r["result"])) if r["result"] else None
     error = JobError(r["error_code"], r["error_message"]) if r["error_code"] else None
     return Job(
-        id=r["id"], state=JobState(r["state"]), options=TranscribeOptions(**json.loads(r["options"])),
+        id=r["id"], state=JobState(r["state"]), options=load_options(r["options"]),
         lane=Lane(r["lane"]), created_at=r["created_at"], audio_seconds=r["audio_seconds"],
         filename=r["filename"], started_at=r["started_at"], finished_at=r["finished_at"],
         attempts=r["attempts"], result=result, error=error,

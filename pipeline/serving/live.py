@@ -11,7 +11,7 @@ its protocol (pipeline/web/routes/stream.py serves the native one and FunASR's):
   :class:`~pipeline.audio.stream_vad.Endpointer` over the probabilities it gives back: utterances
   are cut where the offline splitter cuts a recording.
 * **decodes**: one driver task per stream runs its decodes one at a time through
-  ``service.decode_live`` (the live lane of the dynamic batcher, above every job lane, batched with
+  ``WorkerPool.decode_live`` (the live lane of the dynamic batcher, above every job lane, batched with
   whatever the workers run; nothing is stored). Finals go first, in order, and are never dropped.
   Otherwise a partial of the utterance in progress starts once ``partial_interval_s`` has passed
   since the previous one started and new speech arrived: a stream whose decodes take longer than
@@ -42,6 +42,7 @@ import time
 from collections import deque
 from collections.abc import Awaitable, Callable
 from contextlib import asynccontextmanager
+from concurrent.futures import Future
 from dataclasses import dataclass, field, replace
 
 import numpy as np
@@ -60,6 +61,9 @@ logger = logging.getLogger("sensevoice.live")
 DECODE_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)  # seconds
 TRIM_SLACK_S = 10.0  # audio no longer needed is dropped from a stream's buffer in steps of this
 MIN_FEED_S = 0.02  # audio handed to the speech scorer at once, at least (shorter frames wait)
+
+
+LiveDecode = Callable[[torch.Tensor, TranscribeOptions], Future]  # one re-decode on the live lane
 
 
 @dataclass(frozen=True)
@@ -403,7 +407,7 @@ class LiveSession:
     async def _decode(self, start: int, end: int, options: TranscribeOptions, kind: str):
         """The engine's output for ``[start, end)``; None when the decode was withdrawn."""
         wave = torch.from_numpy(self.buffer.view(start, end))
-        future = self.hub.service.decode_live(wave, options)  # NotReady: the stream ends
+        future = self.hub.decode(wave, options)  # NotReady: the stream ends
         self._inflight = (kind, future)
         t0 = time.monotonic()
         waiter = asyncio.wrap_future(future)
@@ -465,26 +469,28 @@ class LiveHub:
     """The live streams of one process: their limit, the shared speech scorer, the endpointing
     rules and the metrics. Only touched on the event loop."""
 
-    def __init__(self, service, limits: LiveLimits | None = None, scorer: StreamScorer | None = None):
-        self.service = service
-        self.limits = limits or LiveLimits.from_settings(service.settings)
-        self.scorer = scorer or StreamScorer.shared(device=getattr(service, "speech_device", "cpu"))  # doubles: CPU
+    def __init__(self, settings, decode: LiveDecode | None, health, *, registry=None,
+                 speech_device: str = "cpu", limits: LiveLimits | None = None,
+                 scorer: StreamScorer | None = None):
+        self.settings = settings
+        self.decode = decode  # the live lane (None: this process holds no model)
+        self.health = health  # .not_serving(): why the model cannot serve now, or None
+        self.limits = limits or LiveLimits.from_settings(settings)
+        self.scorer = scorer or StreamScorer.shared(device=speech_device)
         self.rules = EndpointRules.of(Segmenter(max_segment_s=self.limits.max_utterance_s),
                                       self.limits.pause_s, self.limits.max_utterance_s)
         self.open = 0
         self._by_client: dict[str, int] = {}  # client address -> its open streams
-        registry = getattr(getattr(service, "metrics", None), "registry", None)
         self.metrics = LiveMetrics(registry)
 
     def check_ready(self) -> None:
         """NotReady unless this process can decode live audio now."""
-        if not self.service.serves_worker:
+        if self.decode is None:
             raise NotReady("live captions need a process that holds the model (role all); this "
                            "one has the api role")
-        if not self.service.ready:
-            raise NotReady("the model is still loading; try again in a few seconds"
-                           if self.service.state in ("starting", "loading") else
-                           f"the service is not available: {self.service.error or 'unhealthy'}")
+        reason = self.health.not_serving()
+        if reason is not None:
+            raise NotReady(reason)
 
     @asynccontextmanager
     async def stream(self, options: TranscribeOptions, sample_rate: int,

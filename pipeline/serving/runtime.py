@@ -1,56 +1,192 @@
-"""The one composition root: ``build_runtime(settings) -> Runtime``.
+"""The one composition root: ``build_runtime(settings, role) -> Runtime``.
 
-The web app, the batch CLI, the benchmarks and the tests all get their parts here, from settings
-alone, so that no caller wires a store, a queue, a worker and a model by hand. What the runtime holds
-depends on the topology and role the settings choose (see ``Settings.broker`` / ``Settings.role``):
+The web app, the batch CLI, the benchmarks and the tests get their parts here, from settings
+alone; no caller wires a broker, a queue, a worker and a model by hand. The parts per role:
 
-* embedded (``role=all``, no broker): SQLite store + in-process scheduler + one worker per device;
-* ``role=api`` over Redis: the broker, the decoder pool, no model;
-* ``role=worker`` over Redis: the broker, the model, one worker per device, the broker feeder.
+* ``api``    -- the broker, the job view (polls, waits), the intake (admission, decoder, long
+  audio); no model.
+* ``worker`` -- the broker, the worker pool (engines, workers, the feeder of a shared broker);
+  no job view: a process without subscribers does no notification work.
+* ``all``    -- both, in one process (``make run``: over the embedded broker).
+
+Each face takes only the part it uses: REST, OpenAI and the UI the intake and the view, the live
+captions the pool's live lane, the probes the health.
 """
 
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from pipeline.config import Settings
-from pipeline.model.loading import ModelSource, resolve_model
-from pipeline.serving.service import TranscriptionService
+from pipeline.serving.broker import Broker, connect_broker
+from pipeline.serving.health import Health, Janitor
+from pipeline.serving.intake import Intake
+from pipeline.serving.job_view import JobView
+from pipeline.serving.metrics import Metrics
+from pipeline.serving.scheduler import Scheduler
+from pipeline.serving.worker_pool import WorkerPool, visible_devices
+
+if TYPE_CHECKING:
+    from pipeline.model.loading import ModelSource
 
 logger = logging.getLogger("sensevoice.runtime")
 
+MEMORY_READ_INTERVAL_S = 0.25  # the cluster's free GPU memory is read at most this often
 
-@dataclass(frozen=True)
+
+@dataclass
 class Runtime:
     """What one process runs. ``start`` loads and warms up (blocking: call it from a thread, or
-    ``start_background``); ``stop`` drains and closes. ``service`` is the facade every front end
-    (REST, UI, CLI) talks to."""
+    ``start_background``); ``stop`` drains and closes."""
 
     settings: Settings
-    service: TranscriptionService
+    broker: Broker
+    metrics: Metrics
+    health: Health
+    view: JobView | None  # api side
+    intake: Intake | None  # api side
+    pool: WorkerPool | None  # worker side
+    on_purge: list[Callable[[list[str]], None]] = field(default_factory=list)
+    startup: dict[str, float] = field(default_factory=dict)
+    janitor: Janitor | None = None
 
     @property
     def source(self) -> ModelSource | None:
-        return self.service.source
+        return self.pool.source if self.pool is not None else None
+
+    @property
+    def is_demo(self) -> bool:
+        return bool(self.source and self.source.is_demo)
+
+    @property
+    def model_name(self) -> str:
+        if self.source is None:
+            return self.settings.model
+        return "demo (hand-set weights, not a real model)" if self.is_demo else self.source.name
+
+    @property
+    def devices(self) -> list[str]:
+        return self.pool.devices if self.pool is not None else ["cpu"]
 
     def start(self) -> None:
-        self.service.start()
+        """Load, warm up, recover the queue, start workers. Blocking; call from a thread."""
+        try:
+            self.health.set_state("loading")
+            t0 = time.perf_counter()
+            if self.broker.shared:
+                self.health.check_broker()
+                for warning in self.broker.config_warnings() if not self.health.broker_error else ():
+                    logger.warning("redis: %s", warning)
+            if self.pool is not None:
+                self.pool.load()
+                self.startup.update(self.pool.startup)
+            t1 = time.perf_counter()
+            if self.intake is not None:
+                self.intake.decoder.warm_up()
+                self.intake.recover()
+            self.startup["decoder_s"] = time.perf_counter() - t1
+            self.metrics.start()
+            if self.pool is not None:
+                self.pool.start()
+            self.janitor = Janitor(self.health, self.purge_expired, self.settings.exit_on_fatal)
+            self.janitor.start()
+            self.startup["total_s"] = time.perf_counter() - t0
+            self.health.set_state("ready")
+            logger.info("ready (%s role%s) on %s (model %s%s) in %.1f s", self.settings.role,
+                        ", redis broker" if self.broker.shared else "", ", ".join(self.devices),
+                        self.source.name if self.source else "none",
+                        ", DEMO" if self.is_demo else "", self.startup["total_s"])
+        except Exception as e:
+            self.health.set_state("failed", str(e))
+            logger.exception("start-up failed")
+            raise
 
-    def start_background(self) -> None:
-        self.service.start_background()
+    def start_background(self) -> threading.Thread:
+        t = threading.Thread(target=self._start_quietly, name="sensevoice-startup", daemon=True)
+        t.start()
+        return t
+
+    def _start_quietly(self) -> None:
+        try:
+            self.start()
+        except Exception:
+            pass  # state/error already recorded and logged
 
     def stop(self) -> None:
-        self.service.stop()
+        if self.janitor is not None:
+            self.janitor.stop()
+        if self.intake is not None:
+            self.intake.long_audio.stop()
+        if self.pool is not None:
+            self.pool.stop()
+        self.metrics.stop()
+        if self.intake is not None:
+            self.intake.decoder.close()
+        self.broker.close()
+
+    def purge_expired(self) -> int:
+        """Retention: delete results and audio of jobs finished longer ago than it allows."""
+        purged = self.broker.purge(time.time() - self.settings.retention_hours * 3600)
+        for forget in self.on_purge:
+            forget(purged)
+        return len(purged)
 
 
-def build_runtime(settings: Settings | None = None, *, resolve: bool = False,
+def build_runtime(settings: Settings | None = None, role: str | None = None, *, resolve: bool = False,
                   source: ModelSource | None = None) -> Runtime:
-    """Compose the process that ``settings`` describe. Nothing heavy happens here: the model loads
-    in ``Runtime.start``. ``resolve=True`` finds the model now (a missing local directory or an
-    unreachable hub raises :class:`~pipeline.domain.errors.ModelUnavailable` before a server
-    starts); an api-role process never holds a model."""
+    """Compose the process that ``settings`` describe (``role`` defaults to ``settings.role``).
+    Nothing heavy happens here: the model loads in ``Runtime.start``. ``resolve=True`` finds the
+    model now (a missing local directory or an unreachable hub raises
+    :class:`~pipeline.domain.errors.ModelUnavailable` before a server starts)."""
     settings = settings or Settings()
-    if source is None and resolve and settings.role != "api":
-        source = resolve_model(settings)
-    return Runtime(settings, TranscriptionService(settings, source))
+    role = role or settings.role
+    serves_api, serves_worker = role in ("all", "api"), role in ("all", "worker")
+    # the embedded broker's queue, or (shared broker) the local queue a feeder fills
+    scheduler = Scheduler(settings.queue_size, settings.max_batch, settings.max_wait_ms / 1e3,
+                          settings.max_batch_seconds, settings.retry_after_s)
+    broker = connect_broker(settings, scheduler)
+    # an api-only process holds no model: it resamples on the CPU and needs no GPU
+    devices = visible_devices(settings.resolved_device()) if serves_worker else ["cpu"]
+    metrics = Metrics(devices)
+    pool = WorkerPool(settings, broker, scheduler, metrics, devices, source) if serves_worker else None
+    if pool is not None and resolve:
+        pool.resolve()
+    view = JobView(broker) if serves_api else None
+    health = Health(settings, broker, pool, on_change=view.changes.notify_all if view else lambda: None)
+    runtime = Runtime(settings, broker, metrics, health, view, None, pool)
+    metrics.set_queue_depth_fn(lambda: len(broker))
+    metrics.set_lanes_fn(broker.queue_depth)
+    metrics.set_jobs_by_state_fn(broker.counts)
+    if broker.shared:
+        metrics.set_workers_fn(broker.live_workers)
+    if pool is not None:
+        pool.live_ready = lambda: health.not_serving()
+    if serves_api:
+        intake = Intake(settings, broker, view, metrics, device=runtime.devices[0],
+                        free_memory=_free_memory(broker, pool), failed=health.failure,
+                        speech_device=pool.speech_device if pool is not None else "cpu")
+        metrics.set_backlog_fn(intake.long_audio.backlog.snapshot)
+        runtime.intake = intake
+        runtime.on_purge += [view.forget, intake.forget]
+    return runtime
+
+
+def _free_memory(broker: Broker, pool: WorkerPool | None) -> Callable[[], list[float]]:
+    """Where admission reads free GPU memory: the workers' reports through a shared broker (read
+    at most every ``MEMORY_READ_INTERVAL_S``, not a Redis scan per submit), or this process's GPUs."""
+    if not broker.shared:
+        return pool.local_free_ratios if pool is not None else list
+    last: list = [0.0, []]
+
+    def read() -> list[float]:
+        now = time.monotonic()
+        if now - last[0] > MEMORY_READ_INTERVAL_S:
+            last[:] = [now, broker.free_memory_ratios()]
+        return last[1]
+
+    return read

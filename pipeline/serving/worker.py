@@ -25,7 +25,8 @@ import torch
 
 from pipeline.model.engine import SenseVoiceEngine
 from pipeline.domain.errors import BrokerUnavailable, NotReady
-from pipeline.serving.broker_sqlite import JobStore, SegmentResult
+from pipeline.serving.broker import Broker
+from pipeline.serving.records import SegmentResult
 from pipeline.serving.metrics import Metrics
 from pipeline.domain.richtext import parse_rich_text
 from pipeline.domain.types import Transcript
@@ -40,7 +41,7 @@ FATAL_CUDA_MARKERS = ("illegal memory access", "device-side assert", "unspecifie
 
 
 class Worker(threading.Thread):
-    def __init__(self, name: str, engine: SenseVoiceEngine, scheduler: Scheduler, store: JobStore, *,
+    def __init__(self, name: str, engine: SenseVoiceEngine, scheduler: Scheduler, store: Broker, *,
                  queue_timeout_s: float = float("inf"), delete_audio_when_done: bool = False,
                  metrics: Metrics | None = None, cpu_threads: int = 0):
         super().__init__(name=name, daemon=True)

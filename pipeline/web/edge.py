@@ -27,7 +27,7 @@ Request level (``HostOriginGuard``, ASGI middleware in front of everything else,
   Requests without either header (curl, scripts, the python clients) pass.
 
 Request bodies (deadline, minimum rate, per-client upload slots) are guarded by
-``pipeline.web.api.UploadLimit``, which reads the same settings.
+``pipeline.web.middleware.UploadLimit``, which reads the same settings.
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ API token is set (a browser cannot add an Authorization header to <audio src> or
 A link carries ``exp`` (unix seconds, when the job's retention ends) and ``sig`` = base64url of
 HMAC-SHA256(key, "<job id>\\n<exp>"), where ``key`` = HMAC-SHA256(API token, a fixed label): the token
 itself never leaves the server, and a changed token voids every link. A valid link opens only that
-job's GET ``/api/jobs/{id}/audio`` and ``/api/jobs/{id}/result`` (pipeline/web/api.py), until ``exp``.
+job's GET ``/api/jobs/{id}/audio`` and ``/api/jobs/{id}/result`` (pipeline/web/routes/jobs.py), until ``exp``.
 Without a token the links are the plain routes (which are then open anyway).
 """
 
@@ -69,3 +69,17 @@ def job_links(job, token: str, retention_hours: float, now: float | None = None)
     exp = expiry(job, retention_hours, now)
     query = f"?exp={exp}&sig={sign(key, job.id, exp)}"
     return {"audio": base + "/audio" + query, "result": base + "/result" + query}
+
+
+LIVE_SUBJECT = "live"  # what a live link signs (job ids are UUIDs: a job's link never opens a stream)
+LIVE_LINK_TTL_S = 3600  # seconds a live link from live_query stays valid
+
+
+def live_query(token: str, now: float | None = None, ttl_s: int = LIVE_LINK_TTL_S) -> str:
+    """``exp=...&sig=...`` that opens live streams for ``ttl_s`` without the token (for a page
+    of this server's UI, which never holds the token); empty without a token."""
+    key = link_key(token)
+    if not key:
+        return ""
+    exp = int((time.time() if now is None else now) + ttl_s)
+    return f"exp={exp}&sig={sign(key, LIVE_SUBJECT, exp)}"

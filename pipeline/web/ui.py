@@ -27,6 +27,8 @@ import subprocess
 import threading
 import time
 import wave
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -36,9 +38,9 @@ import orjson
 
 from pipeline.domain.errors import Busy, SenseVoiceError
 from pipeline.domain.types import SAMPLE_RATE, Job, JobState, Lane, TranscribeOptions
-from pipeline.serving.service import TranscriptionService
-from pipeline.web.routes.events import live_view
-from pipeline.web.routes.stream import live_query
+from pipeline.serving.intake import Intake
+from pipeline.web.links import live_query
+from pipeline.web.views import JobPages
 from pipeline.web.ui_guard import UI_PATH, UploadSweeper, prepare_upload_dir, read_own_upload
 
 logger = logging.getLogger("sensevoice.ui")
@@ -233,9 +235,9 @@ class Samples:
         return str(dst)
 
 
-def make_submit(service: TranscriptionService, upload_dir: str):
+def make_submit(intake: Intake, pages: JobPages, upload_dir: str):
     """The UI's submit (an event handler named ``submit``)."""
-    settings = service.settings
+    settings = pages.settings
 
     def submit(path: str | None, language: str, use_itn: bool, split_channels: bool):
         """Accept one upload; returns (job id, a status line ending in "job <id>", the page's view
@@ -249,15 +251,15 @@ def make_submit(service: TranscriptionService, upload_dir: str):
             path, data = read_own_upload(path, upload_dir, settings.max_upload_bytes)
             options = TranscribeOptions(language=language, use_itn=use_itn,
                                         split_channels=split_channels)
-            job = service.submit(data, filename=Path(path).name, options=options,
-                                 lane=Lane.INTERACTIVE)
-            service.own_file(job.id, path)  # Gradio's cached copy goes with the job
+            job = intake.submit(data, filename=Path(path).name, options=options,
+                                lane=Lane.INTERACTIVE)
+            intake.own_file(job.id, path)  # Gradio's cached copy goes with the job
         except Busy as e:
             return "", f"busy, try again in {e.retry_after} s", refusal_view(e.code, e.message,
                                                                               e.retry_after)
         except SenseVoiceError as e:
             return "", f"error: {e.message}", refusal_view(e.code, e.message)
-        view = orjson.dumps(live_view(service.get_cached(job.id) or job, service)).decode()
+        view = orjson.dumps(pages.live_view(pages.view.get_cached(job.id) or job)).decode()
         return job.id, f"{status_line(job)} — job {job.id}", view
 
     return submit
@@ -374,14 +376,12 @@ ON_NEW = "() => window.SenseVoiceApp ? window.SenseVoiceApp.reset() : [null, '',
 ON_LOAD = "() => { window.SenseVoiceApp && window.SenseVoiceApp.boot(); return []; }"
 
 
-def wire(demo: gr.Blocks, c: SimpleNamespace, service: TranscriptionService, submit,
-         samples: Samples) -> None:
-    demo.load(lambda: gr.Markdown(visible=service.is_demo), None, c.banner, js=ON_LOAD)
+def wire(demo: gr.Blocks, c: SimpleNamespace, face: UiFace, submit, samples: Samples) -> None:
+    demo.load(lambda: gr.Markdown(visible=face.is_demo()), None, c.banner, js=ON_LOAD)
     # Live captions: the page script streams the microphone itself; these hand it the choices
     # (live captions need a process that holds the model: not an api-role process)
-    settings = service.settings
-    demo.load(None, [c.language, c.use_itn], None,
-              js=on_live_load(settings, enabled=getattr(service, "serves_worker", True)))
+    settings = face.pages.settings
+    demo.load(None, [c.language, c.use_itn], None, js=on_live_load(settings, enabled=face.live))
     c.live_link.click(make_live_link(settings), None, c.live_link_out, queue=False,
                       show_progress="hidden", api_name="live_link")
     c.language.change(None, [c.language], None, js=ON_LIVE_LANGUAGE)
@@ -401,22 +401,75 @@ def wire(demo: gr.Blocks, c: SimpleNamespace, service: TranscriptionService, sub
     c.new.click(None, None, [c.audio, c.status, c.view], js=ON_NEW)
 
 
-def build_ui(service: TranscriptionService, upload_dir: str | None = None) -> gr.Blocks:
+@dataclass(frozen=True)
+class UiFace:
+    """What the page needs of the process: accept uploads, show jobs, whether the model is the
+    demo one, whether live captions are served here, and the retention hooks."""
+
+    intake: Intake
+    pages: JobPages
+    is_demo: Callable[[], bool]
+    live: bool
+    on_purge: list
+
+
+def build_ui(face: UiFace, upload_dir: str | None = None) -> gr.Blocks:
     """The UI; it reads audio only from ``upload_dir``, this server's Gradio upload directory
     (default <data_dir>/ui-uploads; mount_ui points Gradio's upload route there)."""
-    settings = service.settings
+    settings = face.pages.settings
     upload_dir = upload_dir or prepare_upload_dir(settings.data_dir)
     samples = Samples(settings.data_dir, upload_dir)
     # Gradio's upload cache holds the page's copy of each recording (the player's fallback): a
-    # submitted one is deleted with its job (service.own_file); Gradio's delete_cache sweep catches
+    # submitted one is deleted with its job (Intake.own_file); Gradio's delete_cache sweep catches
     # the uploads of this process never submitted, and UploadSweeper (run by the service's janitor)
     # the ones from before a restart
     retention_s = max(int(settings.retention_hours * 3600), 60)
     sweeper = UploadSweeper(upload_dir, retention_s, every_s=min(retention_s, 3600))
     sweeper.sweep()
-    service.on_purge.append(sweeper)
+    face.on_purge.append(sweeper)
     i18n = gr.I18n(**WORDS)
     with gr.Blocks(title="SenseVoice", delete_cache=(min(retention_s, 3600), retention_s)) as demo:
         demo.i18n_instance = i18n  # what mount_gradio_app(i18n=...) would set
-        wire(demo, layout(i18n, samples), service, make_submit(service, upload_dir), samples)
+        wire(demo, layout(i18n, samples), face, make_submit(face.intake, face.pages, upload_dir), samples)
     return demo
+
+
+def mount_ui(app, runtime, pages: JobPages):
+    """The Gradio UI at /ui (/ redirects there), hardened: its own upload directory
+    (<data_dir>/ui-uploads, 0700: the only files the UI reads, see pipeline/web/ui_guard.py), a login
+    whenever an API token or SENSEVOICE_UI_AUTH is set, no file access to the rest of the data
+    directory, no internal errors shown, no monitoring route, no run history, capped uploads."""
+    import gradio as gr
+    from fastapi.responses import RedirectResponse
+
+
+    @app.get("/", include_in_schema=False)
+    async def root():
+        return RedirectResponse(UI_PATH + "/")
+
+    settings = runtime.settings
+    upload_dir = prepare_upload_dir(settings.data_dir)
+    # Gradio reads GRADIO_TEMP_DIR when it builds each component (its cache), when it builds the
+    # mounted app (the upload route's folder) and in some checks at request time: never the
+    # host-wide /tmp/gradio, whose files any other Gradio app on the host may have put there
+    os.environ["GRADIO_TEMP_DIR"] = upload_dir
+    blocks = build_ui(UiFace(runtime.intake, pages, lambda: runtime.is_demo, runtime.pool is not None,
+                             runtime.on_purge), upload_dir)
+    data_dir = os.path.realpath(settings.data_dir)
+    blocked = {os.path.join(data_dir, name) for name in
+               ("spool", "jobs.sqlite3", "jobs.sqlite3-wal", "jobs.sqlite3-shm", "jobs.sqlite3-journal")}
+    blocked |= {e.path for e in os.scandir(data_dir) if e.name != os.path.basename(upload_dir)}
+    app = gr.mount_gradio_app(
+        app, blocks, path=UI_PATH, css=css(), head=head_html(), auth=ui_login(settings),
+        show_error=False, max_file_size=settings.max_upload_bytes, blocked_paths=sorted(blocked),
+        enable_monitoring=False, footer_links=[], mcp_server=False, ssr_mode=False,
+        run_history=False,
+    )
+    # pinned on the objects too: another app built later in this process cannot move them
+    for block in [blocks, *blocks.blocks.values()]:
+        block.GRADIO_CACHE = upload_dir
+    for route in app.routes:
+        if getattr(route, "path", None) == UI_PATH and hasattr(route.app, "uploaded_file_dir"):
+            route.app.uploaded_file_dir = upload_dir
+            app.state.gradio_app = route.app  # its login, for AccessGuard
+    return app

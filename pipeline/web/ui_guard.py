@@ -227,7 +227,7 @@ class AccessGuard:
         if settings is not None and settings.ui:
             upload_dir = prepare_upload_dir(settings.data_dir)
         self.upload_dir = upload_dir
-        from pipeline.web.api import token_ok  # (api.py imports nothing from here: no cycle at run time)
+        from pipeline.web.auth import token_ok
 
         self._token_ok = token_ok
 

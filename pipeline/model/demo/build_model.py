@@ -536,7 +536,9 @@ def build_model_dir(out: str | Path, variant: str = "tiny", seed: int = 0) -> Bu
 # ----------------------------------------------------------------- cache
 def default_cache_root() -> Path:
     """``$SENSEVOICE_CACHE_DIR`` or ``~/.cache/sensevoice-app/models``."""
-    return Path(os.environ.get(CACHE_ENV) or DEFAULT_CACHE_ROOT).expanduser()
+    from pipeline.config import env_cache_dir
+
+    return env_cache_dir() or DEFAULT_CACHE_ROOT.expanduser()
 
 
 def _is_built(model_dir: Path, variant: str, seed: int) -> bool:

@@ -4,7 +4,7 @@ site's ``/favicon.ico``).
 The stream sends the job as an ``event: job`` whenever it changes (queued position, segmenting %,
 pieces transcribed, done or failed) and ends after the final state, so the page shows a result the
 moment the worker stores it: no poll interval between the worker and the screen. The service's
-threads wake the job's producer through ``service.changes`` (pipeline/serving/job_events.py); a
+threads wake the job's producer through ``JobView.changes`` (pipeline/serving/job_events.py); a
 queued job is read again every ``QUEUED_REFRESH_S`` for its place in the queue, and in the
 distributed topology (workers in other processes notify nobody here) the broker is read every
 ``BROKER_REFRESH_S``. The REST poll (``GET /api/jobs/{id}``) stays as it is for API clients.
@@ -27,9 +27,8 @@ token the route is as open as the rest of the API (the job id, 122 random bits, 
 
 from __future__ import annotations
 
-import re
 import time
-from dataclasses import replace
+
 from pathlib import Path
 
 import orjson
@@ -39,10 +38,11 @@ from fastapi.responses import FileResponse, StreamingResponse
 
 from pipeline.domain.errors import SenseVoiceError
 from pipeline.domain.types import Job, JobState
-from pipeline.web.api import job_json, require_token_or_link
+from pipeline.web.auth import require_token_or_link
 from pipeline.web.edge import scope_client_key
 from pipeline.web.event_fanout import EventFanout, follow
-from pipeline.web.links import expiry, job_links, link_key, sign
+from pipeline.web.submit import read_job
+from pipeline.web.views import FINAL, JobPages
 
 # static/ installed as pipeline/static, or beside the package in a checkout (as ui.py finds it)
 FAVICON = next(p / "static" for p in Path(__file__).resolve().parents[2:4]
@@ -56,80 +56,17 @@ EVENT_RESULT_MAX_BYTES = 32 * 1024  # a larger result is fetched once by the pag
 # then: each event is one write per subscriber (a 20-min recording's 312 pieces made hundreds of
 # fan-outs to 1,200 subscribers); the final state goes out at once
 PROGRESS_INTERVAL_S = 0.25
-SEGMENTING = re.compile(r"^segmenting(?: (\d+)%)?$")
-PIECES = re.compile(r"^segment (\d+) of (\d+)$")
-FINAL = (JobState.DONE, JobState.FAILED, JobState.PURGED)
-
-
-def stage_of(job: Job, model_state: str) -> dict:
-    """The state a screen shows, from the job and the service's progress note."""
-    progress = str(job.meta.get("progress") or "")
-    out: dict = {"stage": job.state.value, "percent": None, "pieces_done": None, "pieces": None}
-    if job.state in FINAL:
-        return out
-    seg = SEGMENTING.match(progress)
-    pieces = PIECES.match(progress)
-    if seg:
-        out.update(stage="segmenting", percent=int(seg.group(1) or 0))
-    elif pieces:  # a long recording's pieces: queued behind other work, or being transcribed
-        out.update(pieces_done=int(pieces.group(1)), pieces=int(pieces.group(2)))
-        waiting = job.state is JobState.QUEUED and (job.position or 0) > 1
-        out["stage"] = "queued" if waiting else "transcribing"
-    elif job.state is JobState.RUNNING:
-        out["stage"] = "transcribing"
-    if out["stage"] == "queued" and model_state in ("starting", "loading"):
-        out["stage"] = "loading"
-    return out
-
-
-def page_query(job: Job, token: str, retention_hours: float) -> str:
-    """``exp=...&sig=...`` for the page's own URL (``?job=ID&exp=...&sig=...``: a reload follows
-    the job again), empty without a token. Until the job ends it expires a retention period after
-    the job was accepted (a fixed value: the view does not change on every read); then as the
-    job's other links do, when its retention ends."""
-    key = link_key(token)
-    if not key:
-        return ""
-    if job.finished_at is not None:
-        exp = expiry(job, retention_hours)
-    else:
-        exp = expiry(replace(job, finished_at=job.created_at), retention_hours)
-    return f"exp={exp}&sig={sign(key, job.id, exp)}"
-
-
-def live_view(job: Job, service) -> dict:
-    """The job as the page shows it: the REST JSON, its stage, the model state, signed links."""
-    settings = service.settings
-    body = job_json(job)
-    body.update(stage_of(job, service.state))
-    body["model"] = service.state
-    # the player and download links once there is something to play or download (their expiry
-    # counts from the job's end)
-    body["links"] = (job_links(job, settings.api_token, settings.retention_hours)
-                     if job.state in FINAL else {})
-    query = page_query(job, settings.api_token, settings.retention_hours)
-    body["links"]["events"] = f"/api/jobs/{job.id}/events" + (f"?{query}" if query else "")
-    body["links"]["page"] = query
-    return body
-
-
-async def read_job(service, job_id: str) -> Job:
-    """The job without blocking the loop: memory, the async broker read, else the thread pool."""
-    job = await service.poll(job_id)
-    if job is None:
-        job = await run_in_threadpool(service.get, job_id)
-    return job
 
 
 def sse(event: str, data: dict) -> bytes:
     return b"event: " + event.encode() + b"\ndata: " + orjson.dumps(data) + b"\n\n"
 
 
-def job_event(job: Job, service) -> bytes:
+def job_event(job: Job, pages: JobPages) -> bytes:
     """The job's ``event: job``, encoded once for all its subscribers. A result whose JSON is over
     ``EVENT_RESULT_MAX_BYTES`` is left out (``result: null``, ``result_omitted: true``): the page
     fetches it once from ``links.result`` instead of every subscriber receiving it."""
-    view = live_view(job, service)
+    view = pages.live_view(job)
     data = sse("job", view)
     if len(data) > EVENT_RESULT_MAX_BYTES and view.get("result") is not None:
         view["result"] = None
@@ -138,15 +75,15 @@ def job_event(job: Job, service) -> bytes:
     return data
 
 
-async def encode_job_event(job: Job, service) -> bytes:
+async def encode_job_event(job: Job, pages: JobPages) -> bytes:
     """:func:`job_event` off the event loop when the job has a result (a long recording's is
     hundreds of kB: building and encoding it is not one short loop step)."""
     if job.result is None:
-        return job_event(job, service)
-    return await run_in_threadpool(job_event, job, service)
+        return job_event(job, pages)
+    return await run_in_threadpool(job_event, job, pages)
 
 
-def produce_job_events(service, job_id: str):
+def produce_job_events(pages: JobPages, job_id: str):
     """The producer of one job's channel (pipeline/web/event_fanout.py): it reads the job on each
     change notice (or its refresh interval) and publishes the event when it changed; a quiet
     channel ticks every KEEPALIVE_S. The job is read again as soon as the watch is taken: a change
@@ -154,16 +91,17 @@ def produce_job_events(service, job_id: str):
 
     async def produce(channel) -> None:
         deadline = time.monotonic() + STREAM_MAX_S
-        with service.changes.watch(job_id) as watch:
+        view = pages.view
+        with view.changes.watch(job_id) as watch:
             while time.monotonic() < deadline:
                 watch.clear()
                 try:
-                    job = await read_job(service, job_id)
+                    job = await read_job(view, job_id)
                 except SenseVoiceError as e:  # purged while watched
                     channel.publish(sse("error", {"error": {"code": e.code, "message": e.message}}),
                                     final=True)
                     return
-                data = await encode_job_event(job, service)
+                data = await encode_job_event(job, pages)
                 final = job.state in FINAL
                 if data != channel.latest.data:
                     hold = channel.published_at + PROGRESS_INTERVAL_S - time.monotonic()
@@ -173,9 +111,9 @@ def produce_job_events(service, job_id: str):
                     channel.publish(data, final=final)
                 if final:
                     return
-                if service.distributed:
+                if view.broker.shared:  # workers in other processes notify nobody here
                     wait = BROKER_REFRESH_S
-                elif job.state is JobState.QUEUED or service.state != "ready":
+                elif job.state is JobState.QUEUED or pages.health.state != "ready":
                     wait = QUEUED_REFRESH_S
                 else:
                     wait = KEEPALIVE_S
@@ -215,9 +153,9 @@ def event_fanout(settings) -> EventFanout:
     return EventFanout(settings.max_event_streams_per_job, settings.max_event_streams_per_client)
 
 
-def build_events_router(service, fanout: EventFanout) -> APIRouter:
+def build_events_router(pages: JobPages, fanout: EventFanout) -> APIRouter:
     router = APIRouter()
-    auth_or_link = [Depends(require_token_or_link(service.settings.api_token))]
+    auth_or_link = [Depends(require_token_or_link(pages.settings.api_token))]
 
     @router.get("/api/jobs/{job_id}/events", dependencies=auth_or_link)
     async def job_events(job_id: str, request: Request):
@@ -228,10 +166,10 @@ def build_events_router(service, fanout: EventFanout) -> APIRouter:
         fanout.check(job_id, client)  # over a limit: refused before any work
         channel = fanout.channels.get(job_id)
         if channel is None:  # the first subscriber builds the first event (unknown / purged: JSON)
-            job = await read_job(service, job_id)
-            first = await encode_job_event(job, service)
+            job = await read_job(pages.view, job_id)
+            first = await encode_job_event(job, pages)
             channel = fanout.open(job_id, first, job.state in FINAL,
-                                  produce_job_events(service, job_id))
+                                  produce_job_events(pages, job_id))
         fanout.join(channel, client)
         body = await started(job_stream(fanout, channel, client))
         return StreamingResponse(body, media_type="text/event-stream",

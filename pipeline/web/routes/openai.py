@@ -34,7 +34,7 @@ interactive lane); the handler waits for it on the event loop, holding no thread
   ``GET /api/jobs/{id}``), and a failed job 500 with the job's error code; both say
   ``x-should-retry: false`` (the client would otherwise send the audio again). Back-pressure
   (503/429 + ``Retry-After``) is retried by the client. Refusals by the upload middleware under
-  /v1/ have this shape too (pipeline/web/api.py ``refusal_response``).
+  /v1/ have this shape too (pipeline/web/errors.py ``refusal_response``).
 * **Auth**: the API token, when set, as ``Authorization: Bearer <token>`` (the client's
   ``api_key``) or ``X-API-Key``.
 """
@@ -51,9 +51,14 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from fastapi.routing import APIRoute
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from pipeline.domain.errors import (AudioDecodeError, AudioTooLong, Busy, EmptyAudio, InvalidOption,
-                                    NoAudioStream, SenseVoiceError, UploadTooLarge)
+from pipeline.domain.errors import InvalidOption, SenseVoiceError
 from pipeline.domain.types import Job, JobState, Lane, TranscribeOptions
+from pipeline.serving.intake import Intake
+from pipeline.serving.job_view import JobView
+from pipeline.web.auth import require_token
+from pipeline.web.errors import (NO_RETRY, HTTPError, openai_error_response, openai_storage_response,
+                                 openai_validation_response)
+from pipeline.web.submit import submit_upload, wait_finished
 
 MODELS = ("sensevoice-small", "whisper-1")  # the first is the model; the others are aliases
 MODEL_CREATED = 1720051200  # unix seconds: SenseVoiceSmall's release (2024-07-04)
@@ -63,10 +68,6 @@ LANGUAGE_NAMES = {"zh": "chinese", "en": "english", "yue": "cantonese", "ja": "j
                   "ko": "korean"}
 LANGUAGES = {"auto": "auto", "zh-yue": "yue", **{code: code for code in LANGUAGE_NAMES},
              **{name: code for code, name in LANGUAGE_NAMES.items()}}
-ERROR_TYPES = {401: "authentication_error", 403: "permission_error", 404: "not_found_error",
-               429: "rate_limit_error"}
-FILE_ERRORS = (AudioDecodeError, NoAudioStream, EmptyAudio, AudioTooLong, UploadTooLarge)
-NO_RETRY = {"x-should-retry": "false"}  # OpenAI clients obey it (a retry would upload again)
 
 
 class InvalidParam(InvalidOption):
@@ -100,25 +101,6 @@ class JobFailedError(SenseVoiceError):
         self.code = code
 
 
-def error_type(status: int) -> str:
-    if status >= 500:
-        return "server_error"
-    return ERROR_TYPES.get(status, "invalid_request_error")
-
-
-def openai_error_response(e: SenseVoiceError, param: str | None = None,
-                          headers: dict | None = None) -> JSONResponse:
-    """``e`` as OpenAI answers errors: ``{"error": {"message", "type", "param", "code"}}``, the
-    status of ``e``, Retry-After for back-pressure."""
-    headers = dict(headers or {})
-    if isinstance(e, Busy):
-        headers["Retry-After"] = str(e.retry_after)
-    if param is None:
-        param = getattr(e, "param", None) or ("file" if isinstance(e, FILE_ERRORS) else None)
-    body = {"message": e.message, "type": error_type(e.status), "param": param, "code": e.code}
-    return JSONResponse({"error": body}, status_code=e.status, headers=headers or None)
-
-
 class OpenAIRoute(APIRoute):
     """A route whose every error (the token, the form's validation, the service's errors) is
     answered in OpenAI's shape, not the REST API's."""
@@ -133,38 +115,17 @@ class OpenAIRoute(APIRoute):
                 no_retry = NO_RETRY if e.status in (500, 504) else None
                 return openai_error_response(e, headers=no_retry)
             except RequestValidationError as e:
-                return _validation_response(e)
+                return openai_validation_response(e)
             except StarletteHTTPException as e:
                 if isinstance(e.__cause__, OSError):  # the body could not be spooled (a full disk)
-                    return _storage_response(e.__cause__)
+                    return openai_storage_response(e.__cause__)
                 code = {404: "not_found", 405: "method_not_allowed"}.get(e.status_code,
                                                                           "invalid_request")
-                return openai_error_response(_HTTPError(e.status_code, code, str(e.detail)))
+                return openai_error_response(HTTPError(e.status_code, code, str(e.detail)))
             except OSError as e:
-                return _storage_response(e)
+                return openai_storage_response(e)
 
         return route
-
-
-class _HTTPError(SenseVoiceError):
-    def __init__(self, status: int, code: str, message: str):
-        super().__init__(message)
-        self.status, self.code = status, code
-
-
-def _validation_response(e: RequestValidationError) -> JSONResponse:
-    errors = e.errors()
-    loc = [str(part) for part in errors[0]["loc"]] if errors else []
-    param = loc[-1] if len(loc) > 1 and loc[0] in ("body", "query") else None
-    message = "; ".join(f"{'.'.join(map(str, err['loc'][1:] or err['loc']))}: {err['msg']}"
-                        for err in errors) or "invalid request"
-    return openai_error_response(_HTTPError(400, "invalid_request", message), param=param)
-
-
-def _storage_response(e: OSError) -> JSONResponse:
-    from pipeline.serving.broker_sqlite import storage_error
-
-    return openai_error_response(storage_error(e))
 
 
 def model_card(model_id: str) -> dict:
@@ -264,11 +225,9 @@ def render(job: Job, response_format: str, granularities: set[str]) -> Response:
     return Response(body, media_type=media)
 
 
-def build_openai_router(service) -> APIRouter:
-    from pipeline.web.api import require_token, submit_upload, wait_finished
-
+def build_openai_router(settings, intake: Intake, view: JobView) -> APIRouter:
     router = APIRouter(route_class=OpenAIRoute)
-    auth = [Depends(require_token(service.settings.api_token))]
+    auth = [Depends(require_token(settings.api_token))]
 
     @router.get("/v1/models", dependencies=auth)
     async def list_models():
@@ -309,9 +268,9 @@ def build_openai_router(service) -> APIRouter:
             language=sensevoice_language(language), use_itn=use_itn,
             split_channels=split_channels,
             word_timestamps="word" in asked or response_format in ("srt", "vtt"))
-        job = await submit_upload(request, service, file, options, Lane.INTERACTIVE)
-        waited = service.settings.request_wait_s
-        job = await wait_finished(service, job.id, waited)
+        job = await submit_upload(request, intake, file, options, Lane.INTERACTIVE)
+        waited = settings.request_wait_s
+        job = await wait_finished(view, job.id, waited)
         if job.state is JobState.FAILED or (job.state is JobState.DONE and job.result is None):
             error = job.error
             raise JobFailedError(error.code if error else "job_failed",
@@ -325,7 +284,7 @@ def build_openai_router(service) -> APIRouter:
     @router.api_route("/v1/{rest:path}", methods=["GET", "POST", "PUT", "PATCH", "DELETE"],
                       include_in_schema=False)
     async def not_found(rest: str):
-        raise _HTTPError(404, "not_found", f"no route /v1/{rest[:100]} here (this server has "
+        raise HTTPError(404, "not_found", f"no route /v1/{rest[:100]} here (this server has "
                          "/v1/audio/transcriptions and /v1/models)")
 
     return router

@@ -52,7 +52,6 @@ from __future__ import annotations
 import asyncio
 import hmac
 import json
-import time
 from contextlib import asynccontextmanager
 from dataclasses import asdict, dataclass
 
@@ -64,15 +63,13 @@ from pipeline.domain.errors import (Busy, FrameTooLarge, IdleTimeout, InvalidMes
                                     LinkExpired, SenseVoiceError, StreamTooLong, Unauthorized)
 from pipeline.domain.types import LANGUAGES, SAMPLE_RATE, TranscribeOptions
 from pipeline.serving.live import Caption, LiveHub, LiveSession
-from pipeline.web.api import token_ok
+from pipeline.web.auth import token_ok
 from pipeline.web.auth_throttle import AUTH_FAILED
-from pipeline.web.links import link_key, link_state, sign
+from pipeline.web.links import LIVE_SUBJECT, link_key, link_state
 
 NATIVE_SUBPROTOCOL = "sensevoice"
 FUNASR_SUBPROTOCOL = "binary"  # what FunASR's clients offer
 BEARER_PREFIX = "bearer."
-LIVE_SUBJECT = "live"  # what a live link signs (job ids are UUIDs: a job's link never opens a stream)
-LIVE_LINK_TTL_S = 3600  # seconds a live link from live_query stays valid
 MAX_TEXT_FRAME = 4096  # characters; control messages are tiny
 MAX_WAV_NAME = 200  # characters of a FunASR wav_name echoed back
 NORMAL, GOING_AWAY, UNSUPPORTED, POLICY, TOO_BIG, INTERNAL, TRY_LATER = (
@@ -89,16 +86,6 @@ TRUE, FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
 
 class ClientGone(ConnectionError):
     """The client left or stopped reading."""
-
-
-def live_query(token: str, now: float | None = None, ttl_s: int = LIVE_LINK_TTL_S) -> str:
-    """``exp=...&sig=...`` that opens live streams for ``ttl_s`` without the token (for a page
-    of this server's UI, which never holds the token); empty without a token."""
-    key = link_key(token)
-    if not key:
-        return ""
-    exp = int((time.time() if now is None else now) + ttl_s)
-    return f"exp={exp}&sig={sign(key, LIVE_SUBJECT, exp)}"
 
 
 def close_code(e: SenseVoiceError) -> int:
@@ -305,7 +292,7 @@ class NativeStream:
     async def serve(self) -> None:
         await self.ws.accept(subprotocol=choose_subprotocol(self.ws, NATIVE_SUBPROTOCOL))
         try:
-            if not authorized(self.ws, self.hub.service.settings.api_token):
+            if not authorized(self.ws, self.hub.settings.api_token):
                 raise Unauthorized("missing or wrong API token (send 'Authorization: Bearer "
                                    "<token>', the subprotocol 'bearer.<token>' or a live link)")
             options, rate = self.options()
@@ -433,7 +420,7 @@ class FunAsrStream:
     async def serve(self) -> None:
         await self.ws.accept(subprotocol=choose_subprotocol(self.ws, FUNASR_SUBPROTOCOL))
         try:
-            if not authorized(self.ws, self.hub.service.settings.api_token):
+            if not authorized(self.ws, self.hub.settings.api_token):
                 raise Unauthorized("missing or wrong API token (send 'Authorization: Bearer "
                                    "<token>' or the subprotocol 'bearer.<token>')")
             while True:  # one recording after another, until the client closes
@@ -525,9 +512,8 @@ class FunAsrStream:
         await self.sock.close(close_code(e), e.message)
 
 
-def build_stream_router(service) -> APIRouter:
+def build_stream_router(hub: LiveHub) -> APIRouter:
     """The live caption endpoints over one :class:`LiveHub` (the process's streams)."""
-    hub = LiveHub(service)
     router = APIRouter()
 
     @router.websocket("/api/stream")

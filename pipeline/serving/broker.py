@@ -1,0 +1,137 @@
+"""The broker: the one contract between the api side (which accepts jobs) and the workers (which
+run them). Two implementations:
+
+* :class:`EmbeddedBroker` -- ``make run``'s: the SQLite job store (durable, on this host) and this
+  process's :class:`~pipeline.serving.scheduler.Scheduler` as the queue; every write of every part
+  is published in this process (``shared`` is False).
+* :class:`~pipeline.serving.broker_redis.RedisBroker` -- the distributed topology's: job records,
+  results and lane queues (Redis Streams) that any api or worker process reads (``shared`` True:
+  a change made by another process is seen by reading the broker, not by an event here).
+
+``tests/test_broker_contract.py`` runs one suite against both.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Iterable
+from concurrent.futures import Future
+from pathlib import Path
+from typing import Protocol, runtime_checkable
+
+from pipeline.domain.types import Job, Lane, Transcript
+from pipeline.serving.broker_sqlite import JobStore
+from pipeline.serving.job_events import Feed
+from pipeline.serving.records import SegmentResult
+from pipeline.serving.scheduler import Scheduler, WorkItem
+
+
+@runtime_checkable
+class Broker(Protocol):
+    """Submit, claim, finish, fail, get, subscribe -- and the live lane."""
+
+    shared: bool  # other processes read and write it too (no local event for their changes)
+    feed: Feed  # this process's committed writes (subscribe)
+
+    # -- accept (api side)
+    def create(self, job: Job, upload: bytes) -> None: ...
+    def discard(self, job_id: str) -> None: ...
+    def check_capacity(self) -> None: ...
+    def put(self, item: WorkItem, force: bool = False) -> None: ...
+    def submit_live(self, item: WorkItem) -> Future: ...
+
+    # -- run (worker side)
+    def claim(self, consumer: str, max_items: int, block_ms: int = 0) -> list[WorkItem]: ...
+    def mark_running(self, job_ids: Iterable[str], already_running_ok: bool = False) -> set[str]: ...
+    def save_segments(self, results: Iterable[SegmentResult]) -> None: ...
+    def segments(self, job_id: str) -> list[SegmentResult]: ...
+    def segment_count(self, job_id: str) -> int: ...
+    def clear_segments(self, job_id: str) -> None: ...
+    def finish(self, job_id: str, result: Transcript) -> bool: ...
+    def finish_many(self, results: Iterable[tuple[str, Transcript]]) -> set[str]: ...
+    def fail(self, job_id: str, code: str, message: str) -> bool: ...
+    def release(self, job_ids: Iterable[str]) -> None: ...
+    def requeue(self, job_id: str) -> bool: ...
+    def delete_spool(self, job_id: str) -> None: ...
+
+    # -- read
+    def get(self, job_id: str) -> Job: ...
+    async def aget(self, job_id: str) -> Job: ...
+    def position(self, job_id: str) -> int | None: ...
+    def load_upload(self, job_id: str) -> bytes: ...
+    def upload_path(self, job_id: str) -> Path | None: ...
+    def counts(self) -> dict[str, int]: ...
+    def queue_depth(self) -> dict[Lane, int]: ...
+    def __len__(self) -> int: ...
+
+    # -- keep
+    def recover(self) -> list[Job]: ...
+    def purge(self, finished_before: float) -> list[str]: ...
+    def ping(self) -> bool: ...
+    def close(self) -> None: ...
+
+
+class EmbeddedBroker(JobStore):
+    """The SQLite job store with this process's scheduler as its queue (one process: ``make run``).
+
+    Claims are the scheduler's batches; the live lane is its top lane with a future as the reply."""
+
+    shared = False
+
+    def __init__(self, data_dir: str | Path, queue: Scheduler):
+        super().__init__(data_dir)
+        self.queue = queue
+
+    # -- the queue
+    def check_capacity(self) -> None:
+        self.queue.check_capacity()
+
+    def put(self, item: WorkItem, force: bool = False) -> None:
+        self.queue.put(item, force=force)
+
+    def submit_live(self, item: WorkItem) -> Future:
+        if item.reply is None:
+            item.reply = Future()
+        self.queue.put(item)
+        return item.reply
+
+    def claim(self, consumer: str, max_items: int, block_ms: int = 0) -> list[WorkItem]:
+        """The scheduler's next batch (its batching policy; at most its ``max_batch``)."""
+        return self.queue.next_batch(block_ms / 1e3)[:max(max_items, 1)]
+
+    def position(self, job_id: str) -> int | None:
+        return self.queue.position(job_id)
+
+    def queue_depth(self) -> dict[Lane, int]:
+        return self.queue.queue_depth()
+
+    def __len__(self) -> int:
+        return len(self.queue)
+
+    # -- reads
+    async def aget(self, job_id: str) -> Job:
+        return await asyncio.to_thread(self.get, job_id)
+
+    def upload_path(self, job_id: str) -> Path | None:
+        return self.spool_path(job_id)
+
+    # -- keep
+    def ping(self) -> bool:
+        return True
+
+    def close(self) -> None:
+        self.queue.close()
+
+
+def connect_broker(settings, queue: Scheduler) -> Broker:
+    """The broker the settings name: Redis (``settings.broker``) or the embedded one."""
+    if not settings.broker:
+        return EmbeddedBroker(settings.data_dir, queue)
+    from pipeline.serving.broker_redis import RedisBroker
+
+    return RedisBroker(settings.broker, settings.retention_hours * 3600, settings.queue_size,
+                       settings.visibility_timeout_s, retry_after_s=settings.retry_after_s,
+                       shared_dir=settings.shared_dir or None)
+
+
+FreeMemory = Callable[[], list[float]]

@@ -1,0 +1,174 @@
+"""The worker side of a process: the model loaded once, one engine and one
+:class:`~pipeline.serving.worker.Worker` per device, batching from a local
+:class:`~pipeline.serving.scheduler.Scheduler` -- the embedded broker's own queue, or one a
+:class:`~pipeline.serving.broker_redis.Feeder` keeps supplied from the shared broker. It also
+serves the live lane (re-decodes of live streams, above every job lane)."""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import time
+import uuid
+from collections.abc import Callable
+from concurrent.futures import Future
+from typing import TYPE_CHECKING
+
+import torch
+
+from pipeline.domain.errors import NotReady
+from pipeline.domain.types import Lane, TranscribeOptions
+from pipeline.model.loading import load_automodel, resolve_model
+from pipeline.serving.scheduler import WorkItem
+
+if TYPE_CHECKING:
+    from pipeline.config import Settings
+    from pipeline.model.loading import ModelSource
+    from pipeline.serving.broker import Broker
+    from pipeline.serving.metrics import Metrics
+    from pipeline.serving.scheduler import Scheduler
+
+logger = logging.getLogger("sensevoice.workers")
+
+MEMORY_READ_INTERVAL_S = 0.25  # free GPU memory is read at most this often per device
+
+
+def visible_devices(device: str) -> list[str]:
+    if device == "cuda":
+        return [f"cuda:{i}" for i in range(torch.cuda.device_count())]
+    return [device]
+
+
+class WorkerPool:
+    def __init__(self, settings: Settings, broker: Broker, scheduler: Scheduler, metrics: Metrics,
+                 devices: list[str], source: ModelSource | None = None):
+        self.settings = settings
+        self.broker = broker
+        self.scheduler = scheduler  # what the workers batch from
+        self.metrics = metrics
+        self.source = source
+        self.devices = devices
+        self.workers: list = []
+        self.feeder = None
+        self.startup: dict[str, float] = {}
+        self.live_ready: Callable[[], str | None] = lambda: None  # why live re-decodes wait, or None
+        self._free_memory: dict[str, tuple[float, float]] = {}  # device -> (read at, free share)
+
+    @property
+    def speech_device(self) -> str:
+        """Where speech detection runs (offline splits and live captions): this process's first
+        GPU when it has one, else the CPU."""
+        return self.devices[0] if self.devices[0].startswith("cuda") else "cpu"
+
+    # ------------------------------------------------------------------ lifecycle
+    def resolve(self) -> ModelSource:
+        """Find the model now (a missing local directory or an unreachable hub raises
+        ModelUnavailable before a server starts)."""
+        if self.source is None:
+            self.source = resolve_model(self.settings)
+        return self.source
+
+    def load(self) -> None:
+        """Load the model once, then one engine (warmed up, eager) and worker per device; each
+        worker compiles the fused encoder and captures its graphs when idle."""
+        from pipeline.model.engine import SenseVoiceEngine
+        from pipeline.serving.worker import Worker
+
+        t0 = time.perf_counter()
+        self.resolve()
+        s = self.settings
+        am = None  # funasr's AutoModel, loaded only when an engine needs its modules
+        for n, dev in enumerate(self.devices):
+            engine = None
+            if dev.startswith("cuda") and s.fused_encoder:  # no funasr import (~15 s)
+                engine = SenseVoiceEngine.from_model_dir_fast(
+                    self.source.path, dev, s.dtype, fp32_residual=s.fp32_residual, cache_dir=s.cache_dir)
+            if engine is None:
+                if am is None:
+                    am = load_automodel(self.source.path, self.devices[0])
+                engine = SenseVoiceEngine.from_automodel(
+                    am, dev, s.dtype, fp32_residual=s.fp32_residual,
+                    fused=dev.startswith("cuda") and s.fused_encoder, cache_dir=s.cache_dir)
+            self.startup.setdefault("load_s", time.perf_counter() - t0)
+            if s.cuda_graphs:  # captured by the worker when idle, after the compile
+                sizes = [int(b) for b in s.graph_batch_sizes.split(",") if b.strip()]
+                engine.plan_graphs(sizes, s.graph_max_seconds)
+            engine.warmup()  # eager: the service is ready now; compiled kernels and graphs follow
+            self.startup.update({f"{k}_s[{dev}]": v for k, v in engine.startup_seconds.items()})
+            self.workers.append(Worker(f"sensevoice-worker-{n}", engine, self.scheduler, self.broker,
+                                       queue_timeout_s=s.queue_timeout_s, metrics=self.metrics,
+                                       cpu_threads=s.cpu_threads,
+                                       delete_audio_when_done=s.delete_audio_when_done))
+
+    def start(self) -> None:
+        for w in self.workers:
+            w.start()
+        if self.broker.shared:  # claims from the shared broker into the local scheduler
+            self.feeder = self.broker.feeder(
+                self.scheduler, consumer=f"{socket.gethostname()}:{os.getpid()}",
+                prefetch=2 * self.settings.max_batch,
+                free_memory=lambda: max(self.local_free_ratios(), default=None))
+            self.feeder.start()
+
+    def stop(self) -> None:
+        if self.feeder is not None:
+            self.feeder.stop()
+        self.scheduler.close()
+        for w in self.workers:
+            w.stop()
+        for w in self.workers:
+            w.join(timeout=10)
+
+    # ------------------------------------------------------------------ health
+    def fatal(self) -> BaseException | None:
+        return next((w.fatal for w in self.workers if w.fatal is not None), None)
+
+    def unhealthy_reason(self) -> str | None:
+        """A dead, failed or hung worker, or None."""
+        now = time.monotonic()
+        for w in self.workers:
+            if w.fatal is not None:
+                return f"{w.name}: fatal error: {w.fatal}"
+            if not w.is_alive():
+                return f"{w.name} is not running"
+            if now - w.heartbeat > self.settings.hung_timeout_s:
+                return f"{w.name} is hung (no heartbeat for {now - w.heartbeat:.0f} s)"
+        return None
+
+    def unready_reason(self) -> str | None:
+        if self.feeder is not None and self.feeder.error is not None:
+            return f"the worker cannot reach the broker: {self.feeder.error}"
+        return None
+
+    # ------------------------------------------------------------------ the live lane
+    def decode_live(self, wave: torch.Tensor, options: TranscribeOptions) -> Future:
+        """Queue one re-decode of a live stream's utterance (16 kHz mono) ahead of every job lane,
+        batched with whatever the workers run; the future gets the engine's output. Nothing is
+        stored."""
+        reason = self.live_ready()
+        if reason is not None:
+            raise NotReady(reason)
+        item = WorkItem(f"live-{uuid.uuid4().hex}", Lane.INTERACTIVE, options, int(wave.shape[-1]),
+                        audio=wave, reply=Future())
+        if not self.broker.shared:  # the embedded broker's queue is this pool's scheduler
+            return self.broker.submit_live(item)
+        self.scheduler.put(item)
+        return item.reply
+
+    # ------------------------------------------------------------------ GPU memory
+    def local_free_ratios(self) -> list[float]:
+        """Free memory shares of this process's GPUs (none on a CPU)."""
+        return [r for d in self.devices if (r := self.free_memory_ratio(d)) is not None]
+
+    def free_memory_ratio(self, device: str) -> float | None:
+        """Free share of a CUDA device's memory (as the driver sees it, all processes); None for CPU.
+        Read at most every ``MEMORY_READ_INTERVAL_S`` per device, not on every submit."""
+        if not device.startswith("cuda"):
+            return None
+        now = time.monotonic()
+        last = self._free_memory.get(device)
+        if last is None or now - last[0] > MEMORY_READ_INTERVAL_S:
+            free, total = torch.cuda.mem_get_info(torch.device(device))
+            last = self._free_memory[device] = (now, free / total)
+        return last[1]

@@ -1,0 +1,139 @@
+"""One JSON view of a job for REST, the UI, the event streams and exports, and the encoded bodies of
+finished jobs that repeated polls reuse."""
+
+from __future__ import annotations
+
+import re
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass, replace
+
+import orjson
+
+from pipeline.config import Settings
+from pipeline.domain.types import Job, JobState
+from pipeline.serving.health import Health
+from pipeline.serving.job_view import JobView
+from pipeline.web.links import expiry, job_links, link_key, sign
+
+SEGMENTING = re.compile(r"^segmenting(?: (\d+)%)?$")
+PIECES = re.compile(r"^segment (\d+) of (\d+)$")
+FINAL = (JobState.DONE, JobState.FAILED, JobState.PURGED)
+
+
+def job_json(job: Job) -> dict:
+    return {
+        "id": job.id,
+        "status": job.state.value,
+        "position": job.position,
+        "filename": job.filename,
+        "created_at": job.created_at,
+        "started_at": job.started_at,
+        "finished_at": job.finished_at,
+        "duration_s": job.duration_s,
+        "audio_seconds": job.audio_seconds,
+        "options": {"language": job.options.language, "use_itn": job.options.use_itn,
+                    "ban_emo_unk": job.options.ban_emo_unk,
+                    "split_channels": job.options.split_channels,
+                    "word_timestamps": job.options.word_timestamps},
+        "progress": job.meta.get("progress"),
+        "result": job.result.to_dict() if job.result else None,
+        "error": {"code": job.error.code, "message": job.error.message} if job.error else None,
+    }
+
+
+def job_body(job: Job) -> bytes:
+    """The JSON of a job, as GET /api/jobs/{id} answers it (orjson: no framework encoder)."""
+    return orjson.dumps(job_json(job))
+
+
+class PollBodies:
+    """Encoded JSON of finished jobs (it never changes again), so that repeated polls of a done job
+    are a dictionary lookup. Keyed by the job snapshot itself: a new snapshot is encoded anew."""
+
+    def __init__(self, size: int = 2048):
+        self.size = size
+        self._bodies: OrderedDict[str, tuple[Job, bytes]] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def body(self, job: Job) -> bytes:
+        if job.state not in (JobState.DONE, JobState.FAILED):
+            return job_body(job)  # small, and its position/progress change
+        with self._lock:
+            hit = self._bodies.get(job.id)
+            if hit is not None and hit[0] is job:
+                self._bodies.move_to_end(job.id)
+                return hit[1]
+        body = job_body(job)
+        with self._lock:
+            self._bodies[job.id] = (job, body)
+            while len(self._bodies) > self.size:
+                self._bodies.popitem(last=False)
+        return body
+
+    def forget(self, job_ids) -> None:
+        """Drop purged jobs: their transcripts must not outlive retention, not even in memory."""
+        with self._lock:
+            for jid in job_ids:
+                self._bodies.pop(jid, None)
+
+
+def stage_of(job: Job, model_state: str) -> dict:
+    """The state a screen shows, from the job and the service's progress note."""
+    progress = str(job.meta.get("progress") or "")
+    out: dict = {"stage": job.state.value, "percent": None, "pieces_done": None, "pieces": None}
+    if job.state in FINAL:
+        return out
+    seg = SEGMENTING.match(progress)
+    pieces = PIECES.match(progress)
+    if seg:
+        out.update(stage="segmenting", percent=int(seg.group(1) or 0))
+    elif pieces:  # a long recording's pieces: queued behind other work, or being transcribed
+        out.update(pieces_done=int(pieces.group(1)), pieces=int(pieces.group(2)))
+        waiting = job.state is JobState.QUEUED and (job.position or 0) > 1
+        out["stage"] = "queued" if waiting else "transcribing"
+    elif job.state is JobState.RUNNING:
+        out["stage"] = "transcribing"
+    if out["stage"] == "queued" and model_state in ("starting", "loading"):
+        out["stage"] = "loading"
+    return out
+
+
+def page_query(job: Job, token: str, retention_hours: float) -> str:
+    """``exp=...&sig=...`` for the page's own URL (``?job=ID&exp=...&sig=...``: a reload follows
+    the job again), empty without a token. Until the job ends it expires a retention period after
+    the job was accepted (a fixed value: the view does not change on every read); then as the
+    job's other links do, when its retention ends."""
+    key = link_key(token)
+    if not key:
+        return ""
+    if job.finished_at is not None:
+        exp = expiry(job, retention_hours)
+    else:
+        exp = expiry(replace(job, finished_at=job.created_at), retention_hours)
+    return f"exp={exp}&sig={sign(key, job.id, exp)}"
+
+
+@dataclass(frozen=True)
+class JobPages:
+    """What a page shows of jobs (the UI, a job's event stream): the job view, the model's state and
+    the signed links of a job."""
+
+    settings: Settings
+    view: JobView
+    health: Health
+
+    def live_view(self, job: Job) -> dict:
+        """The job as the page shows it: the REST JSON, its stage, the model state, signed links."""
+        settings = self.settings
+        body = job_json(job)
+        body.update(stage_of(job, self.health.state))
+        body["model"] = self.health.state
+        # the player and download links once there is something to play or download (their expiry
+        # counts from the job's end)
+        body["links"] = (job_links(job, settings.api_token, settings.retention_hours)
+                         if job.state in FINAL else {})
+        query = page_query(job, settings.api_token, settings.retention_hours)
+        body["links"]["events"] = f"/api/jobs/{job.id}/events" + (f"?{query}" if query else "")
+        body["links"]["page"] = query
+        return body

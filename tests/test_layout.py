@@ -1,0 +1,110 @@
+"""The house's rules, read from the source (docs/ARCHITECTURE.md): data flows down the floors
+(web -> serving -> model/audio -> domain), no import circle, no module that needs more than eight
+other modules of the project to run, and the environment read in one place (config)."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+PACKAGE = Path(__file__).resolve().parents[1] / "pipeline"
+MAX_IMPORTS = 8
+FLOORS = {"domain": 0, "audio": 1, "model": 1, "serving": 2, "web": 3}
+
+
+def _is_type_checking(node: ast.If) -> bool:
+    test = node.test
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or \
+        (isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
+
+
+def _imports(tree: ast.AST) -> set[str]:
+    """The project modules a module imports at run time (annotation-only imports under
+    ``if TYPE_CHECKING:`` excluded)."""
+    out: set[str] = set()
+
+    def visit(node):
+        if isinstance(node, ast.If) and _is_type_checking(node):
+            for child in node.orelse:
+                visit(child)
+            return
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("pipeline"):
+            out.add(node.module)
+        elif isinstance(node, ast.Import):
+            out.update(a.name for a in node.names if a.name.startswith("pipeline"))
+        for child in ast.iter_child_nodes(node):
+            visit(child)
+
+    visit(tree)
+    return out
+
+
+def modules() -> dict[str, set[str]]:
+    graph = {}
+    for path in PACKAGE.rglob("*.py"):
+        name = ".".join(path.relative_to(PACKAGE.parent).with_suffix("").parts)
+        name = name.removesuffix(".__init__")
+        graph[name] = _imports(ast.parse(path.read_text())) - {name}
+    return graph
+
+
+def test_no_module_needs_more_than_eight_others():
+    over = {m: len(d) for m, d in modules().items() if len(d) > MAX_IMPORTS}
+    assert over == {}, over
+
+
+def test_no_import_circle():
+    graph = modules()
+    state: dict[str, int] = {}
+    path: list[str] = []
+    circles = []
+
+    def dfs(u):
+        state[u] = 1
+        path.append(u)
+        for v in graph.get(u, ()):
+            if v not in graph:
+                continue
+            if state.get(v) == 1:
+                circles.append(path[path.index(v):] + [v])
+            elif not state.get(v):
+                dfs(v)
+        path.pop()
+        state[u] = 2
+
+    for m in graph:
+        if not state.get(m):
+            dfs(m)
+    assert circles == []
+
+
+def test_data_flows_down_the_floors():
+    wrong = []
+    for m, deps in modules().items():
+        parts = m.split(".")
+        if len(parts) < 3 or parts[1] not in FLOORS:
+            continue
+        for d in deps:
+            dp = d.split(".")
+            if len(dp) >= 2 and dp[1] in FLOORS and FLOORS[dp[1]] > FLOORS[parts[1]]:
+                wrong.append(f"{m} -> {d}")
+    assert wrong == []
+
+
+def test_the_project_environment_is_read_in_config_only():
+    """Every ``SENSEVOICE_*`` variable is read by pipeline/config.py (other tools' own variables
+    -- CUDA_VISIBLE_DEVICES, MODELSCOPE_CACHE, TORCHINDUCTOR_CACHE_DIR -- are read where those
+    tools are driven)."""
+    readers = []
+    for path in PACKAGE.rglob("*.py"):
+        rel = path.relative_to(PACKAGE.parent).as_posix()
+        if rel == "pipeline/config.py":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Call) and ast.unparse(node.func) in (
+                    "os.environ.get", "os.getenv", "environ.get"):
+                arg = node.args[0] if node.args else None
+                if (isinstance(arg, ast.Constant) and "SENSEVOICE" in str(arg.value)) or \
+                        isinstance(arg, ast.Name):  # a project constant naming a variable
+                    readers.append(f"{rel}: {ast.unparse(node)}")
+    assert readers == [], readers

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """What hostile uploads cost the server: wall time and peak memory of the server's decode step
-(decoder call + resampling to 16 kHz, as ``TranscriptionService._decode`` does it) and of the
+(decoder call + resampling to 16 kHz, as ``Intake.decode`` does it) and of the
 decoder process, for the inputs of the security review:
 
 * ``flac_3h53_48k``: 3.89 h of silence, FLAC at 48 kHz (160 KB);

@@ -1,4 +1,4 @@
-"""Gradio UI: a thin client of TranscriptionService; the page's own script does the rest.
+"""Gradio UI: a thin client of the intake and the job view; the page's own script does the rest.
 
 Submit returns at once with the job's live view (pipeline/web/routes/events.py ``live_view``). The
 page script (static/app.js) then puts the job in the URL (``?job=ID``, plus the job's signed

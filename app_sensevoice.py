@@ -112,7 +112,7 @@ def run_per_gpu(argv: list[str], settings, gpus: int) -> int:
     import time
 
     procs = [subprocess.Popen([sys.executable, __file__, *argv, "--device", f"cuda:{n}",
-                               "--port", str(settings.port + n)]) for n in range(gpus)]
+                               "--port", str(settings.server.port + n)]) for n in range(gpus)]
 
     def stop(_signum, _frame):
         for p in procs:
@@ -149,7 +149,7 @@ def main(argv=None) -> int:
         overrides["ui"] = False
     overrides.setdefault("exit_on_fatal", True)
     settings = Settings(**overrides)
-    if settings.role == "worker" and settings.resolved_device() == "cuda":
+    if settings.server.role == "worker" and settings.engine.resolved_device() == "cuda":
         gpus = gpu_count()
         if gpus > 1:  # one worker process per GPU, each on its own port (probes, metrics)
             return run_per_gpu(sys.argv[1:] if argv is None else argv, settings, gpus)
@@ -161,21 +161,21 @@ def main(argv=None) -> int:
     source = runtime.source
     import uvicorn
 
-    if settings.gil_switch_ms > 0:  # process-wide: set by the entry point, not by create_app
-        sys.setswitchinterval(settings.gil_switch_ms / 1000)
+    if settings.server.gil_switch_ms > 0:  # process-wide: set by the entry point, not by create_app
+        sys.setswitchinterval(settings.server.gil_switch_ms / 1000)
     app = create_app(runtime=runtime)
     # a wildcard bind is reached as 127.0.0.1 here (its own name is not an allowed Host)
-    shown = "127.0.0.1" if settings.host in ("", "0.0.0.0", "::") else settings.host
+    shown = "127.0.0.1" if settings.server.host in ("", "0.0.0.0", "::") else settings.server.host
     shown = f"[{shown}]" if ":" in shown else shown
-    print(f"SenseVoice {settings.role} on http://{shown}:{settings.port}/  "
+    print(f"SenseVoice {settings.server.role} on http://{shown}:{settings.server.port}/  "
           f"(model: {source.name if source else 'none, api role'})", flush=True)
     # uvloop + httptools (requirements) rather than asyncio + h11: polls stay cheap under load
     # and the edge guards (pipeline/web/edge.py): a header deadline, a header size cap, connection
     # counts per client and in all, on top of uvicorn's httptools protocol
     # counts per client and in all, on top of uvicorn's httptools protocol; X-Forwarded-For only
     # from SENSEVOICE_TRUSTED_PROXIES
-    uvicorn.run(app, host=settings.host, port=settings.port, log_level="info", loop="uvloop",
-                access_log=settings.access_log, **uvicorn_options(settings))
+    uvicorn.run(app, host=settings.server.host, port=settings.server.port, log_level="info", loop="uvloop",
+                access_log=settings.server.access_log, **uvicorn_options(settings))
     return 0
 
 

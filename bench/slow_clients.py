@@ -352,7 +352,7 @@ def main() -> int:
                                            for k, v in env.items() if k.startswith("SENSEVOICE_")})
                     limit = connection_limit(settings)
                     out = asyncio.run(attack_flood(proc, url, limit + 500, 200,
-                                                   settings.header_timeout_s))
+                                                   settings.limits.header_timeout_s))
                     out["max_connections"] = limit
                 else:
                     out = asyncio.run(attack_bodies(proc, url, 8, 4, 10_000_000))

@@ -1,31 +1,34 @@
-"""All knobs of the service, read from the environment (prefix ``SENSEVOICE_``) or the CLI."""
+"""All knobs of the service, in one place, grouped (server, limits, engine, broker, live, ui).
+
+Each knob is read from the environment by its flat name with the prefix ``SENSEVOICE_``
+(``SENSEVOICE_MAX_BATCH``, ``SENSEVOICE_API_TOKEN``, as the README and the deploy manifests name
+them) or given to ``Settings(max_batch=...)`` by that flat name; the code reads it in its group
+(``settings.engine.max_batch``). Secrets are ``SecretStr``. No other module reads the project's
+environment."""
 
 from __future__ import annotations
 
-from pathlib import Path
-from typing import Literal
-
 import ipaddress
+import os
+from pathlib import Path
+from typing import Any, Literal
 
-from pydantic import Field, field_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic import BaseModel, Field, SecretStr, field_validator, model_validator
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 DEFAULT_MODEL = "iic/SenseVoiceSmall"
+ENV_PREFIX = "SENSEVOICE_"
 
 
 def env_cache_dir() -> Path | None:
     """``SENSEVOICE_CACHE_DIR`` as set (the demo builder's cache root when given), or None."""
-    import os
-
-    value = os.environ.get("SENSEVOICE_CACHE_DIR")
+    value = os.environ.get(ENV_PREFIX + "CACHE_DIR")
     return Path(value).expanduser() if value else None
 
 
 def env_api_token() -> str | None:
     """``SENSEVOICE_API_TOKEN`` as set (the CLI's default token for ``--server``), or None."""
-    import os
-
-    return os.environ.get("SENSEVOICE_API_TOKEN") or None
+    return os.environ.get(ENV_PREFIX + "API_TOKEN") or None
 
 
 def default_device() -> str:
@@ -35,25 +38,9 @@ def default_device() -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
-class Settings(BaseSettings):
-    """Service settings. Every field reads ``SENSEVOICE_<NAME>`` from the environment."""
+class ServerSettings(BaseModel):
+    """Where and how the process serves: address, role, storage, supervision, the API token."""
 
-    model_config = SettingsConfigDict(env_prefix="SENSEVOICE_", extra="ignore")
-
-    model: str = Field(
-        DEFAULT_MODEL,
-        description="Model: a local SenseVoiceSmall directory, or a hub name funasr downloads.",
-    )
-    demo: bool = Field(
-        False, description="Build (once, cached) and serve a small hand-set demo model offline."
-    )
-    device: str = Field("", description="'cuda', 'cuda:1', 'cpu'; empty = cuda if available.")
-    dtype: Literal["float16", "bfloat16", "float32"] = Field(
-        "float16", description="Encoder compute dtype on GPU (CPU always uses float32)."
-    )
-    fp32_residual: bool = Field(
-        True, description="Keep the encoder's residual stream in fp32 when dtype is fp16/bf16 "
-        "(closer to fp32 tokens; about 15% slower on an H200).")
     host: str = Field("127.0.0.1", description="Address to bind.")
     port: int = Field(7860, description="Port to bind.")
     data_dir: Path = Field(Path("data"), description="Job store (SQLite) and audio spool.")
@@ -61,9 +48,66 @@ class Settings(BaseSettings):
         Path.home() / ".cache" / "sensevoice-app",
         description="Where the demo model is built and cached.",
     )
-    cpu_threads: int = Field(
-        1, description="torch threads for inference on a CPU device (more spin and starve the web "
-        "server on small machines).")
+    role: Literal["all", "api", "worker"] = Field(
+        "all", description="What this process runs: 'api' (HTTP, UI, decoding; no model), 'worker' "
+        "(one GPU's model and batching; probes and metrics on --port), 'all' (both, the default).")
+    access_log: bool = Field(
+        False, description="Log every HTTP request (polls included: 200 pollers are 400 lines/s); "
+        "each job is logged once either way.")
+    gil_switch_ms: float = Field(
+        0.5, ge=0, description="Python's thread switch interval, ms (0 = Python's own 5 ms). Smaller "
+        "hands the GIL to the event loop sooner when threads compete (poll latency under load).")
+    exit_on_fatal: bool = Field(
+        False, description="Exit the process (code 3) on a fatal device error or a hung worker, so a "
+        "supervisor restarts it; set by main().")
+    hung_timeout_s: float = Field(120.0, description="A worker without a heartbeat this long is hung.")
+    loop_stall_timeout_s: float = Field(
+        30.0, gt=0, description="An event loop that has not answered for this long makes the "
+        "service unhealthy (readyz 503, and with exit_on_fatal an exit for a restart).")
+    trusted_proxies: str = Field(
+        "", description="Comma-separated addresses or networks (CIDR) of the reverse proxies in "
+        "front of this server. Only a connection from one of them may set the client's address "
+        "(X-Forwarded-For) and scheme (X-Forwarded-Proto), which the per-client limits and the "
+        "sign-in throttle count by; empty (the default) trusts no one, loopback included. Name "
+        "the proxy itself, never '*'.")
+    allowed_hosts: str = Field(
+        "", description="Comma-separated Host names the server answers (DNS-rebinding defence). "
+        "Empty = loopback names (localhost, 127.0.0.1, ::1) plus the bound host when it is not a "
+        "wildcard; '*' = any.")
+    api_token: SecretStr = Field(SecretStr(""), description="If set, REST calls need 'Authorization: Bearer <token>'.")
+
+    @property
+    def token(self) -> str:
+        """The API token in clear ('' without one): compared and signed with, never logged."""
+        return self.api_token.get_secret_value()
+
+    @field_validator("trusted_proxies")
+    @classmethod
+    def _proxy_networks(cls, value: str) -> str:
+        for item in (i.strip() for i in value.split(",")):
+            if not item:
+                continue
+            try:
+                ipaddress.ip_network(item, strict=False)
+            except ValueError:
+                raise ValueError(
+                    f"SENSEVOICE_TRUSTED_PROXIES: {item!r} is not an address or network; name the "
+                    "reverse proxy's address (10.0.0.5) or its network (10.0.0.0/24), never '*': "
+                    "any client could then choose the address its limits are counted by") from None
+        return value
+
+
+class LimitsSettings(BaseModel):
+    """What one request, one client and all of them together may cost; retention."""
+
+    max_upload_bytes: int = Field(200 * 1024 * 1024, description="Max upload size, bytes.")
+    max_audio_seconds: float = Field(4 * 3600.0, description="Max decoded duration, seconds.")
+    queue_size: int = Field(1024, ge=1, description="Max jobs waiting; beyond it submit gets 503.")
+    request_wait_s: float = Field(
+        600.0, gt=0, description="The longest one HTTP request waits for its job: POST "
+        "/api/jobs?wait= is capped at it, and /v1/audio/transcriptions answers 504 after it (naming "
+        "the job, whose result stays at /api/jobs/{id}). The wait holds no thread.")
+    retry_after_s: int = Field(2, description="Retry-After seconds sent with 503 queue_full.")
     decode_concurrency: int = Field(
         0, description="Uploads decoded at once (0 = one per CPU core); more wait, so that polls and "
         "the event loop are not starved by CPU-bound decoding threads.")
@@ -73,14 +117,14 @@ class Settings(BaseSettings):
     decode_timeout_s: float = Field(
         600.0, gt=0, description="An upload still decoding after this long is refused (415) and its "
         "decoder process killed (a 4 h mp3 decodes in well under a minute per core).")
-    max_concurrent_uploads: int = Field(
-        0, ge=0, description="Large request bodies received or handled at once (0 = twice the CPU "
-        "cores, at least 8); beyond it an upload gets 503 + Retry-After at once. Bounds memory too: "
-        "each upload is read whole before it is decoded.")
     decoder_memory_mb: int = Field(
         0, ge=0, description="Address-space limit of each decoder process, MiB (0 = derived from "
         "max_audio_seconds: room for the longest allowed audio at 16 kHz plus the decoder's own "
         "needs). A crafted file that asks for more fails alone (413 decoder_out_of_memory).")
+    max_concurrent_uploads: int = Field(
+        0, ge=0, description="Large request bodies received or handled at once (0 = twice the CPU "
+        "cores, at least 8); beyond it an upload gets 503 + Retry-After at once. Bounds memory too: "
+        "each upload is read whole before it is decoded.")
     header_timeout_s: float = Field(
         10.0, gt=0, description="A connection must send a request's complete headers within this "
         "long, or it is closed (slow-header attacks hold file descriptors).")
@@ -94,12 +138,6 @@ class Settings(BaseSettings):
         4, ge=0, description="Large uploads one client address may have in flight (0 = no limit); more "
         "get 429 + Retry-After. Behind a reverse proxy every client has the proxy's address unless "
         "trusted_proxies names it.")
-    trusted_proxies: str = Field(
-        "", description="Comma-separated addresses or networks (CIDR) of the reverse proxies in "
-        "front of this server. Only a connection from one of them may set the client's address "
-        "(X-Forwarded-For) and scheme (X-Forwarded-Proto), which the per-client limits and the "
-        "sign-in throttle count by; empty (the default) trusts no one, loopback included. Name "
-        "the proxy itself, never '*'.")
     max_event_streams_per_job: int = Field(
         2048, ge=0, description="Event streams (GET /api/jobs/{id}/events) one job may have at "
         "once (0 = no limit); more get 503 event_streams_full. Each job's events are built once "
@@ -119,37 +157,51 @@ class Settings(BaseSettings):
     max_connections: int = Field(
         0, ge=0, description="Open connections in all (0 = half the file-descriptor limit); beyond "
         "it new connections are closed at once, so the server never runs out of descriptors.")
-    allowed_hosts: str = Field(
-        "", description="Comma-separated Host names the server answers (DNS-rebinding defence). "
-        "Empty = loopback names (localhost, 127.0.0.1, ::1) plus the bound host when it is not a "
-        "wildcard; '*' = any.")
     segment_backlog_jobs: int = Field(
         64, ge=1, description="Long recordings accepted but not yet split into pieces and queued; "
         "beyond it a long upload gets 503 backlog_full + Retry-After.")
     segment_backlog_hours: float = Field(
         16.0, gt=0, description="Audio hours of long recordings waiting to be split or run; beyond "
         "it a long upload gets 503 backlog_full. Their audio waits on disk, not in memory.")
-    loop_stall_timeout_s: float = Field(
-        30.0, gt=0, description="An event loop that has not answered for this long makes the "
-        "service unhealthy (readyz 503, and with exit_on_fatal an exit for a restart).")
-    broker: str = Field(
-        "", description="Empty: the embedded topology (SQLite job store + in-process queue, one "
-        "process). 'redis://HOST:PORT/DB': the distributed topology (Redis Streams queue and job "
-        "records; api and worker processes on any hosts).")
-    role: Literal["all", "api", "worker"] = Field(
-        "all", description="What this process runs: 'api' (HTTP, UI, decoding; no model), 'worker' "
-        "(one GPU's model and batching; probes and metrics on --port), 'all' (both, the default).")
-    shared_dir: str = Field(
-        "", description="Distributed topology: a directory every api and worker process sees (on "
-        "one host: /dev/shm/sensevoice). Decoded audio and uploads travel as files there and Redis "
-        "holds only their names; empty: they travel inside Redis (any hosts). Not fsynced: a host "
-        "crash fails the queued jobs whose audio was there (audio_lost), never silently.")
-    visibility_timeout_s: float = Field(
-        60.0, gt=0, description="Distributed topology: a job claimed by a worker and not finished in "
-        "this long (the worker died) is claimed again by another; after 3 claims it fails.")
-    queue_size: int = Field(1024, ge=1, description="Max jobs waiting; beyond it submit gets 503.")
-    max_upload_bytes: int = Field(200 * 1024 * 1024, description="Max upload size, bytes.")
-    max_audio_seconds: float = Field(4 * 3600.0, description="Max decoded duration, seconds.")
+    min_free_memory_ratio: float = Field(
+        0.15, description="GPU admission: refuse new jobs (503) while free device memory is under this share.")
+    retention_hours: float = Field(24.0, description="Results and their audio are purged after this.")
+    delete_audio_when_done: bool = Field(False, description="Delete a job's audio as soon as it is done.")
+    queue_timeout_s: float = Field(600.0, description="A job waiting longer than this fails ('timed out in queue').")
+
+    @model_validator(mode="after")
+    def _derive(self) -> "LimitsSettings":
+        """The defaults that depend on the machine, resolved once here (0 / -1 mean "derive")."""
+        cores = os.cpu_count() or 2
+        if self.decode_processes < 0:
+            self.decode_processes = min(cores, 8)
+        if self.decode_concurrency <= 0:
+            self.decode_concurrency = cores
+        if self.max_concurrent_uploads <= 0:
+            self.max_concurrent_uploads = max(8, 2 * cores)
+        return self
+
+
+class EngineSettings(BaseModel):
+    """The model, the device, batching, compiled kernels and graphs, long-audio splitting."""
+
+    model: str = Field(
+        DEFAULT_MODEL,
+        description="Model: a local SenseVoiceSmall directory, or a hub name funasr downloads.",
+    )
+    demo: bool = Field(
+        False, description="Build (once, cached) and serve a small hand-set demo model offline."
+    )
+    device: str = Field("", description="'cuda', 'cuda:1', 'cpu'; empty = cuda if available.")
+    dtype: Literal["float16", "bfloat16", "float32"] = Field(
+        "float16", description="Encoder compute dtype on GPU (CPU always uses float32)."
+    )
+    fp32_residual: bool = Field(
+        True, description="Keep the encoder's residual stream in fp32 when dtype is fp16/bf16 "
+        "(closer to fp32 tokens; about 15% slower on an H200).")
+    cpu_threads: int = Field(
+        1, description="torch threads for inference on a CPU device (more spin and starve the web "
+        "server on small machines).")
     max_batch: int = Field(64, ge=1, description="Max clips per GPU batch.")
     max_wait_ms: float = Field(2.0, ge=0, description="Batch formation wait after the first job, ms.")
     max_batch_seconds: float = Field(
@@ -166,84 +218,214 @@ class Settings(BaseSettings):
     segment_threshold_s: float = Field(
         30.0, description="Audio longer than this is split with silero-vad into speech segments.")
     max_segment_s: float = Field(30.0, description="Longest VAD segment, seconds (split at the quietest point).")
-    queue_timeout_s: float = Field(600.0, description="A job waiting longer than this fails ('timed out in queue').")
-    request_wait_s: float = Field(
-        600.0, gt=0, description="The longest one HTTP request waits for its job: POST "
-        "/api/jobs?wait= is capped at it, and /v1/audio/transcriptions answers 504 after it (naming "
-        "the job, whose result stays at /api/jobs/{id}). The wait holds no thread.")
-    min_free_memory_ratio: float = Field(
-        0.15, description="GPU admission: refuse new jobs (503) while free device memory is under this share.")
-    retention_hours: float = Field(24.0, description="Results and their audio are purged after this.")
-    delete_audio_when_done: bool = Field(False, description="Delete a job's audio as soon as it is done.")
-    hung_timeout_s: float = Field(120.0, description="A worker without a heartbeat this long is hung.")
-    exit_on_fatal: bool = Field(
-        False, description="Exit the process (code 3) on a fatal device error or a hung worker, so a "
-        "supervisor restarts it; set by main().")
-    api_token: str = Field("", description="If set, REST calls need 'Authorization: Bearer <token>'.")
-    ui_auth: str = Field("", description="If set ('user:password'), the UI asks for this login.")
     hub_timeout_s: float = Field(3.0, description="Seconds to wait for the model hub to answer.")
-    retry_after_s: int = Field(2, description="Retry-After seconds sent with 503 queue_full.")
-    ui: bool = Field(True, description="Serve the Gradio UI at /ui; false = REST API only (gradio "
-                     "is then not imported).")
-    gil_switch_ms: float = Field(
-        0.5, ge=0, description="Python's thread switch interval, ms (0 = Python's own 5 ms). Smaller "
-        "hands the GIL to the event loop sooner when threads compete (poll latency under load).")
-    # live captions (WebSocket /api/stream and /api/stream/funasr; pipeline/serving/live.py)
-    max_live_streams: int = Field(
+
+    def resolved_device(self) -> str:
+        return self.device or default_device()
+
+
+class BrokerSettings(BaseModel):
+    """The topology: the embedded broker (no url) or Redis."""
+
+    url: str = Field(
+        "", description="Empty: the embedded topology (SQLite job store + in-process queue, one "
+        "process). 'redis://HOST:PORT/DB': the distributed topology (Redis Streams queue and job "
+        "records; api and worker processes on any hosts).")
+    shared_dir: str = Field(
+        "", description="Distributed topology: a directory every api and worker process sees (on "
+        "one host: /dev/shm/sensevoice). Decoded audio and uploads travel as files there and Redis "
+        "holds only their names; empty: they travel inside Redis (any hosts). Not fsynced: a host "
+        "crash fails the queued jobs whose audio was there (audio_lost), never silently.")
+    visibility_timeout_s: float = Field(
+        60.0, gt=0, description="Distributed topology: a job claimed by a worker and not finished in "
+        "this long (the worker died) is claimed again by another; after 3 claims it fails.")
+
+class LiveSettings(BaseModel):
+    """Live captions (WebSocket /api/stream and /api/stream/funasr; pipeline/serving/live.py)."""
+
+    max_streams: int = Field(
         64, ge=0, description="Live caption streams served at once (both WebSocket endpoints); "
         "beyond it a new stream gets the error too_many_streams and close code 1013. 0 = live "
         "captions off. Raise it on a GPU (one H200 is meant to hold 500).")
-    max_live_streams_per_client: int = Field(
+    max_streams_per_client: int = Field(
         8, ge=0, description="Live caption streams one client address may hold at once (0 = no "
         "limit); more get too_many_streams, so one client cannot take every slot. Behind a reverse "
         "proxy the address is the proxy's unless trusted_proxies names it.")
-    live_partial_interval_s: float = Field(
+    partial_interval_s: float = Field(
         0.4, gt=0, description="A live stream's utterance in progress is re-decoded at most this "
         "often (wall clock); a partial is sent only when its text changed.")
-    live_pause_s: float = Field(
+    pause_s: float = Field(
         0.7, ge=0.05, description="Silence after speech that closes a live utterance (its final "
         "follows). 0.7 s cuts where the offline splitter cuts (its 500 ms merge gap plus 100 ms of "
         "padding on each side); less gives earlier, shorter finals.")
-    live_max_utterance_s: float = Field(
+    max_utterance_s: float = Field(
         30.0, ge=2.0, le=60.0, description="A live utterance reaching this is cut at its quietest "
         "point and finalised, as long recordings are cut.")
-    live_idle_timeout_s: float = Field(
+    idle_timeout_s: float = Field(
         30.0, gt=0, description="A live stream that sends nothing for this long is finalised and "
         "closed (idle_timeout).")
-    live_max_stream_s: float = Field(
+    max_stream_s: float = Field(
         4 * 3600.0, gt=0, description="Audio one live stream may send, seconds; then its "
         "utterances are finalised and it ends with stream_too_long.")
-    live_max_frame_bytes: int = Field(
+    max_frame_bytes: int = Field(
         256 * 1024, ge=4096, description="Largest frame a live stream may send, bytes (256 KiB: "
         "2.7 s of 48 kHz PCM); larger gets frame_too_large. The WebSocket layer itself refuses "
         "messages over twice this (close 1009).")
-    live_burst_s: float = Field(
+    burst_s: float = Field(
         10.0, ge=0, description="Audio a live stream may send ahead of real time, seconds: beyond "
         "real time plus this burst the server stops reading the stream until its audio is due "
         "(back-pressure), so a sender faster than real time costs no more than a real-time one.")
-    live_max_buffered_s: float = Field(
+    max_buffered_s: float = Field(
         60.0, gt=0, description="Audio one live stream may hold while it waits for the model "
         "(the utterance in progress plus finals not yet decoded; at least the longest utterance "
         "plus 5 s). Beyond it the server stops reading that stream until it catches up, and ends "
         "it with live_overloaded after live_idle_timeout_s.")
-    access_log: bool = Field(
-        False, description="Log every HTTP request (polls included: 200 pollers are 400 lines/s); "
-        "each job is logged once either way.")
 
-    @field_validator("trusted_proxies")
+class UiSettings(BaseModel):
+    """The Gradio page."""
+
+    enabled: bool = Field(True, description="Serve the Gradio UI at /ui; false = REST API only (gradio "
+                     "is then not imported).")
+    auth: SecretStr = Field(SecretStr(""), description="If set ('user:password'), the UI asks for this login.")
+
+    @property
+    def login(self) -> str:
+        """The UI login ('user:password', '' without one), in clear."""
+        return self.auth.get_secret_value()
+
+
+
+# flat name (environment, keywords) -> (group, field)
+GROUP_OF = {
+    'host': ('server', 'host'),
+    'port': ('server', 'port'),
+    'data_dir': ('server', 'data_dir'),
+    'cache_dir': ('server', 'cache_dir'),
+    'role': ('server', 'role'),
+    'access_log': ('server', 'access_log'),
+    'gil_switch_ms': ('server', 'gil_switch_ms'),
+    'exit_on_fatal': ('server', 'exit_on_fatal'),
+    'hung_timeout_s': ('server', 'hung_timeout_s'),
+    'loop_stall_timeout_s': ('server', 'loop_stall_timeout_s'),
+    'trusted_proxies': ('server', 'trusted_proxies'),
+    'allowed_hosts': ('server', 'allowed_hosts'),
+    'api_token': ('server', 'api_token'),
+    'max_upload_bytes': ('limits', 'max_upload_bytes'),
+    'max_audio_seconds': ('limits', 'max_audio_seconds'),
+    'queue_size': ('limits', 'queue_size'),
+    'request_wait_s': ('limits', 'request_wait_s'),
+    'retry_after_s': ('limits', 'retry_after_s'),
+    'decode_concurrency': ('limits', 'decode_concurrency'),
+    'decode_processes': ('limits', 'decode_processes'),
+    'decode_timeout_s': ('limits', 'decode_timeout_s'),
+    'decoder_memory_mb': ('limits', 'decoder_memory_mb'),
+    'max_concurrent_uploads': ('limits', 'max_concurrent_uploads'),
+    'header_timeout_s': ('limits', 'header_timeout_s'),
+    'body_timeout_s': ('limits', 'body_timeout_s'),
+    'body_min_rate_bytes_s': ('limits', 'body_min_rate_bytes_s'),
+    'body_grace_s': ('limits', 'body_grace_s'),
+    'max_uploads_per_client': ('limits', 'max_uploads_per_client'),
+    'max_event_streams_per_job': ('limits', 'max_event_streams_per_job'),
+    'max_event_streams_per_client': ('limits', 'max_event_streams_per_client'),
+    'auth_failures_per_client': ('limits', 'auth_failures_per_client'),
+    'auth_failure_window_s': ('limits', 'auth_failure_window_s'),
+    'max_connections_per_client': ('limits', 'max_connections_per_client'),
+    'max_connections': ('limits', 'max_connections'),
+    'segment_backlog_jobs': ('limits', 'segment_backlog_jobs'),
+    'segment_backlog_hours': ('limits', 'segment_backlog_hours'),
+    'min_free_memory_ratio': ('limits', 'min_free_memory_ratio'),
+    'retention_hours': ('limits', 'retention_hours'),
+    'delete_audio_when_done': ('limits', 'delete_audio_when_done'),
+    'queue_timeout_s': ('limits', 'queue_timeout_s'),
+    'model': ('engine', 'model'),
+    'demo': ('engine', 'demo'),
+    'device': ('engine', 'device'),
+    'dtype': ('engine', 'dtype'),
+    'fp32_residual': ('engine', 'fp32_residual'),
+    'cpu_threads': ('engine', 'cpu_threads'),
+    'max_batch': ('engine', 'max_batch'),
+    'max_wait_ms': ('engine', 'max_wait_ms'),
+    'max_batch_seconds': ('engine', 'max_batch_seconds'),
+    'fused_encoder': ('engine', 'fused_encoder'),
+    'cuda_graphs': ('engine', 'cuda_graphs'),
+    'graph_batch_sizes': ('engine', 'graph_batch_sizes'),
+    'graph_max_seconds': ('engine', 'graph_max_seconds'),
+    'segment_threshold_s': ('engine', 'segment_threshold_s'),
+    'max_segment_s': ('engine', 'max_segment_s'),
+    'hub_timeout_s': ('engine', 'hub_timeout_s'),
+    'broker': ('broker', 'url'),
+    'shared_dir': ('broker', 'shared_dir'),
+    'visibility_timeout_s': ('broker', 'visibility_timeout_s'),
+    'max_live_streams': ('live', 'max_streams'),
+    'max_live_streams_per_client': ('live', 'max_streams_per_client'),
+    'live_partial_interval_s': ('live', 'partial_interval_s'),
+    'live_pause_s': ('live', 'pause_s'),
+    'live_max_utterance_s': ('live', 'max_utterance_s'),
+    'live_idle_timeout_s': ('live', 'idle_timeout_s'),
+    'live_max_stream_s': ('live', 'max_stream_s'),
+    'live_max_frame_bytes': ('live', 'max_frame_bytes'),
+    'live_burst_s': ('live', 'burst_s'),
+    'live_max_buffered_s': ('live', 'max_buffered_s'),
+    'ui': ('ui', 'enabled'),
+    'ui_auth': ('ui', 'auth'),
+}
+
+
+class _FlatEnvironment(PydanticBaseSettingsSource):
+    """``SENSEVOICE_<FLAT_NAME>`` variables, placed in their groups."""
+
+    def get_field_value(self, field, field_name):  # (the whole work is in __call__)
+        return None, field_name, False
+
+    def __call__(self) -> dict[str, Any]:
+        out: dict[str, dict[str, str]] = {}
+        for flat, (group, name) in GROUP_OF.items():
+            value = os.environ.get(ENV_PREFIX + flat.upper())
+            if value is not None:
+                out.setdefault(group, {})[name] = value
+        return out
+
+
+class Settings(BaseSettings):
+    """The service's settings, grouped. ``Settings(max_batch=4)`` and ``SENSEVOICE_MAX_BATCH=4``
+    both set ``settings.engine.max_batch``; keywords win over the environment."""
+
+    model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, extra="ignore")
+
+    server: ServerSettings = Field(default_factory=ServerSettings)
+    limits: LimitsSettings = Field(default_factory=LimitsSettings)
+    engine: EngineSettings = Field(default_factory=EngineSettings)
+    broker: BrokerSettings = Field(default_factory=BrokerSettings)
+    live: LiveSettings = Field(default_factory=LiveSettings)
+    ui: UiSettings = Field(default_factory=UiSettings)
+
     @classmethod
-    def _proxy_networks(cls, value: str) -> str:
-        for item in (i.strip() for i in value.split(",")):
-            if not item:
-                continue
-            try:
-                ipaddress.ip_network(item, strict=False)
-            except ValueError:
-                raise ValueError(
-                    f"SENSEVOICE_TRUSTED_PROXIES: {item!r} is not an address or network; name the "
-                    "reverse proxy's address (10.0.0.5) or its network (10.0.0.0/24), never '*': "
-                    "any client could then choose the address its limits are counted by") from None
-        return value
+    def settings_customise_sources(cls, settings_cls, init_settings, env_settings, dotenv_settings,
+                                   file_secret_settings):
+        return (init_settings, _FlatEnvironment(settings_cls))
 
-    def resolved_device(self) -> str:
-        return self.device or default_device()
+    def updated(self, **flat: Any) -> "Settings":
+        """A copy with some knobs changed, named by their flat names (``updated(port=0)``)."""
+        return type(self).model_validate({**self.model_dump(), **flat})
+
+    @model_validator(mode="before")
+    @classmethod
+    def _group_flat_names(cls, data: Any) -> Any:
+        """Flat names (keywords, the environment) into their groups; a flat keyword wins over the
+        same knob from the environment. An unknown name is refused (a typo is not ignored)."""
+        if not isinstance(data, dict):
+            return data
+        def is_group(key, value) -> bool:  # "ui" and "broker" are both a group and a flat knob
+            return key in cls.model_fields and isinstance(value, (dict, BaseModel))
+
+        out: dict[str, Any] = {}
+        for key, value in data.items():
+            if is_group(key, value):
+                out[key] = value.model_dump() if isinstance(value, BaseModel) else dict(value)
+            elif key not in GROUP_OF:
+                raise ValueError(f"unknown setting {key!r}")
+        for key, value in data.items():
+            if not is_group(key, value):
+                group, name = GROUP_OF[key]
+                out.setdefault(group, {})[name] = value
+        return out

@@ -131,8 +131,8 @@ def check_torch_and_cuda(settings: "Settings") -> list[Check]:
     cudnn = torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None
     if cudnn:
         built += f", cuDNN {cudnn // 10000}.{cudnn % 10000 // 100}.{cudnn % 100}"
-    wants_gpu = settings.device.startswith("cuda")
-    if settings.role == "api":
+    wants_gpu = settings.engine.device.startswith("cuda")
+    if settings.server.role == "api":
         checks.append(Check("cuda", Status.OK, f"{built}; the api role needs no GPU"))
     elif torch.cuda.is_available():
         checks.append(Check("cuda", Status.OK, f"{built}; {torch.cuda.device_count()} GPU(s) visible"))
@@ -141,7 +141,7 @@ def check_torch_and_cuda(settings: "Settings") -> list[Check]:
                "access (docker --gpus all)" + ("" if wants_gpu else "; or keep the CPU (slow)"))
         if torch.version.cuda is None:
             fix = "install a CUDA build of torch (requirements.txt pins one)"
-        effect = f"--device {settings.device} cannot run" if wants_gpu else "runs on the CPU, slowly"
+        effect = f"--device {settings.engine.device} cannot run" if wants_gpu else "runs on the CPU, slowly"
         checks.append(Check("cuda", Status.FAIL if wants_gpu else Status.WARN,
                             f"{built}; no GPU visible: {effect}", fix))
     return checks
@@ -164,9 +164,9 @@ def check_gpus(settings: "Settings") -> list[Check]:
             mem = pynvml.nvmlDeviceGetMemoryInfo(handle)
             ratio = mem.free / mem.total if mem.total else 0.0
             detail = f"{name}, {mem.free / GIB:.1f} of {mem.total / GIB:.1f} GiB free ({ratio:.0%})"
-            if ratio < settings.min_free_memory_ratio:
+            if ratio < settings.limits.min_free_memory_ratio:
                 checks.append(Check(f"gpu:{i}", Status.WARN, detail,
-                                    f"the service refuses new jobs under {settings.min_free_memory_ratio:.0%} "
+                                    f"the service refuses new jobs under {settings.limits.min_free_memory_ratio:.0%} "
                                     "free: see who holds it with nvidia-smi, or lower "
                                     "SENSEVOICE_MIN_FREE_MEMORY_RATIO"))
             else:
@@ -216,14 +216,14 @@ def check_model(settings: "Settings", hub_ok: Callable[[], bool]) -> Check:
     from pipeline.model.loading import HUB_HOST, REQUIRED_FILES, _hub_cache_candidates
 
     try_demo = "or try the app offline with --demo"
-    if settings.role == "api":
+    if settings.server.role == "api":
         return Check("model", Status.OK, "the api role holds no model (workers do)")
-    if settings.demo:
-        path = Path(settings.cache_dir).expanduser() / "models" / "sensevoice-demo-s0"
+    if settings.engine.demo:
+        path = Path(settings.server.cache_dir).expanduser() / "models" / "sensevoice-demo-s0"
         if all((path / f).exists() for f in REQUIRED_FILES):
             return Check("model", Status.OK, f"demo (hand-set weights, not a real model) at {path}")
         return Check("model", Status.OK, f"demo: built offline on first start, cached in {path}")
-    path = Path(settings.model).expanduser()
+    path = Path(settings.engine.model).expanduser()
     if path.exists():
         missing = [f for f in REQUIRED_FILES if not (path / f).exists()]
         if missing:
@@ -231,18 +231,18 @@ def check_model(settings: "Settings", hub_ok: Callable[[], bool]) -> Check:
                          f"point --model (SENSEVOICE_MODEL) at a SenseVoiceSmall directory holding "
                          f"{', '.join(REQUIRED_FILES)}, {try_demo}")
         return Check("model", Status.OK, f"{path} ({_files(path)})")
-    for cached in _hub_cache_candidates(settings.model):
+    for cached in _hub_cache_candidates(settings.engine.model):
         if all((cached / f).exists() for f in REQUIRED_FILES):
-            return Check("model", Status.OK, f"{settings.model}, cached at {cached} ({_files(cached)})")
-    if "/" not in settings.model:
-        return Check("model", Status.FAIL, f"{settings.model!r}: no such directory and not a hub name",
+            return Check("model", Status.OK, f"{settings.engine.model}, cached at {cached} ({_files(cached)})")
+    if "/" not in settings.engine.model:
+        return Check("model", Status.FAIL, f"{settings.engine.model!r}: no such directory and not a hub name",
                      f"pass --model DIR (a local SenseVoiceSmall directory) or a hub name such as "
                      f"iic/SenseVoiceSmall, {try_demo}")
     if hub_ok():
-        return Check("model", Status.WARN, f"{settings.model}: not cached; downloaded from "
+        return Check("model", Status.WARN, f"{settings.engine.model}: not cached; downloaded from "
                      f"{HUB_HOST} (about 900 MB) on first start",
                      "start once with the internet, or copy the model directory and pass --model DIR")
-    return Check("model", Status.FAIL, f"{settings.model}: not cached, and {HUB_HOST} is unreachable",
+    return Check("model", Status.FAIL, f"{settings.engine.model}: not cached, and {HUB_HOST} is unreachable",
                  f"connect to the internet once, or copy the model directory here and pass "
                  f"--model DIR (SENSEVOICE_MODEL=DIR), {try_demo}")
 
@@ -258,7 +258,7 @@ def check_hub(reachable: bool) -> Check:
 
 
 def check_data_dir(settings: "Settings") -> Check:
-    path = Path(settings.data_dir).expanduser()
+    path = Path(settings.server.data_dir).expanduser()
     fix = "set --data-dir (SENSEVOICE_DATA_DIR) to a writable folder"
     if path.exists():
         if not path.is_dir():
@@ -291,14 +291,14 @@ def _redacted(url: str) -> str:
 
 
 def check_broker(settings: "Settings") -> Check | None:
-    if not settings.broker:
+    if not settings.broker.url:
         return None  # embedded: SQLite in the data dir (checked there)
-    shown = _redacted(settings.broker)
+    shown = _redacted(settings.broker.url)
 
     def ping() -> str:
         import redis
 
-        client = redis.Redis.from_url(settings.broker, socket_connect_timeout=PROBE_TIMEOUT_S,
+        client = redis.Redis.from_url(settings.broker.url, socket_connect_timeout=PROBE_TIMEOUT_S,
                                       socket_timeout=PROBE_TIMEOUT_S)
         try:
             client.ping()
@@ -318,7 +318,7 @@ def run_checks(settings: "Settings") -> Report:
     from pipeline.model.loading import hub_reachable
 
     t0 = time.monotonic()
-    timeout = min(PROBE_TIMEOUT_S, settings.hub_timeout_s)
+    timeout = min(PROBE_TIMEOUT_S, settings.engine.hub_timeout_s)
     hub: list[bool] = []
 
     def hub_ok() -> bool:  # probed once, when first needed

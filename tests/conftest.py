@@ -98,12 +98,12 @@ class LiveServer:
         self.settings = settings
         self.app = create_app(settings)
         self.runtime = self.app.state.runtime
-        self.url = f"http://127.0.0.1:{settings.port}"
+        self.url = f"http://127.0.0.1:{settings.server.port}"
         from pipeline.web.edge import uvicorn_options
 
         # the connection guards main() runs with (header deadline, connection limits, WebSocket
         # message limits, forwarded addresses only from trusted proxies)
-        config = uvicorn.Config(self.app, host="127.0.0.1", port=settings.port, log_level="warning",
+        config = uvicorn.Config(self.app, host="127.0.0.1", port=settings.server.port, log_level="warning",
                                 **uvicorn_options(settings))
         self.server = uvicorn.Server(config)
         self.thread = threading.Thread(target=self.server.run, daemon=True)

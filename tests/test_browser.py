@@ -181,7 +181,7 @@ def test_upload_renders_chips_without_refresh(page, server, clip_factory):
     assert page.locator("#sv-language input").input_value() == "Detect"
     assert "ITN" not in page.locator("#sv-itn label").first.inner_text()
     assert page.locator("button", has_text="Refresh").count() == 0
-    page.screenshot(path=str(server.settings.data_dir / "ui.png"), full_page=True)
+    page.screenshot(path=str(server.settings.server.data_dir / "ui.png"), full_page=True)
 
 
 def test_html_in_transcript_renders_as_text(page, server, clip_factory):
@@ -377,7 +377,7 @@ def test_a_phone_shows_the_whole_table(server, browser, long_call):
         gap = pg.evaluate("document.querySelector('#sv-review').getBoundingClientRect().top -"
                           " document.querySelector('#sv-state-view').getBoundingClientRect().bottom")
         assert gap < 120, gap
-        pg.screenshot(path=str(server.settings.data_dir / "ui-phone.png"), full_page=True)
+        pg.screenshot(path=str(server.settings.server.data_dir / "ui-phone.png"), full_page=True)
     finally:
         ctx.close()
 
@@ -482,7 +482,7 @@ def test_submit_click_to_result_on_screen(page, server, five_seconds, capsys):
                for k in ("ms", "compute_ms", "server_ms")}
     summary["runs"] = len(rows)
     summary["mean_gap_ms"] = round(statistics.mean(r["ms"] - r["server_ms"] for r in rows), 1)
-    (server.settings.data_dir / "ui-latency.json").write_text(json.dumps({"summary": summary,
+    (server.settings.server.data_dir / "ui-latency.json").write_text(json.dumps({"summary": summary,
                                                                           "runs": rows}, indent=1))
     with capsys.disabled():
         print(f"\nUI submit -> result on screen, {len(rows)} runs of a 5 s clip: "
@@ -510,7 +510,7 @@ def test_readme_screenshot(server, browser, long_call):
         # every row painted in a full-page picture (the table skips rows out of view)
         pg.add_style_tag(content="#sv-review tr.sv-row{content-visibility:visible !important}")
         pg.wait_for_timeout(300)
-        shot = server.settings.data_dir / "screenshot.png"
+        shot = server.settings.server.data_dir / "screenshot.png"
         pg.screenshot(path=str(shot), full_page=True)
         if os.environ.get("SENSEVOICE_UPDATE_SCREENSHOT") == "1":
             shutil.copyfile(shot, ROOT / "docs" / "screenshot.png")

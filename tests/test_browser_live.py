@@ -156,7 +156,7 @@ def test_live_captions_grow_then_save_as_a_job(page, server):
         page.locator("#sv-review a.sv-export[data-format=srt]").click()
     assert d.value.suggested_filename == job.filename[:-4] + ".srt"
     assert page.locator("#sv-live .sv-live-save").is_disabled()  # saved once
-    page.screenshot(path=str(server.settings.data_dir / "ui-live-saved.png"), full_page=True)
+    page.screenshot(path=str(server.settings.server.data_dir / "ui-live-saved.png"), full_page=True)
 
 
 def hold_the_only_stream(server, stop_event: threading.Event, opened: threading.Event):
@@ -234,7 +234,7 @@ def test_a_phone_in_dark_mode(server, browser):
         color = pg.eval_on_selector("#sv-live-transcript .sv-live-final .sv-text",
                                     "e => getComputedStyle(e).color")
         assert sum(int(c) for c in color[color.index("(") + 1:-1].split(",")[:3]) > 450, color
-        pg.screenshot(path=str(server.settings.data_dir / "ui-live-phone.png"), full_page=True)
+        pg.screenshot(path=str(server.settings.server.data_dir / "ui-live-phone.png"), full_page=True)
         stop(pg)
     finally:
         ctx.close()

@@ -98,9 +98,9 @@ def interpolate(value: str) -> str:
 
 
 def settings_fields() -> set[str]:
-    from pipeline.config import Settings
+    from pipeline.config import GROUP_OF
 
-    return set(Settings.model_fields)
+    return set(GROUP_OF)
 
 
 def settings_from_env(env: dict[str, str]):
@@ -286,8 +286,8 @@ def test_kubernetes_environments_are_valid_settings():
         for key in env:
             assert key.startswith("SENSEVOICE_") or key in OTHER_ENV, f"{name}: unexpected variable {key}"
         settings = settings_from_env(env)  # a bad value (role, a number) raises here
-        roles[name] = settings.role
-        assert settings.broker.startswith("redis://"), name
+        roles[name] = settings.server.role
+        assert settings.broker.url.startswith("redis://"), name
     assert roles == {"sensevoice-api": "api", "sensevoice-worker": "worker"}
 
 
@@ -300,7 +300,7 @@ def test_compose_environments_are_valid_settings():
             continue
         for key in env:
             assert key.startswith("SENSEVOICE_") or key in OTHER_ENV, f"{name}: unexpected variable {key}"
-        roles[name] = settings_from_env(env).role
+        roles[name] = settings_from_env(env).server.role
     assert roles == {"api": "api", "worker": "worker"}
 
 
@@ -341,7 +341,7 @@ def api_client(tmp_path_factory):
     from app_sensevoice import create_app
 
     (c,) = [c for n, _, c in containers() if n == "sensevoice-api"]
-    settings = settings_from_env(container_env(c)).model_copy(update={
+    settings = settings_from_env(container_env(c)).updated(**{
         "role": "all", "broker": "", "ui": False, "device": "cpu",
         "data_dir": tmp_path_factory.mktemp("data")})
     return TestClient(create_app(settings, start=False)), settings
@@ -351,7 +351,7 @@ def test_probe_and_scrape_paths_are_routes_that_answer_the_hosts_they_are_sent(a
     from pipeline.web.edge import allowed_hosts, host_allowed
 
     client, settings = api_client
-    token = {"Authorization": f"Bearer {settings.api_token}"}
+    token = {"Authorization": f"Bearer {settings.server.token}"}
     paths = set()
     for name, w, c in containers():
         if c["image"].startswith("redis"):
@@ -370,7 +370,7 @@ def test_probe_and_scrape_paths_are_routes_that_answer_the_hosts_they_are_sent(a
             paths.add((annotations["prometheus.io/path"], f"{POD_IP}:{annotations['prometheus.io/port']}"))
             # /metrics is behind the Host allow-list (the probes are not): this pod's own
             # settings must admit its IP, which Prometheus sends as Host
-            own = settings_from_env(container_env(c)).model_copy(update={"host": "0.0.0.0"})
+            own = settings_from_env(container_env(c)).updated(**{"host": "0.0.0.0"})
             assert host_allowed(POD_IP, allowed_hosts(own)), f"{name}: Prometheus would get 400"
     assert {p for p, _ in paths} == {"/healthz", "/readyz", "/metrics"}
     # the same through the app built with the api pods' settings: a route that does not exist
@@ -387,7 +387,7 @@ def test_the_public_host_is_allowed_and_the_limits_fit_the_app():
     from pipeline.web.edge import allowed_hosts, host_allowed
 
     (c,) = [c for n, _, c in containers() if n == "sensevoice-api"]
-    api = settings_from_env(container_env(c)).model_copy(update={"host": "0.0.0.0"})
+    api = settings_from_env(container_env(c)).updated(**{"host": "0.0.0.0"})
     ingresses = by_kind("Ingress")
     hosts = {rule["host"] for i in ingresses.values() for rule in i["spec"]["rules"]}
     assert hosts and all(host_allowed(h, allowed_hosts(api)) for h in hosts), hosts
@@ -396,7 +396,7 @@ def test_the_public_host_is_allowed_and_the_limits_fit_the_app():
 
     # every proxy in front of the app lets the largest allowed upload through (the app's own cap,
     # 413, is max_upload_bytes plus 64 KiB for the multipart envelope)
-    need_bytes = Settings().max_upload_bytes + 64 * 1024
+    need_bytes = Settings().limits.max_upload_bytes + 64 * 1024
 
     def mib(value: str) -> int:
         assert value.endswith("m"), value
@@ -410,16 +410,16 @@ def test_the_public_host_is_allowed_and_the_limits_fit_the_app():
     assert mib(body) >= need_bytes
 
     # behind a proxy every connection comes from the proxy: no per-address connection cap
-    assert api.max_connections_per_client == 0
+    assert api.limits.max_connections_per_client == 0
     for name in ("api",):
         env = {k: interpolate(str(v)) for k, v in compose()["services"][name]["environment"].items()}
-        settings = settings_from_env(env).model_copy(update={"host": "0.0.0.0"})
-        assert settings.max_connections_per_client == 0
+        settings = settings_from_env(env).updated(**{"host": "0.0.0.0"})
+        assert settings.limits.max_connections_per_client == 0
         # X-Forwarded-For believed from the proxy alone (tests/test_forwarded.py), never any peer
-        assert "FORWARDED_ALLOW_IPS" not in env and settings.trusted_proxies
+        assert "FORWARDED_ALLOW_IPS" not in env and settings.server.trusted_proxies
         assert host_allowed("localhost", allowed_hosts(settings))
     assert "FORWARDED_ALLOW_IPS" not in container_env(c)
-    assert settings_from_env(container_env(c)).trusted_proxies
+    assert settings_from_env(container_env(c)).server.trusted_proxies
 
 
 def test_services_ingresses_and_autoscaler_point_at_what_exists():
@@ -570,12 +570,12 @@ def test_single_host_compose_is_the_embedded_topology_on_one_gpu():
     for key in env:
         assert key.startswith("SENSEVOICE_"), f"unexpected variable {key}"
     settings = settings_from_env(env)
-    assert settings.role == "all" and not settings.broker
+    assert settings.server.role == "all" and not settings.broker.url
     # the port: the app's CLI, the published port, the healthcheck and the app's default agree
     from pipeline.config import Settings
 
     port = cli_port(service["command"])
-    assert port == Settings().port
+    assert port == Settings().server.port
     assert [interpolate(p).rsplit(":", 1)[1] for p in service["ports"]] == [str(port)]
     assert interpolate(service["ports"][0]).startswith("127.0.0.1:")  # loopback unless PUBLISH says
     assert f"127.0.0.1:{port}/readyz" in " ".join(service["healthcheck"]["test"])

@@ -30,7 +30,7 @@ def edge_server(settings) -> LiveServer:
 
     server = LiveServer(settings)
     server.protocol = http_protocol(settings, write_stall_s=WRITE_STALL)
-    config = uvicorn.Config(server.app, host="127.0.0.1", port=settings.port, log_level="warning",
+    config = uvicorn.Config(server.app, host="127.0.0.1", port=settings.server.port, log_level="warning",
                             loop="uvloop", http=server.protocol)
     server.server = uvicorn.Server(config)
     server.thread = threading.Thread(target=server.server.run, daemon=True)
@@ -72,7 +72,7 @@ def upload_limit(server) -> UploadLimit:
 
 
 def connect(server, source: str = "127.0.0.1", timeout: float = 10.0) -> socket.socket:
-    return socket.create_connection(("127.0.0.1", server.settings.port), timeout=timeout,
+    return socket.create_connection(("127.0.0.1", server.settings.server.port), timeout=timeout,
                                     source_address=(source, 0))
 
 
@@ -197,7 +197,7 @@ def test_oversized_request_headers_get_431(edge):
 
 # ---------------------------------------------------------------------------- connections
 def test_connections_beyond_the_per_client_limit_are_closed_at_once(edge):
-    per_client = edge.settings.max_connections_per_client
+    per_client = edge.settings.limits.max_connections_per_client
     held = [connect(edge, "127.0.0.2") for _ in range(per_client)]
     t0 = time.monotonic()
     extra = [connect(edge, "127.0.0.2") for _ in range(5)]
@@ -222,7 +222,7 @@ def test_connections_beyond_the_per_client_limit_are_closed_at_once(edge):
 
 def _fill_to_the_global_limit(edge, opening: bytes) -> list[socket.socket]:
     limits = edge.protocol.limits
-    per_client = edge.settings.max_connections_per_client
+    per_client = edge.settings.limits.max_connections_per_client
     room = limits.total_limit - limits.open
     held = []
     for i in range(room):
@@ -291,7 +291,7 @@ def test_a_client_that_stops_reading_its_response_is_disconnected(edge, tmp_path
     sock = socket.socket()
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
     sock.settimeout(10)
-    sock.connect(("127.0.0.1", edge.settings.port))
+    sock.connect(("127.0.0.1", edge.settings.server.port))
     sock.sendall(f"GET /api/jobs/{r.json()['id']}/audio HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n".encode())
     t0 = time.monotonic()
     while limits.write_stalled == stalled and time.monotonic() - t0 < 10:
@@ -395,7 +395,7 @@ def test_slots_are_released_once_whatever_the_outcome(edge, clip_factory, tmp_pa
     r = submit_from(edge, large)
     assert r.status_code == 202 and settled() == (0, {})
     assert submit_from(edge, not_audio).status_code == 415 and settled() == (0, {})
-    sock = slow_upload(edge, "127.0.0.1", length=edge.settings.max_upload_bytes * 2)
+    sock = slow_upload(edge, "127.0.0.1", length=edge.settings.limits.max_upload_bytes * 2)
     answer = sock.recv(4096)  # a declared length over the cap: refused before the body
     sock.close()
     assert answer.startswith(b"HTTP/1.1 413") and settled() == (0, {})
@@ -490,16 +490,16 @@ def test_cross_origin_upload_is_refused_and_creates_no_job(edge, clip_factory):
     before = job_count(edge)
     for headers in ({"Origin": "https://evil.example"}, {"Origin": "null"},
                     {"Sec-Fetch-Site": "cross-site"}, {"Sec-Fetch-Site": "same-site"},
-                    {"Origin": f"http://127.0.0.1:{edge.settings.port + 1}"},
-                    {"Origin": f"https://127.0.0.1:{edge.settings.port}"}):
+                    {"Origin": f"http://127.0.0.1:{edge.settings.server.port + 1}"},
+                    {"Origin": f"https://127.0.0.1:{edge.settings.server.port}"}):
         r = submit_from(edge, wav, headers=headers)
         assert r.status_code == 403, (headers, r.status_code)
         assert r.json()["error"]["code"] == "cross_site_request"
     assert job_count(edge) == before
     # the same origin (a page of this server), and clients that send neither header, may
     for headers in ({"Origin": edge.url, "Sec-Fetch-Site": "same-origin"},
-                    {"Origin": f"http://localhost:{edge.settings.port}",
-                     "Host": f"localhost:{edge.settings.port}"},
+                    {"Origin": f"http://localhost:{edge.settings.server.port}",
+                     "Host": f"localhost:{edge.settings.server.port}"},
                     {"Sec-Fetch-Site": "none"}, {}):
         r = submit_from(edge, wav, headers=headers)
         assert r.status_code == 202, (headers, r.text)
@@ -513,7 +513,7 @@ def test_rebinding_host_is_refused_on_polls_and_the_ui(edge, clip_factory):
     job_id = r.json()["id"]
     wait_done(edge, job_id)
     assert edge.runtime.view.get_cached(job_id) is not None  # FastPolls would answer it
-    port = edge.settings.port
+    port = edge.settings.server.port
     for path in (f"/api/jobs/{job_id}", f"/api/jobs/{job_id}/result", "/ui/", "/metrics", "/"):
         for host in ("evil.example", f"evil.example:{port}", "127.0.0.1.evil.example"):
             r = httpx.get(edge.url + path, headers={"Host": host})
@@ -541,7 +541,7 @@ def test_rebinding_host_is_refused_on_polls_and_the_ui(edge, clip_factory):
 ])
 def test_websocket_upgrades_are_guarded(edge, headers, status):
     sock = connect(edge)
-    head = {"Host": f"127.0.0.1:{edge.settings.port}", "Upgrade": "websocket",
+    head = {"Host": f"127.0.0.1:{edge.settings.server.port}", "Upgrade": "websocket",
             "Connection": "Upgrade", "Sec-WebSocket-Key": "dGhlIHNhbXBsZSBub25jZQ==",
             "Sec-WebSocket-Version": "13", **headers}
     sock.sendall(("GET /ui/anything HTTP/1.1\r\n" + "".join(f"{k}: {v}\r\n" for k, v in head.items())

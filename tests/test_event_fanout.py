@@ -365,7 +365,7 @@ def test_1200_subscribers_that_never_read_cost_no_stall_on_a_long_job(demo_dir, 
         assert r.status_code == 202, r.text
         job_id = r.json()["id"]
         path = f"/api/jobs/{job_id}/events"
-        port = server.settings.port
+        port = server.settings.server.port
         for k in range(PER_SOURCE):
             for source in SOURCES:
                 socks.append(_subscribe("127.0.0.1", port, path, source))

@@ -120,7 +120,7 @@ def test_trusted_proxies_must_name_addresses(value):
 def test_trusted_proxies_default_is_nobody():
     from pipeline.web.edge import proxy_options
 
-    assert Settings().trusted_proxies == ""
+    assert Settings().server.trusted_proxies == ""
     assert proxy_options(Settings()) == {"proxy_headers": False, "forwarded_allow_ips": None}
     assert proxy_options(Settings(trusted_proxies="10.0.0.5, 10.1.0.0/16")) == {
         "proxy_headers": True, "forwarded_allow_ips": ["10.0.0.5", "10.1.0.0/16"]}
@@ -168,7 +168,7 @@ def test_the_proxies_wait_longer_than_the_app():
     # nginx's 504 would replace the app's JSON (which names the job) for ?wait= and /v1 waits
     from pipeline.web.routes.events import STREAM_MAX_S
 
-    longest = max(Settings().request_wait_s, STREAM_MAX_S)
+    longest = max(Settings().limits.request_wait_s, STREAM_MAX_S)
     conf = NGINX.read_text()
     locations = dict(re.findall(r"location\s+([^{]+?)\s*\{([^}]*)\}", conf))
     for path in ("/", "/ui"):

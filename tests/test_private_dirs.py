@@ -133,7 +133,7 @@ def test_a_file_another_user_planted_is_not_an_upload(tmp_path):
 def test_the_file_route_refuses_a_hard_link_to_the_job_store(demo_dir, tmp_path):
     server = LiveServer(make_settings(demo_dir, tmp_path / "data")).start()
     try:
-        data = os.path.realpath(server.settings.data_dir)
+        data = os.path.realpath(server.settings.server.data_dir)
         store = os.path.join(data, "jobs.sqlite3")
         assert os.path.isfile(store)
         root = os.path.join(data, "ui-uploads")

@@ -250,7 +250,7 @@ def test_retention_purges_result_and_audio_and_answers_410(demo_dir, tmp_path, c
         jid = submit(server, clip_factory("wav", 16000, 1)).json()["id"]
         assert wait_done(server, jid)["status"] == "done"
         assert jid in bodies._bodies  # the done job's JSON, kept for repeated polls
-        server.runtime.settings.retention_hours = 0.0  # the job is now past its retention
+        server.runtime.settings.limits.retention_hours = 0.0  # the job is now past its retention
         assert server.runtime.purge_expired() == 1
         r = httpx.get(f"{server.url}/api/jobs/{jid}")
         assert r.status_code == 410 and "retention" in r.json()["error"]["message"]
@@ -290,7 +290,7 @@ def test_gradio_upload_cache_copy_goes_with_its_job(demo_dir, tmp_path, clip_fac
             assert copies == [] and not server.runtime.broker.spool_path(job_id).exists()
             return
         assert len(copies) == 1  # kept while the job is (the review player's fallback)
-        server.runtime.settings.retention_hours = 0.0
+        server.runtime.settings.limits.retention_hours = 0.0
         server.runtime.purge_expired()
         assert httpx.get(f"{server.url}/api/jobs/{job_id}").status_code == 410
         assert not copies[0].exists() and not server.runtime.broker.spool_path(job_id).exists()
@@ -318,7 +318,7 @@ def test_streaming_byte_cap_refuses_without_content_length(guarded):
     streaming (the client has sent ~1 MB of a body it never finishes)."""
     import socket
 
-    host, port = "127.0.0.1", guarded.settings.port
+    host, port = "127.0.0.1", guarded.settings.server.port
     head = (b'--x\r\nContent-Disposition: form-data; name="file"; filename="a.wav"\r\n'
             b"Content-Type: audio/wav\r\n\r\n")
     with socket.create_connection((host, port), timeout=15) as sock:
@@ -345,7 +345,7 @@ def test_uploads_in_flight_are_bounded(demo_dir, tmp_path, clip_factory):
     server = LiveServer(make_settings(demo_dir, tmp_path / "d", max_concurrent_uploads=1)).start()
     large = clip_factory("wav", 44100, 2)  # ~0.5 MB: a counted upload
     try:
-        slow = socket.create_connection(("127.0.0.1", server.settings.port), timeout=15)
+        slow = socket.create_connection(("127.0.0.1", server.settings.server.port), timeout=15)
         slow.sendall(b"POST /api/jobs HTTP/1.1\r\nHost: 127.0.0.1\r\nTransfer-Encoding: chunked\r\n"
                      b"Content-Type: multipart/form-data; boundary=x\r\n\r\n5\r\n--x\r\n\r\n")
         time.sleep(0.5)  # the server has started on it
@@ -403,7 +403,7 @@ def test_hostile_filenames_are_stored_under_server_names(guarded, clip_factory, 
 
 @pytest.mark.parametrize("target", ["/etc/passwd", "{data}/jobs.sqlite3", "{data}/spool"])
 def test_gradio_file_routes_cannot_read_files(guarded, target):
-    path = target.format(data=Path(guarded.settings.data_dir).resolve())
+    path = target.format(data=Path(guarded.settings.server.data_dir).resolve())
     for route in (f"/ui/gradio_api/file={path}", f"/ui/file={path}", f"/gradio_api/file={path}"):
         r = httpx.get(guarded.url + route)
         assert r.status_code in (403, 404), (route, r.status_code)

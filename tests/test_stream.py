@@ -204,7 +204,7 @@ def test_real_time_stream_gets_partials_then_finals_equal_to_the_offline_job(ser
         if a["start"] == b["start"]:
             assert b["raw_text"] != a["raw_text"] and b["end"] > a["end"]
     audio_s = len(speech.pcm) / (2 * RATE)
-    assert len(partials) <= audio_s / server.settings.live_partial_interval_s + 1
+    assert len(partials) <= audio_s / server.settings.live.partial_interval_s + 1
     assert partials[0]["segment"]["language"] == "en" and partials[0]["raw_text"].startswith("<|en|>")
     final = finals[0]
     assert final["segments"][0] == final["segment"] and final["segment"]["start"] == final["start"]

@@ -33,7 +33,7 @@ BEARER = {"Authorization": f"Bearer {TOKEN}"}
 
 
 def upload_dir(server) -> Path:
-    return Path(os.path.realpath(server.settings.data_dir)) / UPLOAD_DIR_NAME
+    return Path(os.path.realpath(server.settings.server.data_dir)) / UPLOAD_DIR_NAME
 
 
 def gradio_blocks(server):
@@ -102,7 +102,7 @@ def event_post(server, route: str, payload, **kw):
 
 
 def targets(server, job_id: str, tmp: Path) -> dict[str, object]:
-    data = Path(os.path.realpath(server.settings.data_dir))
+    data = Path(os.path.realpath(server.settings.server.data_dir))
     spool = str(server.runtime.broker.spool_path(job_id))
     ups = upload_dir(server)
     link_dir = ups / ("evil" + uuid.uuid4().hex[:8])
@@ -428,7 +428,7 @@ def test_signed_links_open_their_own_job_only(token_server, clip_factory):
     a = submit_token(token_server, clip_factory("wav", 16000, 1))
     b = submit_token(token_server, clip_factory("mp3", 44100, 2))
     job_a = token_server.runtime.view.get(a)
-    links = job_links(job_a, settings.api_token, settings.retention_hours)
+    links = job_links(job_a, settings.server.token, settings.limits.retention_hours)
     assert TOKEN not in links["audio"] and "sig=" in links["audio"] and "exp=" in links["audio"]
     url = token_server.url
     audio = httpx.get(url + links["audio"], timeout=10)
@@ -457,7 +457,7 @@ def test_signed_links_open_their_own_job_only(token_server, clip_factory):
     other_key = sign(link_key("another-token"), a, exp)
     assert httpx.get(f"{url}/api/jobs/{a}/audio?exp={exp}&sig={other_key}", timeout=10).status_code == 401
     # valid until the job's retention ends
-    assert exp == int(-(-(job_a.finished_at + settings.retention_hours * 3600) // 1))
+    assert exp == int(-(-(job_a.finished_at + settings.limits.retention_hours * 3600) // 1))
 
 
 def test_signed_links_without_a_token_are_plain_routes(ui_server, a_job):
@@ -611,7 +611,7 @@ def test_job_events_need_the_token_or_the_jobs_own_link(token_server, clip_facto
     view = token_server.app.state.pages.live_view(job_a)
     assert TOKEN not in json.dumps(view)
     page_q = view["links"]["page"]
-    link_q = job_links(job_a, TOKEN, token_server.settings.retention_hours)["audio"].split("?", 1)[1]
+    link_q = job_links(job_a, TOKEN, token_server.settings.limits.retention_hours)["audio"].split("?", 1)[1]
     assert events_status(token_server, a) == 401
     assert events_status(token_server, a, headers={"Authorization": "Bearer nope"}) == 401
     assert events_status(token_server, a, headers=BEARER) == 200
@@ -678,7 +678,7 @@ def test_a_video_upload_keeps_the_guarantees(ui_server, media_dir, speech_clip):
 def test_sample_clips_are_written_only_into_the_upload_directory(ui_server):
     from pipeline.web.ui import Samples
 
-    samples = Samples(ui_server.settings.data_dir, str(upload_dir(ui_server)))
+    samples = Samples(ui_server.settings.server.data_dir, str(upload_dir(ui_server)))
     if not samples.available:
         pytest.skip("samples need espeak-ng")
     path = samples.copy("hello")
@@ -698,7 +698,7 @@ def test_browser_a_url_with_another_jobs_signature_shows_nothing_of_it(token_ser
     b = submit_token(token_server, clip_factory("mp3", 44100, 2))
     from pipeline.web.views import page_query
 
-    q = page_query(token_server.runtime.view.get(a), TOKEN, token_server.settings.retention_hours)
+    q = page_query(token_server.runtime.view.get(a), TOKEN, token_server.settings.limits.retention_hours)
     ctx = browser.new_context()
     page = ctx.new_page()
     try:

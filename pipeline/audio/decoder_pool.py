@@ -270,8 +270,8 @@ class Decoder:
     def limits(settings) -> dict:
         """The keyword arguments a :class:`~pipeline.config.Settings` gives: the address-space
         limit and the largest audio and upload it must make room for."""
-        return {"memory_mb": settings.decoder_memory_mb, "max_seconds": settings.max_audio_seconds,
-                "max_bytes": settings.max_upload_bytes}
+        return {"memory_mb": settings.limits.decoder_memory_mb, "max_seconds": settings.limits.max_audio_seconds,
+                "max_bytes": settings.limits.max_upload_bytes}
 
     @property
     def target(self) -> str:

@@ -83,7 +83,6 @@ class StreamAudio:
         self._context = np.zeros(CONTEXT, dtype=np.float32)  # the 64 samples before _tail
         self._tail = np.zeros(0, dtype=np.float32)  # samples not yet in a scored window
         self.state = torch.zeros(2, 1, STATE_SIZE)  # silero's LSTM state after the last window
-        self.samples_in = 0  # 16 kHz samples produced so far
 
     def convert(self, data: bytes, flush: bool = False) -> np.ndarray:
         """16 kHz float32 samples for ``data`` (s16le); ``flush`` drains the resampler."""
@@ -96,7 +95,6 @@ class StreamAudio:
             if flush:
                 parts += [part.copy() for part in self._resampler(None)]
             pcm = np.concatenate(parts) if parts else np.zeros(0, dtype=np.float32)
-        self.samples_in += len(pcm)
         return pcm
 
     def windows(self, samples: np.ndarray, flush: bool = False) -> np.ndarray:

@@ -61,7 +61,6 @@ SAMPLE_RATE = 16000  # Hz
 FRAME_LENGTH = 400  # samples (25 ms at 16 kHz)
 FRAME_SHIFT = 160  # samples (10 ms at 16 kHz)
 FFT_SIZE = 512  # samples: FRAME_LENGTH rounded up to a power of two (kaldi round_to_power_of_two)
-N_FFT_BINS = FFT_SIZE // 2 + 1  # 257 rfft bins, 31.25 Hz apart
 N_MELS = 80  # mel filters per fbank frame
 LFR_M = 7  # fbank frames stacked per LFR frame
 LFR_N = 6  # fbank frames advanced per LFR frame (one LFR frame per 60 ms)

@@ -57,12 +57,12 @@ def hub_reachable(timeout_s: float) -> bool:
 
 def resolve_model(settings: "Settings") -> ModelSource:
     """Turn ``--model``/``--demo`` into a local directory, failing fast with a clear message."""
-    if settings.demo:
+    if settings.engine.demo:
         from pipeline.model.demo import ensure_model_dir
 
-        path = ensure_model_dir("demo", cache_root=Path(settings.cache_dir) / "models")
+        path = ensure_model_dir("demo", cache_root=Path(settings.server.cache_dir) / "models")
         return ModelSource(path=Path(path), name="demo", is_demo=True)
-    path = Path(settings.model).expanduser()
+    path = Path(settings.engine.model).expanduser()
     if path.exists():
         if not _looks_like_model_dir(path):
             missing = [f for f in REQUIRED_FILES if not (path / f).exists()]
@@ -71,20 +71,20 @@ def resolve_model(settings: "Settings") -> ModelSource:
             )
         from pipeline.model.demo import is_demo_model
 
-        return ModelSource(path=path, name=settings.model, is_demo=is_demo_model(path))
-    for cached in _hub_cache_candidates(settings.model):
+        return ModelSource(path=path, name=settings.engine.model, is_demo=is_demo_model(path))
+    for cached in _hub_cache_candidates(settings.engine.model):
         if _looks_like_model_dir(cached):
             logger.info("using cached hub model %s", cached)
-            return ModelSource(path=cached, name=settings.model, is_demo=False)
-    if "/" not in settings.model:
-        raise ModelUnavailable(f"model {settings.model!r}: no such directory and not a hub name")
-    if not hub_reachable(settings.hub_timeout_s):
+            return ModelSource(path=cached, name=settings.engine.model, is_demo=False)
+    if "/" not in settings.engine.model:
+        raise ModelUnavailable(f"model {settings.engine.model!r}: no such directory and not a hub name")
+    if not hub_reachable(settings.engine.hub_timeout_s):
         raise ModelUnavailable(
-            f"cannot reach the model hub ({HUB_HOST}) to download {settings.model!r} and it is "
+            f"cannot reach the model hub ({HUB_HOST}) to download {settings.engine.model!r} and it is "
             "not in the local cache. Connect to the internet once, or pass a local model "
             "directory with --model DIR (SENSEVOICE_MODEL=DIR), or try the app offline with --demo."
         )
-    return ModelSource(path=_download(settings.model), name=settings.model, is_demo=False)
+    return ModelSource(path=_download(settings.engine.model), name=settings.engine.model, is_demo=False)
 
 
 def _download(name: str) -> Path:

@@ -124,14 +124,14 @@ class EmbeddedBroker(JobStore):
 
 
 def connect_broker(settings, queue: Scheduler) -> Broker:
-    """The broker the settings name: Redis (``settings.broker``) or the embedded one."""
-    if not settings.broker:
-        return EmbeddedBroker(settings.data_dir, queue)
+    """The broker the settings name: Redis (``settings.broker.url``) or the embedded one."""
+    if not settings.broker.url:
+        return EmbeddedBroker(settings.server.data_dir, queue)
     from pipeline.serving.broker_redis import RedisBroker
 
-    return RedisBroker(settings.broker, settings.retention_hours * 3600, settings.queue_size,
-                       settings.visibility_timeout_s, retry_after_s=settings.retry_after_s,
-                       shared_dir=settings.shared_dir or None)
+    return RedisBroker(settings.broker.url, settings.limits.retention_hours * 3600, settings.limits.queue_size,
+                       settings.broker.visibility_timeout_s, retry_after_s=settings.limits.retry_after_s,
+                       shared_dir=settings.broker.shared_dir or None)
 
 
 FreeMemory = Callable[[], list[float]]

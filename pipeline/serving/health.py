@@ -75,7 +75,7 @@ class Health:
         """Why the service cannot serve (a frozen loop, a dead, failed or hung worker), or None."""
         now = time.monotonic()
         beat = self.loop_heartbeat
-        if beat is not None and now - beat > self.settings.loop_stall_timeout_s:
+        if beat is not None and now - beat > self.settings.server.loop_stall_timeout_s:
             return (f"the event loop has not answered for {now - beat:.0f} s (a request blocks it); "
                     "nothing is served")
         return self.pool.unhealthy_reason() if self.pool is not None else None
@@ -115,7 +115,7 @@ class Health:
                 logger.info("%d worker(s) report again", alive)
             self.no_worker = None
         elif not self.no_worker:
-            vt = self.settings.visibility_timeout_s
+            vt = self.settings.broker.visibility_timeout_s
             logger.warning("no worker has reported for %.0f s: jobs wait in the queue", vt)
             self.no_worker = (f"no_worker: no worker has reported within the visibility time-out "
                               f"({vt:g} s); jobs are accepted and wait in the queue until one does")

@@ -84,15 +84,15 @@ class LiveLimits:
 
     @classmethod
     def from_settings(cls, settings) -> LiveLimits:
-        return cls(max_streams=settings.max_live_streams,
-                   max_streams_per_client=settings.max_live_streams_per_client,
-                   partial_interval_s=settings.live_partial_interval_s,
-                   pause_s=settings.live_pause_s, max_utterance_s=settings.live_max_utterance_s,
-                   idle_timeout_s=settings.live_idle_timeout_s,
-                   max_stream_s=settings.live_max_stream_s,
-                   max_frame_bytes=settings.live_max_frame_bytes,
-                   max_buffered_s=settings.live_max_buffered_s,
-                   burst_s=settings.live_burst_s)
+        return cls(max_streams=settings.live.max_streams,
+                   max_streams_per_client=settings.live.max_streams_per_client,
+                   partial_interval_s=settings.live.partial_interval_s,
+                   pause_s=settings.live.pause_s, max_utterance_s=settings.live.max_utterance_s,
+                   idle_timeout_s=settings.live.idle_timeout_s,
+                   max_stream_s=settings.live.max_stream_s,
+                   max_frame_bytes=settings.live.max_frame_bytes,
+                   max_buffered_s=settings.live.max_buffered_s,
+                   burst_s=settings.live.burst_s)
 
     @property
     def buffered_samples(self) -> int:
@@ -127,7 +127,6 @@ class LiveStats:
     partials_dropped: int = 0  # decoded or queued, then overtaken by a final
     partials_unchanged: int = 0  # decoded, same text as the previous one: not sent
     finals: int = 0
-    decodes: int = 0
     decode_s_max: float = 0.0
     opened_at: float = field(default_factory=time.monotonic)
 
@@ -426,7 +425,6 @@ class LiveSession:
             e = waiter.exception()
             raise LiveDecodeFailed(f"the model failed on this stream's audio: {e}") from e
         seconds = time.monotonic() - t0
-        self.stats.decodes += 1
         self.stats.decode_s_max = max(self.stats.decode_s_max, seconds)
         self.hub.metrics.decode_seconds.labels(kind).observe(seconds)
         return waiter.result()

@@ -66,7 +66,7 @@ class Runtime:
     @property
     def model_name(self) -> str:
         if self.source is None:
-            return self.settings.model
+            return self.settings.engine.model
         return "demo (hand-set weights, not a real model)" if self.is_demo else self.source.name
 
     @property
@@ -93,11 +93,11 @@ class Runtime:
             self.metrics.start()
             if self.pool is not None:
                 self.pool.start()
-            self.janitor = Janitor(self.health, self.purge_expired, self.settings.exit_on_fatal)
+            self.janitor = Janitor(self.health, self.purge_expired, self.settings.server.exit_on_fatal)
             self.janitor.start()
             self.startup["total_s"] = time.perf_counter() - t0
             self.health.set_state("ready")
-            logger.info("ready (%s role%s) on %s (model %s%s) in %.1f s", self.settings.role,
+            logger.info("ready (%s role%s) on %s (model %s%s) in %.1f s", self.settings.server.role,
                         ", redis broker" if self.broker.shared else "", ", ".join(self.devices),
                         self.source.name if self.source else "none",
                         ", DEMO" if self.is_demo else "", self.startup["total_s"])
@@ -131,7 +131,7 @@ class Runtime:
 
     def purge_expired(self) -> int:
         """Retention: delete results and audio of jobs finished longer ago than it allows."""
-        purged = self.broker.purge(time.time() - self.settings.retention_hours * 3600)
+        purged = self.broker.purge(time.time() - self.settings.limits.retention_hours * 3600)
         for forget in self.on_purge:
             forget(purged)
         return len(purged)
@@ -139,19 +139,19 @@ class Runtime:
 
 def build_runtime(settings: Settings | None = None, role: str | None = None, *, resolve: bool = False,
                   source: ModelSource | None = None) -> Runtime:
-    """Compose the process that ``settings`` describe (``role`` defaults to ``settings.role``).
+    """Compose the process that ``settings`` describe (``role`` defaults to ``settings.server.role``).
     Nothing heavy happens here: the model loads in ``Runtime.start``. ``resolve=True`` finds the
     model now (a missing local directory or an unreachable hub raises
     :class:`~pipeline.domain.errors.ModelUnavailable` before a server starts)."""
     settings = settings or Settings()
-    role = role or settings.role
+    role = role or settings.server.role
     serves_api, serves_worker = role in ("all", "api"), role in ("all", "worker")
     # the embedded broker's queue, or (shared broker) the local queue a feeder fills
-    scheduler = Scheduler(settings.queue_size, settings.max_batch, settings.max_wait_ms / 1e3,
-                          settings.max_batch_seconds, settings.retry_after_s)
+    scheduler = Scheduler(settings.limits.queue_size, settings.engine.max_batch, settings.engine.max_wait_ms / 1e3,
+                          settings.engine.max_batch_seconds, settings.limits.retry_after_s)
     broker = connect_broker(settings, scheduler)
     # an api-only process holds no model: it resamples on the CPU and needs no GPU
-    devices = visible_devices(settings.resolved_device()) if serves_worker else ["cpu"]
+    devices = visible_devices(settings.engine.resolved_device()) if serves_worker else ["cpu"]
     metrics = Metrics(devices)
     pool = WorkerPool(settings, broker, scheduler, metrics, devices, source) if serves_worker else None
     if pool is not None and resolve:

@@ -81,25 +81,25 @@ class WorkerPool:
         am = None  # funasr's AutoModel, loaded only when an engine needs its modules
         for n, dev in enumerate(self.devices):
             engine = None
-            if dev.startswith("cuda") and s.fused_encoder:  # no funasr import (~15 s)
+            if dev.startswith("cuda") and s.engine.fused_encoder:  # no funasr import (~15 s)
                 engine = SenseVoiceEngine.from_model_dir_fast(
-                    self.source.path, dev, s.dtype, fp32_residual=s.fp32_residual, cache_dir=s.cache_dir)
+                    self.source.path, dev, s.engine.dtype, fp32_residual=s.engine.fp32_residual, cache_dir=s.server.cache_dir)
             if engine is None:
                 if am is None:
                     am = load_automodel(self.source.path, self.devices[0])
                 engine = SenseVoiceEngine.from_automodel(
-                    am, dev, s.dtype, fp32_residual=s.fp32_residual,
-                    fused=dev.startswith("cuda") and s.fused_encoder, cache_dir=s.cache_dir)
+                    am, dev, s.engine.dtype, fp32_residual=s.engine.fp32_residual,
+                    fused=dev.startswith("cuda") and s.engine.fused_encoder, cache_dir=s.server.cache_dir)
             self.startup.setdefault("load_s", time.perf_counter() - t0)
-            if s.cuda_graphs:  # captured by the worker when idle, after the compile
-                sizes = [int(b) for b in s.graph_batch_sizes.split(",") if b.strip()]
-                engine.plan_graphs(sizes, s.graph_max_seconds)
+            if s.engine.cuda_graphs:  # captured by the worker when idle, after the compile
+                sizes = [int(b) for b in s.engine.graph_batch_sizes.split(",") if b.strip()]
+                engine.plan_graphs(sizes, s.engine.graph_max_seconds)
             engine.warmup()  # eager: the service is ready now; compiled kernels and graphs follow
             self.startup.update({f"{k}_s[{dev}]": v for k, v in engine.startup_seconds.items()})
             self.workers.append(Worker(f"sensevoice-worker-{n}", engine, self.scheduler, self.broker,
-                                       queue_timeout_s=s.queue_timeout_s, metrics=self.metrics,
-                                       cpu_threads=s.cpu_threads,
-                                       delete_audio_when_done=s.delete_audio_when_done))
+                                       queue_timeout_s=s.limits.queue_timeout_s, metrics=self.metrics,
+                                       cpu_threads=s.engine.cpu_threads,
+                                       delete_audio_when_done=s.limits.delete_audio_when_done))
 
     def start(self) -> None:
         for w in self.workers:
@@ -107,7 +107,7 @@ class WorkerPool:
         if self.broker.shared:  # claims from the shared broker into the local scheduler
             self.feeder = self.broker.feeder(
                 self.scheduler, consumer=f"{socket.gethostname()}:{os.getpid()}",
-                prefetch=2 * self.settings.max_batch,
+                prefetch=2 * self.settings.engine.max_batch,
                 free_memory=lambda: max(self.local_free_ratios(), default=None))
             self.feeder.start()
 
@@ -132,7 +132,7 @@ class WorkerPool:
                 return f"{w.name}: fatal error: {w.fatal}"
             if not w.is_alive():
                 return f"{w.name} is not running"
-            if now - w.heartbeat > self.settings.hung_timeout_s:
+            if now - w.heartbeat > self.settings.server.hung_timeout_s:
                 return f"{w.name} is hung (no heartbeat for {now - w.heartbeat:.0f} s)"
         return None
 

@@ -33,7 +33,7 @@ def add_api(app, runtime: Runtime, bodies):
                   speech_device=pool.speech_device if pool is not None else "cpu")
     app.state.live_hub = hub
     app.include_router(build_stream_router(hub))  # live captions (WebSocket), FunASR's too
-    if settings.ui:
+    if settings.ui.enabled:
         from pipeline.web.ui import mount_ui
 
         app = mount_ui(app, runtime, pages)

@@ -81,8 +81,8 @@ def scope_client_key(scope) -> str | None:
 def connection_limit(settings) -> int:
     """``max_connections``, or half the soft RLIMIT_NOFILE when it is 0 (the other half stays for
     the store, the spool, decoder pipes and the model files)."""
-    if settings.max_connections:
-        return settings.max_connections
+    if settings.limits.max_connections:
+        return settings.limits.max_connections
     soft, _hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if soft == resource.RLIM_INFINITY or soft <= 0:
         soft = 65536
@@ -128,7 +128,6 @@ class ConnectionLimits:
         self.waiting: dict[object, None] = {}  # connections waiting for headers, oldest first
         self.refused = 0  # connections closed at once, since start
         self.evicted = 0  # waiting connections closed to make room for a new one
-        self.timed_out = 0  # connections closed by the header deadline
         self.write_stalled = 0  # connections closed because they stopped reading
         self.log = _EveryFewSeconds()
         self.evict_log = _EveryFewSeconds()
@@ -286,7 +285,6 @@ class EdgeHttpProtocol(HttpToolsProtocol):
         self.limits.waiting.pop(self, None)
         if self.transport.is_closing():
             return
-        self.limits.timed_out += 1
         if self._in_headers and not self._responding():  # a request had begun: say why it ends
             self._answer_and_close(HEADER_TIMEOUT_RESPONSE)
         else:
@@ -349,9 +347,9 @@ class EdgeHttpProtocol(HttpToolsProtocol):
 def http_protocol(settings, write_stall_s: float = WRITE_STALL_S) -> type[EdgeHttpProtocol]:
     """The protocol class for ``uvicorn.run(..., http=...)`` with this server's limits. Each call
     makes a class with its own counts (``cls.limits``)."""
-    limits = ConnectionLimits(connection_limit(settings), settings.max_connections_per_client)
+    limits = ConnectionLimits(connection_limit(settings), settings.limits.max_connections_per_client)
     return type("EdgeHttpProtocol", (EdgeHttpProtocol,), {
-        "limits": limits, "header_timeout_s": float(settings.header_timeout_s),
+        "limits": limits, "header_timeout_s": float(settings.limits.header_timeout_s),
         "write_stall_s": float(write_stall_s)})
 
 
@@ -360,7 +358,7 @@ def websocket_limits(settings) -> dict:
     frame (the live route answers frames over the frame limit itself, with a reason) and 16
     messages buffered per connection, so that a live stream holds a bounded amount of memory in
     the protocol layer whatever its client sends (uvicorn's defaults: 16 MiB x 32)."""
-    return {"ws_max_size": 2 * settings.live_max_frame_bytes, "ws_max_queue": 16}
+    return {"ws_max_size": 2 * settings.live.max_frame_bytes, "ws_max_queue": 16}
 
 
 def proxy_options(settings) -> dict:
@@ -369,7 +367,7 @@ def proxy_options(settings) -> dict:
     client, or anything relayed from loopback, could then choose the address that the
     per-client limits and the sign-in throttle count it by (issue 19: 12 live streams over a
     limit of 8, a victim's address locked out by 20 wrong tokens sent in its name)."""
-    trusted = [i.strip() for i in settings.trusted_proxies.split(",") if i.strip()]
+    trusted = [i.strip() for i in settings.server.trusted_proxies.split(",") if i.strip()]
     return {"proxy_headers": bool(trusted), "forwarded_allow_ips": trusted or None}
 
 
@@ -409,10 +407,10 @@ def allowed_hosts(settings) -> frozenset[str] | None:
     wildcard; plus the comma-separated ``allowed_hosts``. An entry '*.example.com' allows the
     subdomains of example.com."""
     names: set[str] = set(LOOPBACK_NAMES)
-    bound = settings.host.strip().lower()
+    bound = settings.server.host.strip().lower()
     if bound not in WILDCARD_BINDS:
         names.add(split_host(bound)[0] if bound.startswith("[") else bound.rstrip("."))
-    for item in settings.allowed_hosts.split(","):
+    for item in settings.server.allowed_hosts.split(","):
         item = item.strip()
         if not item:
             continue

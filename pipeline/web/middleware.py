@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 
 from fastapi import Request
 from typing import TYPE_CHECKING
@@ -250,14 +249,14 @@ def install_guards(app, settings, view: JobView, bodies: PollBodies) -> None:
     # token on /docs; what the UI may read; its session routes only after its login
     app.add_middleware(AccessGuard, settings=settings,
                        ui_app=lambda: getattr(app.state, "gradio_app", None))
-    uploads = settings.max_concurrent_uploads or max(8, 2 * (os.cpu_count() or 2))
-    app.add_middleware(UploadLimit, max_bytes=settings.max_upload_bytes + 64 * 1024,
-                       max_in_flight=uploads, retry_after_s=settings.retry_after_s,
-                       max_per_client=settings.max_uploads_per_client,
-                       body_timeout_s=settings.body_timeout_s,
-                       min_rate_bytes_s=settings.body_min_rate_bytes_s, grace_s=settings.body_grace_s)
-    app.add_middleware(FastPolls, view=view, bodies=bodies, token=settings.api_token)  # polls skip what is inside it
+    uploads = settings.limits.max_concurrent_uploads
+    app.add_middleware(UploadLimit, max_bytes=settings.limits.max_upload_bytes + 64 * 1024,
+                       max_in_flight=uploads, retry_after_s=settings.limits.retry_after_s,
+                       max_per_client=settings.limits.max_uploads_per_client,
+                       body_timeout_s=settings.limits.body_timeout_s,
+                       min_rate_bytes_s=settings.limits.body_min_rate_bytes_s, grace_s=settings.limits.body_grace_s)
+    app.add_middleware(FastPolls, view=view, bodies=bodies, token=settings.server.token)  # polls skip what is inside it
     # outermost of these: failed sign-ins (any 401, the UI's login, a live stream's token) are
     # counted per client address and a guessing client is refused
-    app.add_middleware(AuthThrottle, limit=settings.auth_failures_per_client,
-                       window_s=settings.auth_failure_window_s)
+    app.add_middleware(AuthThrottle, limit=settings.limits.auth_failures_per_client,
+                       window_s=settings.limits.auth_failure_window_s)

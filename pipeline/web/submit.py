@@ -25,7 +25,7 @@ async def submit_upload(request: Request, intake: Intake, file: UploadFile,
     """Read an upload and submit its job (both in the thread pool), then drop the upload (its
     spooled copy and the bytes) and give back its upload slot: a request that waits for its job
     afterwards (``?wait=``, /v1/audio/transcriptions) holds no slot, no memory and no thread."""
-    data = await run_in_threadpool(read_upload, file.file, intake.settings.max_upload_bytes)
+    data = await run_in_threadpool(read_upload, file.file, intake.settings.limits.max_upload_bytes)
     await file.close()
     job = await run_in_threadpool(intake.submit, data, filename=file.filename or "",
                                   options=options, lane=lane)

@@ -138,12 +138,12 @@ def refusal_view(code: str, message: str, retry_after: int | None = None) -> str
 def ui_login(settings):
     """Gradio's ``auth`` for the UI: SENSEVOICE_UI_AUTH's user:password when set; else, when an API
     token is set, any user name with the token as password; else None (no login, loopback use)."""
-    if settings.ui_auth:
-        user, sep, password = settings.ui_auth.partition(":")
+    if settings.ui.login:
+        user, sep, password = settings.ui.login.partition(":")
         if not (user and sep and password):  # never a login with an empty password
             raise ValueError("SENSEVOICE_UI_AUTH must be 'user:password' (both non-empty)")
         return (user, password)
-    token = settings.api_token
+    token = settings.server.token
     if not token:
         return None
 
@@ -248,7 +248,7 @@ def make_submit(intake: Intake, pages: JobPages, upload_dir: str):
         try:
             # only a file Gradio received in this server's upload directory (checked again here:
             # AccessGuard refused any other path before Gradio saw the request)
-            path, data = read_own_upload(path, upload_dir, settings.max_upload_bytes)
+            path, data = read_own_upload(path, upload_dir, settings.limits.max_upload_bytes)
             options = TranscribeOptions(language=language, use_itn=use_itn,
                                         split_channels=split_channels)
             job = intake.submit(data, filename=Path(path).name, options=options,
@@ -334,11 +334,11 @@ def live_config(settings, enabled: bool = True) -> dict:
     stream and the UI's own routes are (upload, submit, and a fresh live link when an API token is
     set), and how much of a live recording the page may keep to save as a job."""
     # the page sends and keeps 16-bit mono at SAMPLE_RATE: a WAV header, then the samples
-    by_size = (settings.max_upload_bytes - 44) / (2 * SAMPLE_RATE)
-    keep = int(max(0, min(LIVE_KEEP_MAX_S, settings.max_audio_seconds, by_size)))
+    by_size = (settings.limits.max_upload_bytes - 44) / (2 * SAMPLE_RATE)
+    keep = int(max(0, min(LIVE_KEEP_MAX_S, settings.limits.max_audio_seconds, by_size)))
     api = UI_PATH + "/gradio_api"
-    return {"enabled": bool(enabled and settings.max_live_streams > 0),
-            "streamPath": "/api/stream", "linkPath": api + "/run/live_link" if settings.api_token else "",
+    return {"enabled": bool(enabled and settings.live.max_streams > 0),
+            "streamPath": "/api/stream", "linkPath": api + "/run/live_link" if settings.server.token else "",
             "uploadPath": api + "/upload", "submitPath": api + "/run/submit", "keepSeconds": keep}
 
 
@@ -347,7 +347,7 @@ def make_live_link(settings):
     the page's stream when an API token is set ("" without one). Behind the UI's login, like the
     page itself: the page never holds the token."""
     def live_link() -> str:
-        return live_query(settings.api_token)
+        return live_query(settings.server.token)
 
     return live_link
 
@@ -417,13 +417,13 @@ def build_ui(face: UiFace, upload_dir: str | None = None) -> gr.Blocks:
     """The UI; it reads audio only from ``upload_dir``, this server's Gradio upload directory
     (default <data_dir>/ui-uploads; mount_ui points Gradio's upload route there)."""
     settings = face.pages.settings
-    upload_dir = upload_dir or prepare_upload_dir(settings.data_dir)
-    samples = Samples(settings.data_dir, upload_dir)
+    upload_dir = upload_dir or prepare_upload_dir(settings.server.data_dir)
+    samples = Samples(settings.server.data_dir, upload_dir)
     # Gradio's upload cache holds the page's copy of each recording (the player's fallback): a
     # submitted one is deleted with its job (Intake.own_file); Gradio's delete_cache sweep catches
     # the uploads of this process never submitted, and UploadSweeper (run by the service's janitor)
     # the ones from before a restart
-    retention_s = max(int(settings.retention_hours * 3600), 60)
+    retention_s = max(int(settings.limits.retention_hours * 3600), 60)
     sweeper = UploadSweeper(upload_dir, retention_s, every_s=min(retention_s, 3600))
     sweeper.sweep()
     face.on_purge.append(sweeper)
@@ -448,20 +448,20 @@ def mount_ui(app, runtime, pages: JobPages):
         return RedirectResponse(UI_PATH + "/")
 
     settings = runtime.settings
-    upload_dir = prepare_upload_dir(settings.data_dir)
+    upload_dir = prepare_upload_dir(settings.server.data_dir)
     # Gradio reads GRADIO_TEMP_DIR when it builds each component (its cache), when it builds the
     # mounted app (the upload route's folder) and in some checks at request time: never the
     # host-wide /tmp/gradio, whose files any other Gradio app on the host may have put there
     os.environ["GRADIO_TEMP_DIR"] = upload_dir
     blocks = build_ui(UiFace(runtime.intake, pages, lambda: runtime.is_demo, runtime.pool is not None,
                              runtime.on_purge), upload_dir)
-    data_dir = os.path.realpath(settings.data_dir)
+    data_dir = os.path.realpath(settings.server.data_dir)
     blocked = {os.path.join(data_dir, name) for name in
                ("spool", "jobs.sqlite3", "jobs.sqlite3-wal", "jobs.sqlite3-shm", "jobs.sqlite3-journal")}
     blocked |= {e.path for e in os.scandir(data_dir) if e.name != os.path.basename(upload_dir)}
     app = gr.mount_gradio_app(
         app, blocks, path=UI_PATH, css=css(), head=head_html(), auth=ui_login(settings),
-        show_error=False, max_file_size=settings.max_upload_bytes, blocked_paths=sorted(blocked),
+        show_error=False, max_file_size=settings.limits.max_upload_bytes, blocked_paths=sorted(blocked),
         enable_monitoring=False, footer_links=[], mcp_server=False, ssr_mode=False,
         run_history=False,
     )

@@ -223,9 +223,9 @@ class AccessGuard:
                  ui_app=lambda: None):
         self.app = app
         self.ui_app = ui_app  # () -> the mounted Gradio app (its login), once mounted
-        self.token = settings.api_token if settings is not None else token
-        if settings is not None and settings.ui:
-            upload_dir = prepare_upload_dir(settings.data_dir)
+        self.token = settings.server.token if settings is not None else token
+        if settings is not None and settings.ui.enabled:
+            upload_dir = prepare_upload_dir(settings.server.data_dir)
         self.upload_dir = upload_dir
         from pipeline.web.auth import token_ok
 

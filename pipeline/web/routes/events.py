@@ -150,12 +150,12 @@ async def started(stream):
 
 
 def event_fanout(settings) -> EventFanout:
-    return EventFanout(settings.max_event_streams_per_job, settings.max_event_streams_per_client)
+    return EventFanout(settings.limits.max_event_streams_per_job, settings.limits.max_event_streams_per_client)
 
 
 def build_events_router(pages: JobPages, fanout: EventFanout) -> APIRouter:
     router = APIRouter()
-    auth_or_link = [Depends(require_token_or_link(pages.settings.api_token))]
+    auth_or_link = [Depends(require_token_or_link(pages.settings.server.token))]
 
     @router.get("/api/jobs/{job_id}/events", dependencies=auth_or_link)
     async def job_events(job_id: str, request: Request):

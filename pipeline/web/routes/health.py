@@ -17,7 +17,7 @@ def build_health_router(runtime: Runtime) -> APIRouter:
     router = APIRouter()
     doctor = DoctorCache(settings)  # `sensevoice doctor`'s facts, refreshed in the background
 
-    @router.get("/metrics", dependencies=[Depends(require_token(settings.api_token))])
+    @router.get("/metrics", dependencies=[Depends(require_token(settings.server.token))])
     def metrics():  # Prometheus sends the bearer token
         return Response(runtime.metrics.render(), media_type=CONTENT_TYPE)
 
@@ -35,7 +35,7 @@ def build_health_router(runtime: Runtime) -> APIRouter:
             body["error"] = reason
         if health.no_worker and not health.error:  # api-only process: nobody runs the jobs
             body["code"] = "no_worker"
-        if token_ok(request.headers.get, settings.api_token):  # paths, versions: not for all
+        if token_ok(request.headers.get, settings.server.token):  # paths, versions: not for all
             body["details"] = doctor.details()  # never waits: the latest report (informational only)
         return JSONResponse(body, status_code=200 if health.ready else 503)
 

@@ -58,8 +58,8 @@ def media_type_of(head: bytes) -> str:
 
 def build_jobs_router(settings, intake: Intake, view: JobView, bodies: PollBodies) -> APIRouter:
     router = APIRouter()
-    auth = [Depends(require_token(settings.api_token))]
-    auth_or_link = [Depends(require_token_or_link(settings.api_token))]
+    auth = [Depends(require_token(settings.server.token))]
+    auth_or_link = [Depends(require_token_or_link(settings.server.token))]
 
     @router.post("/api/jobs", status_code=202, dependencies=auth)
     async def create_job(
@@ -78,7 +78,7 @@ def build_jobs_router(settings, intake: Intake, view: JobView, bodies: PollBodie
         """Submit a recording: 202 with the job's id (poll GET /api/jobs/{id}); with ``?wait=``,
         200 and the finished job when it ends within that many seconds (capped at
         ``request_wait_s``). Reading and decoding run in the thread pool; the wait holds none."""
-        timeout = wait_seconds(wait, settings.request_wait_s)
+        timeout = wait_seconds(wait, settings.limits.request_wait_s)
         options = TranscribeOptions(language=language, use_itn=use_itn, ban_emo_unk=ban_emo_unk,
                                     split_channels=split_channels, word_timestamps=word_timestamps)
         job = await submit_upload(request, intake, file, options, Lane.BULK)

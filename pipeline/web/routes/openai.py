@@ -227,7 +227,7 @@ def render(job: Job, response_format: str, granularities: set[str]) -> Response:
 
 def build_openai_router(settings, intake: Intake, view: JobView) -> APIRouter:
     router = APIRouter(route_class=OpenAIRoute)
-    auth = [Depends(require_token(settings.api_token))]
+    auth = [Depends(require_token(settings.server.token))]
 
     @router.get("/v1/models", dependencies=auth)
     async def list_models():
@@ -269,7 +269,7 @@ def build_openai_router(settings, intake: Intake, view: JobView) -> APIRouter:
             split_channels=split_channels,
             word_timestamps="word" in asked or response_format in ("srt", "vtt"))
         job = await submit_upload(request, intake, file, options, Lane.INTERACTIVE)
-        waited = settings.request_wait_s
+        waited = settings.limits.request_wait_s
         job = await wait_finished(view, job.id, waited)
         if job.state is JobState.FAILED or (job.state is JobState.DONE and job.result is None):
             error = job.error

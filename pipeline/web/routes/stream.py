@@ -292,7 +292,7 @@ class NativeStream:
     async def serve(self) -> None:
         await self.ws.accept(subprotocol=choose_subprotocol(self.ws, NATIVE_SUBPROTOCOL))
         try:
-            if not authorized(self.ws, self.hub.settings.api_token):
+            if not authorized(self.ws, self.hub.settings.server.token):
                 raise Unauthorized("missing or wrong API token (send 'Authorization: Bearer "
                                    "<token>', the subprotocol 'bearer.<token>' or a live link)")
             options, rate = self.options()
@@ -420,7 +420,7 @@ class FunAsrStream:
     async def serve(self) -> None:
         await self.ws.accept(subprotocol=choose_subprotocol(self.ws, FUNASR_SUBPROTOCOL))
         try:
-            if not authorized(self.ws, self.hub.settings.api_token):
+            if not authorized(self.ws, self.hub.settings.server.token):
                 raise Unauthorized("missing or wrong API token (send 'Authorization: Bearer "
                                    "<token>' or the subprotocol 'bearer.<token>')")
             while True:  # one recording after another, until the client closes

@@ -6,6 +6,7 @@ poll latency percentiles.
 
     python bench/load_test.py --url http://127.0.0.1:7860 [--submitters 8] [--seconds 20] [--pollers 200]
     python bench/load_test.py --demo ...      # starts its own server with the demo model (CPU)
+    python bench/load_test.py --demo --noop   # ... whose engine answers at once (the ceiling)
     python bench/load_test.py --serve "--model DIR --device cuda --api-only" ...   # any server args
     python bench/load_test.py --url http://127.0.0.1:7001,http://127.0.0.1:7002 --client-processes 4 ...
 A comma-separated --url spreads submitters and pollers over several api processes (a client-side
@@ -267,11 +268,11 @@ async def run(urls: list[str], submitters: int, seconds: float, pollers: int,
     return rep, lat, list(poll_lat)
 
 
-def start_server(args: list[str], port: int, data_dir: str, log_path: Path):
+def start_server(args: list[str], port: int, data_dir: str, log_path: Path, noop: bool = False):
     import subprocess
 
-    cmd = [sys.executable, str(ROOT / "app_sensevoice.py"), *args, "--port", str(port),
-           "--data-dir", data_dir]
+    script = ROOT / ("bench/noop_server.py" if noop else "app_sensevoice.py")
+    cmd = [sys.executable, str(script), *args, "--port", str(port), "--data-dir", data_dir]
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(cmd, stdout=log, stderr=log)
     url = f"http://127.0.0.1:{port}"
@@ -304,6 +305,8 @@ def main() -> int:
     ap.add_argument("--url")
     ap.add_argument("--demo", action="store_true", help="start a demo-model server on CPU")
     ap.add_argument("--serve", help="start app_sensevoice.py with these arguments")
+    ap.add_argument("--noop", action="store_true", help="the started server's engine answers at "
+                    "once (bench/noop_server.py): the ceiling of everything but the model")
     ap.add_argument("--port", type=int, default=7871)
     ap.add_argument("--submitters", type=int, default=8)
     ap.add_argument("--seconds", type=float, default=20)
@@ -320,7 +323,7 @@ def main() -> int:
     serve = "--demo --device cpu" if args.demo else args.serve
     if serve:
         proc, url = start_server(serve.split(), args.port, tempfile.mkdtemp(prefix="load-"),
-                                 out / "server.log")
+                                 out / "server.log", noop=args.noop)
     urls = url.split(",")
     n = max(1, args.client_processes)
     clip_s = tuple(float(c) for c in args.clips.split(","))

@@ -2,7 +2,7 @@
 
     python -m pipeline.cli PATHS... --output-dir DIR [--format txt,json,srt,vtt] [--language auto]
                            [--word-timestamps] [--no-itn] [--split-channels]
-                           [--demo | --model DIR|NAME] [--device cuda|cpu] [--data-dir DIR]
+                           [--demo | --model DIR|NAME] [--device cuda|cpu]
                            [--server URL [--token TOKEN]] [--jobs N] [--retry-for S] [--quiet]
 
 * **Inputs**: PATHS are files, folders (walked recursively) and glob patterns, expanded here
@@ -20,13 +20,15 @@
   a file under its final name is always complete, even after a crash or Ctrl-C.
 * **Resume**: a file whose outputs (every ``--format``) all exist is skipped, so the same command
   run again carries on where it stopped (run it with the same PATHS: they fix the mirror root).
-* **Streaming**: at most ``--jobs`` files are read, decoded or waited for at once (each thread
-  takes the next file when its previous one is written); memory does not grow with the number
-  of files. Local mode submits on the bulk lane, so the worker batches across the files in flight.
+* **Streaming**: at most ``--jobs`` files are read, decoded or waited for at once; memory does not
+  grow with the number of files. Local mode puts each decoded file straight into the worker's
+  batches (no job store, no spooled copy: :mod:`pipeline.serving.direct`) and one writer thread
+  writes the outputs a group at a time (one sync per group); with ``--server`` each thread takes
+  the next file when its previous one is written.
 * **Busy** answers (queue full, GPU memory low, too many uploads: 503 + Retry-After, 429) are
   retried after their Retry-After for at most ``--retry-for`` seconds; a file that fails (corrupt,
   no audio track, too long) fails alone, with its reason in the final table.
-* Local mode (default): ``build_runtime(settings)`` in this process (``--demo`` or ``--model``);
+* Local mode (default): the model in this process (``--demo`` or ``--model``);
   ``--server URL``: the REST API through :mod:`pipeline.client` (token: ``--token`` or
   ``SENSEVOICE_API_TOKEN``), so a laptop can feed a remote GPU server.
 
@@ -44,10 +46,8 @@ import logging
 import math
 import os
 import re
-import shutil
 import signal
 import sys
-import tempfile
 import threading
 import time
 from collections.abc import Iterable, Iterator, Sequence
@@ -65,7 +65,9 @@ MEDIA_SUFFIXES = frozenset(
     ".wav .wave .mp3 .flac .ogg .oga .opus .m4a .aac .wma .amr .aif .aiff .aifc .caf .mka .au .ac3 "
     ".spx .3gp .3g2 .mp4 .m4v .mov .mkv .webm .avi .wmv .flv .mpg .mpeg .ts .mts .m2ts".split())
 JOB_TIMEOUT_S = 24 * 3600.0  # s, the longest one file may take once accepted
-DEFAULT_JOBS = 16  # files in flight: enough for the worker to batch across them
+DEFAULT_JOBS = 16  # files in flight on a server: enough for its worker to batch across them
+LOCAL_JOBS = 256  # files in flight in local mode: a few of the worker's largest batches
+READERS = 8  # local mode: threads reading and decoding files (decodes run in the decoder pool)
 REMOTE_UPLOADS_AT_ONCE = 4  # uploads in flight to a server (its max_uploads_per_client default)
 _GLOB_MAGIC = re.compile(r"[*?[]")
 EXIT_OK, EXIT_FAILED, EXIT_START, EXIT_INTERRUPTED = 0, 1, 2, 130
@@ -245,6 +247,26 @@ def write_atomic(path: Path, body: bytes, root: Path | None = None) -> None:
         raise
 
 
+def stage(path: Path, body: bytes) -> tuple[Path, Path]:
+    """Write ``body`` to a temporary sibling of ``path`` (its folder exists and was checked; not
+    synced, not renamed): the caller syncs a group of them and renames each into place. Returns
+    (temporary, final)."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}-{threading.get_ident()}.tmp")
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o666)  # mode: the umask's
+        try:
+            view = memoryview(body)
+            while view:
+                view = view[os.write(fd, view):]
+        finally:
+            os.close(fd)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        raise
+    return tmp, path
+
+
 # ---------------------------------------------------------------------------------------------
 # Backends: this process's runtime, or a server
 # ---------------------------------------------------------------------------------------------
@@ -256,67 +278,57 @@ def _reason(e: Exception) -> str:
 
 
 class LocalBackend:
-    """``build_runtime(settings)`` in this process: submit (bulk lane), wait, export."""
+    """The model in this process, fed directly (:class:`~pipeline.serving.direct.DirectRun`): no
+    job store, no spooled upload, no fsync per file; the output folder is the record."""
 
-    def __init__(self, settings, options, formats: Sequence[str], retry_for: float):
-        self.settings, self.options, self.formats, self.retry_for = settings, options, formats, retry_for
-        self.runtime = None
+    def __init__(self, settings, options, formats: Sequence[str]):
+        self.settings, self.options, self.formats = settings, options, formats
+        self.run = None
 
     def __enter__(self) -> "LocalBackend":
         from pipeline.domain.errors import SenseVoiceError
-        from pipeline.serving.runtime import build_runtime
+        from pipeline.serving.direct import DirectRun
 
         try:  # the model is found first: a missing one is one line, before anything loads
-            self.runtime = build_runtime(self.settings, resolve=True)
+            self.run = DirectRun(self.settings)
+            self.run.pool.resolve()
             with contextlib.redirect_stdout(sys.stderr):  # funasr prints its version: not ours
-                self.runtime.start()
+                self.run.start()
         except SenseVoiceError as e:
             self.__exit__()
             raise StartFailed(e.message) from e
         return self
 
     def __exit__(self, *exc) -> None:
-        if self.runtime is not None:
-            self.runtime.stop()
+        if self.run is not None:
+            self.run.stop()
 
-    def transcribe(self, path: Path) -> tuple[float, dict[str, bytes]]:
+    def submit(self, path: Path):
+        """Read and decode one file and queue it: (the future of its transcript, audio seconds)."""
         from pipeline.domain.errors import SenseVoiceError
-        from pipeline.domain.exports import export
-        from pipeline.domain.types import JobState
 
-        health, view = self.runtime.health, self.runtime.view
-        limit = self.settings.max_upload_bytes
+        limit = self.settings.limits.max_upload_bytes
         try:
             if path.stat().st_size > limit:  # refused before it is read into memory
                 raise FileFailed(f"upload_too_large: {path.stat().st_size} bytes, over the "
                                  f"{limit}-byte cap (SENSEVOICE_MAX_UPLOAD_BYTES)")
-            job = self._submit(path.read_bytes(), path.name)
+            return self.run.submit(path.read_bytes(), self.options)
         except OSError as e:
             raise FileFailed(f"cannot read: {e.strerror or e}") from e
         except SenseVoiceError as e:
-            if health.state == "failed":
-                raise StartFailed(f"the service failed: {health.error}") from e
             raise FileFailed(_reason(e)) from e
-        done = view.wait(job.id, timeout=JOB_TIMEOUT_S)
-        if done.state is not JobState.DONE or done.result is None:
-            raise FileFailed(_reason(done.error) if done.error else f"job {done.state.value}")
-        meta = {"id": done.id, "audio_seconds": done.audio_seconds, "created_at": done.created_at,
-                "finished_at": done.finished_at}
-        return done.audio_seconds, {f: export(done.result, f, job_meta=meta)[0] for f in self.formats}
 
-    def _submit(self, data: bytes, filename: str):
-        from pipeline.domain.errors import Busy
-        from pipeline.domain.types import Lane
+    def bodies(self, future, seconds: float) -> dict[str, bytes]:
+        """The finished transcript in every format (FileFailed: the worker failed it)."""
+        from pipeline.domain.exports import export
+        from pipeline.serving.direct import RecordingFailed
 
-        deadline = time.monotonic() + self.retry_for
-        while True:
-            try:
-                return self.runtime.intake.submit(data, filename=filename, options=self.options,
-                                                  lane=Lane.BULK)
-            except Busy as e:
-                if time.monotonic() + e.retry_after > deadline:
-                    raise
-                time.sleep(e.retry_after)
+        try:
+            transcript = future.result()
+        except RecordingFailed as e:
+            raise FileFailed(_reason(e)) from e
+        meta = {"audio_seconds": seconds}
+        return {f: export(transcript, f, job_meta=meta)[0] for f in self.formats}
 
 
 class RemoteBackend:
@@ -422,9 +434,7 @@ class Runner:
         pending = iter(tasks)
         started = time.monotonic()
         tally.start_s = started - tally.began
-        for n in range(min(self.jobs, len(tasks))):
-            threading.Thread(target=self._work, args=(pending,), name=f"sensevoice-cli-{n}",
-                             daemon=True).start()
+        self._start(pending, min(self.jobs, len(tasks)))
         bar = tqdm(total=len(tasks), unit="file", desc="transcribing", file=sys.stderr,
                    disable=not self.progress, dynamic_ncols=True, smoothing=0.05)
         try:
@@ -449,6 +459,11 @@ class Runner:
             self._stop()
             bar.close()
         return tally
+
+    def _start(self, pending: Iterator[Task], n: int) -> None:
+        for k in range(n):
+            threading.Thread(target=self._work, args=(pending,), name=f"sensevoice-cli-{k}",
+                             daemon=True).start()
 
     def _next(self):
         while True:  # a timed get: Ctrl-C is seen at once
@@ -495,6 +510,127 @@ class Runner:
         except Exception as e:  # a bug, not the file: reported with the file, the run goes on
             logger.exception("%s", task.path)
             return task, None, f"internal error: {e!r}"
+
+
+class LocalRunner(Runner):
+    """Local mode: reader threads read, decode and queue files straight into the worker's batches
+    (at most ``jobs`` recordings' audio in flight: a slot comes back when the worker has run the
+    file); writer threads write the finished ones' outputs a group at a time: each file through a
+    temporary name, then one ``os.sync`` for the group, then the renames (a file under its final
+    name is complete and on disk; one sync per group, not one per file). Transcripts waiting for
+    a writer are bounded too (``4 * jobs``): a slow disk holds the worker back, not memory."""
+
+    GROUP = 256  # outputs written between two syncs at most
+    WRITERS = 2
+
+    def run(self, tasks: Sequence[Task], tally: Tally) -> Tally:
+        self._slots = threading.BoundedSemaphore(self.jobs)
+        self._done: Queue = Queue(maxsize=4 * self.jobs)
+        self._dirs_ok: set[Path] = set()  # output folders made and checked to be inside the root
+        for k in range(self.WRITERS):
+            threading.Thread(target=self._write_loop, name=f"sensevoice-cli-writer-{k}",
+                             daemon=True).start()
+        return super().run(tasks, tally)
+
+    def _finished(self, task: Task, seconds: float, future) -> None:
+        """(the worker's thread) The file's audio is done with: its slot is free."""
+        self._slots.release()
+        self._done.put((task, seconds, future))
+
+    def _start(self, pending: Iterator[Task], n: int) -> None:
+        for k in range(min(n, READERS)):
+            threading.Thread(target=self._read, args=(pending,), name=f"sensevoice-cli-reader-{k}",
+                             daemon=True).start()
+
+    def _read(self, pending: Iterator[Task]) -> None:
+        while not self.stopping.is_set():
+            self._slots.acquire()
+            with self._lock:
+                task = None if self.stopping.is_set() else next(pending, None)
+            if task is None:
+                self._slots.release()
+                return
+            try:
+                future, seconds = self.backend.submit(task.path)
+            except FileFailed as e:
+                self._slots.release()
+                self._results.put((task, None, e.reason))
+                continue
+            except Exception as e:  # a bug, not the file: reported with the file, the run goes on
+                logger.exception("%s", task.path)
+                self._slots.release()
+                self._results.put((task, None, f"internal error: {e!r}"))
+                continue
+            future.add_done_callback(lambda f, task=task, seconds=seconds:
+                                     self._finished(task, seconds, f))
+
+    def _write_loop(self) -> None:
+        while True:
+            group = [self._done.get()]
+            while len(group) < self.GROUP:
+                try:
+                    group.append(self._done.get_nowait())
+                except Empty:
+                    break
+            self._write_group(group)
+
+    def _check_dir(self, folder: Path) -> None:
+        """Make an output folder, once, refusing one whose path leads out of the root (a link)."""
+        if folder in self._dirs_ok:
+            return
+        root = self.output_dir
+        if root is not None and not folder.resolve().is_relative_to(root.resolve()):
+            raise OSError(errno.EPERM, f"it would be outside {root} (a link leads out of it)")
+        folder.mkdir(parents=True, exist_ok=True)
+        self._dirs_ok.add(folder)
+
+    def _write_group(self, group) -> None:
+        ready = []  # (task, seconds, [(tmp, target)])
+        for task, seconds, future in group:
+            try:
+                bodies = self.backend.bodies(future, seconds)
+            except FileFailed as e:
+                self._results.put((task, None, e.reason))
+                continue
+            except Exception as e:
+                logger.exception("%s", task.path)
+                self._results.put((task, None, f"internal error: {e!r}"))
+                continue
+            ready.append((task, seconds, bodies))
+        with self._lock:
+            if self.stopping.is_set():
+                for task, _, _ in ready:
+                    self._results.put((task, None, "interrupted"))
+                return
+            self._writing += 1
+        try:
+            staged = []
+            for task, seconds, bodies in ready:
+                try:
+                    self._check_dir(task.out.parent)
+                    files = [stage(output_path(task.out, fmt), bodies[fmt])
+                             for fmt in self.formats]
+                except OSError as e:
+                    self._results.put((task, None, f"cannot write: {e.strerror or e}"))
+                    continue
+                staged.append((task, seconds, files))
+            if staged:
+                os.sync()  # the group's data on disk before any of it takes its final name
+            for task, seconds, files in staged:
+                try:
+                    for tmp, target in files:
+                        os.replace(tmp, target)
+                except OSError as e:
+                    for tmp, _ in files:
+                        with contextlib.suppress(OSError):
+                            tmp.unlink()
+                    self._results.put((task, None, f"cannot write {target}: {e.strerror or e}"))
+                    continue
+                self._results.put((task, seconds, None))
+        finally:
+            with self._lock:
+                self._writing -= 1
+                self._lock.notify_all()
 
 
 def print_table(tally: Tally, out=None) -> None:
@@ -552,20 +688,22 @@ def parse_args(argv=None) -> argparse.Namespace:
     local.add_argument("--model", help="local model directory or hub name (default iic/SenseVoiceSmall)")
     local.add_argument("--demo", action="store_true", help="the small offline demo model")
     local.add_argument("--device", help="cuda, cuda:N or cpu (default: cuda if available)")
-    local.add_argument("--data-dir", type=Path, help="job store (default: a temporary folder)")
     remote = ap.add_argument_group("server mode")
     remote.add_argument("--server", metavar="URL", help="a running server, e.g. http://gpu-box:7860")
     remote.add_argument("--token", default=env_api_token(),
                         help="its API token (default: SENSEVOICE_API_TOKEN)")
-    ap.add_argument("--jobs", type=int, default=DEFAULT_JOBS,
-                    help=f"files in flight at once (default {DEFAULT_JOBS})")
+    ap.add_argument("--jobs", type=int, default=None,
+                    help=f"files in flight at once (default {LOCAL_JOBS} in local mode, "
+                         f"{DEFAULT_JOBS} with --server)")
     ap.add_argument("--retry-for", type=float, default=3600.0, metavar="SECONDS",
                     help="keep retrying a busy server or queue this long per file (default 3600)")
     ap.add_argument("--quiet", action="store_true", help="no progress bar")
     args = ap.parse_args(argv)
-    if args.server and (args.model or args.demo or args.device or args.data_dir):
-        ap.error("--server runs on the server's model: --model, --demo, --device and --data-dir "
-                 "are for local mode")
+    if args.server and (args.model or args.demo or args.device):
+        ap.error("--server runs on the server's model: --model, --demo and --device are for "
+                 "local mode")
+    if args.jobs is None:
+        args.jobs = DEFAULT_JOBS if args.server else LOCAL_JOBS
     if args.jobs < 1:
         ap.error("--jobs must be at least 1")
     return args
@@ -580,17 +718,9 @@ def _backend(args, options) -> Iterator[LocalBackend | RemoteBackend]:
     from pipeline.config import Settings
 
     overrides = {k: v for k, v in {"model": args.model, "device": args.device}.items() if v}
-    data_dir = args.data_dir or Path(tempfile.mkdtemp(prefix="sensevoice-cli-"))
-    if "SENSEVOICE_CUDA_GRAPHS" not in os.environ:  # capturing takes longer than short runs gain
-        overrides["cuda_graphs"] = False
-    try:  # one process, embedded store; audio dropped once done (the input files stay)
-        settings = Settings(demo=args.demo, data_dir=data_dir, role="all", broker="",
-                            delete_audio_when_done=True, **overrides)
-        with LocalBackend(settings, options, args.format, args.retry_for) as b:
-            yield b
-    finally:
-        if args.data_dir is None:
-            shutil.rmtree(data_dir, ignore_errors=True)
+    settings = Settings(demo=args.demo, role="all", broker="", **overrides)
+    with LocalBackend(settings, options, args.format) as b:
+        yield b
 
 
 def _interrupt(_signum, _frame):
@@ -620,7 +750,8 @@ def main(argv=None) -> int:
                     if threading.current_thread() is threading.main_thread() else None)
         try:
             with _backend(args, options) as backend:
-                Runner(backend, args.format, args.jobs, progress=not args.quiet,
+                runner = Runner if args.server else LocalRunner
+                runner(backend, args.format, args.jobs, progress=not args.quiet,
                        output_dir=args.output_dir).run(plan.todo, tally)
         except StartFailed as e:
             print(f"error: {e}", file=sys.stderr)

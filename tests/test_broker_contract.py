@@ -15,6 +15,7 @@ import torch
 
 from pipeline.domain.errors import JobNotFound, NotReady, QueueFull
 from pipeline.domain.types import Job, JobState, Lane, TranscribeOptions, Transcript, Word
+from pipeline.model.engine import as_float_wave
 from pipeline.serving.broker import Broker, EmbeddedBroker
 from pipeline.serving.job_events import JobEvent
 from pipeline.serving.records import SegmentResult
@@ -91,7 +92,7 @@ def test_claim_run_finish_once(broker):
     job, item = submit(broker, n=3200)
     (claimed,) = claim_all(broker, 1)
     assert claimed.job_id == job.id and claimed.n_samples == 3200
-    assert torch.equal(claimed.audio.float().cpu(), item.audio)  # the audio as it was queued
+    assert torch.equal(as_float_wave(claimed.audio), item.audio)  # the audio as it was queued
     assert broker.mark_running([job.id]) == {job.id}
     assert broker.mark_running([job.id]) == set()  # not twice
     assert broker.get(job.id).state is JobState.RUNNING

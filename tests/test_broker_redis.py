@@ -16,7 +16,7 @@ import redis
 import torch
 
 from pipeline.serving.broker_redis import Feeder, RedisBroker, redact_url
-from pipeline.model.engine import EngineOutput
+from pipeline.model.engine import EngineOutput, as_float_wave
 from pipeline.domain.errors import AudioGone, BrokerUnavailable, JobGone, JobNotFound, QueueFull
 from pipeline.serving.records import SegmentResult
 from pipeline.serving.scheduler import Scheduler, WorkItem
@@ -129,7 +129,8 @@ def test_enqueue_claim_finish_round_trip(broker, redis_url):  # noqa: F811
     time.sleep(0.2)
     (item,) = broker.claim("w1", 8, 0)
     assert 0.15 < time.monotonic() - item.enqueued_at < 5  # its age in the queue (Redis's clock)
-    assert torch.equal(item.audio, audio) and item.audio.dtype == torch.float32
+    # 16-bit samples, exactly the decoded wave once scaled (the engine scales them on the device)
+    assert item.audio.dtype == torch.int16 and torch.equal(as_float_wave(item.audio), audio)
     assert (item.job_id, item.lane, item.options, item.n_samples, item.speaker, item.start_s,
             item.piece, item.pieces) == (job.id, Lane.INTERACTIVE, job.options, 12345, "left", 1.5,
                                          0, 1)
@@ -216,7 +217,7 @@ def test_audio_travels_as_16_bit_pcm(broker, redis_url):  # noqa: F811
     assert stored[:1] == b"S" and len(stored) == 1 + 2 * 16000
     (item,) = broker.claim("w1", 8, 0)
     clipped = audio.clamp(-1.0, 32767 / 32768)
-    assert torch.max(torch.abs(item.audio - clipped)) <= 0.5 / 32768 + 1e-9
+    assert torch.max(torch.abs(as_float_wave(item.audio) - clipped)) <= 0.5 / 32768 + 1e-9
 
 
 def test_enqueue_for_unknown_or_finished_job(broker):
@@ -237,7 +238,7 @@ def test_unacked_item_is_reclaimed_and_finished_once(broker, redis_url):  # noqa
     assert proc_b.reclaim("worker-b") == []  # not idle long enough
     time.sleep(0.4)
     (b,) = proc_b.reclaim("worker-b")
-    assert b.job_id == job.id and torch.equal(b.audio, sent.audio)
+    assert b.job_id == job.id and torch.equal(as_float_wave(b.audio), sent.audio)
     assert time.monotonic() - b.enqueued_at < 0.2  # a fresh queue clock: no false queue_timeout
     assert proc_b.reclaim("worker-c") == []  # taken by b
     assert proc_b.mark_running([job.id]) == {job.id}  # running already: b runs it as attempt 2
@@ -634,7 +635,7 @@ def test_shared_dir_keeps_the_bytes_out_of_redis(redis_url, tmp_path):  # noqa: 
                           for d, _, names in os.walk(shared) for f in names)
         assert files() == [f"audio/{job.id}/0", f"uploads/{job.id}"]
         (item,) = worker_side.claim("w1", 8, 0)
-        assert torch.equal(item.audio, sent.audio)
+        assert torch.equal(as_float_wave(item.audio), sent.audio)
         assert worker_side.mark_running([job.id]) == {job.id}
         assert worker_side.finish(job.id, Transcript("hi", "hi"))
         deadline = time.monotonic() + 5  # deleted by a background thread, off the worker's path

@@ -75,6 +75,16 @@ def _round_up(n: int, m: int) -> int:
     return (n + m - 1) // m * m
 
 
+
+PCM16_SCALE = 2.0 ** -15  # a 16-bit sample k is the wave value k / 32768
+
+
+def as_float_wave(wave: torch.Tensor) -> torch.Tensor:
+    """A wave as float32 in [-1, 1]: 16-bit PCM samples scaled by 1/32768 (exact), floats as they are."""
+    if wave.dtype == torch.int16:
+        return wave.float().mul_(PCM16_SCALE)
+    return wave.float()
+
 class EncoderCore(torch.nn.Module):
     """Encoder + CTC head + argmax over a padded batch, written for capture: no host syncs,
     no tensor creation that depends on data, masks in the compute dtype, SDPA attention."""
@@ -446,11 +456,14 @@ class SenseVoiceEngine:
 
     def _padded(self, waves: Sequence[torch.Tensor]) -> torch.Tensor:
         """The waves as one zero-padded float32 batch on the device (host waves: one padded host
-        batch, one asynchronous copy)."""
+        batch, one asynchronous copy). 16-bit PCM waves (the distributed worker's) cross as
+        int16 and are scaled on the device."""
+        pad = torch.nn.utils.rnn.pad_sequence
         if all(w.device == self.device for w in waves):
-            return torch.nn.utils.rnn.pad_sequence([w.float() for w in waves], batch_first=True)
-        return self._to_device(torch.nn.utils.rnn.pad_sequence(
-            [w.to("cpu", torch.float32) for w in waves], batch_first=True))
+            return pad([as_float_wave(w) for w in waves], batch_first=True)
+        if all(w.dtype == torch.int16 for w in waves):
+            return as_float_wave(self._to_device(pad([w.cpu() for w in waves], batch_first=True)))
+        return self._to_device(pad([as_float_wave(w.cpu()) for w in waves], batch_first=True))
 
     def features(self, waves: Sequence[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
         """16 kHz waves (1-D float32, any device) -> padded features on the device."""

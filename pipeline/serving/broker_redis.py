@@ -490,6 +490,7 @@ class RedisBroker:
         # piece, monotonic time claimed). Heartbeats renew these (and only these); a finish, a
         # failure or a drop acks or releases them.
         self._held: dict[str, tuple[str, str, int, float]] = {}
+        self._held_by_job: dict[str, set[str]] = {}  # job id -> its values in _held (no scans)
         self._aclients: dict[int, tuple[asyncio.AbstractEventLoop, aredis.Redis, object]] = {}
 
     # ------------------------------------------------------------------ keys and plumbing
@@ -498,15 +499,30 @@ class RedisBroker:
 
     def _held_values(self, job_id: str, pieces: set[int] | None = None) -> str:
         with self._lock:
-            return ",".join(v for v, (_, jid, piece, _) in self._held.items()
-                            if jid == job_id and (pieces is None or piece in pieces))
+            return ",".join(v for v in self._held_by_job.get(job_id, ())
+                            if pieces is None or self._held[v][2] in pieces)
+
+    def _hold(self, value: str, consumer: str, job_id: str, piece: int, at: float) -> None:
+        """(under ``_lock``) Record an entry this process claimed."""
+        self._held[value] = (consumer, job_id, piece, at)
+        self._held_by_job.setdefault(job_id, set()).add(value)
+
+    def _unhold(self, value: str) -> None:
+        """(under ``_lock``) Forget an entry this process held (no-op if it did not)."""
+        held = self._held.pop(value, None)
+        if held is not None:
+            values = self._held_by_job.get(held[1])
+            if values is not None:
+                values.discard(value)
+                if not values:
+                    del self._held_by_job[held[1]]
 
     def _release(self, job_ids: Iterable[str], pieces: set[int] | None = None) -> None:
-        ids = set(job_ids)
         with self._lock:
-            for v in [v for v, (_, jid, piece, _) in self._held.items()
-                      if jid in ids and (pieces is None or piece in pieces)]:
-                del self._held[v]
+            for jid in set(job_ids):
+                for v in [v for v in self._held_by_job.get(jid, ())
+                          if pieces is None or self._held[v][2] in pieces]:
+                    self._unhold(v)
 
     def release(self, job_ids: Iterable[str]) -> None:
         """Hand back (without acking) the entries this process holds for these jobs: it dropped
@@ -1040,7 +1056,7 @@ class RedisBroker:
             mine = {v: h for v, h in self._held.items() if h[0] == consumer}
             stale = [v for v, h in mine.items() if now - h[3] > self.max_hold_s]
             for v in stale:
-                del self._held[v]
+                self._unhold(v)
         if stale:
             logger.warning("%d claimed items held over %g s are left to be reclaimed",
                            len(stale), self.max_hold_s)
@@ -1050,7 +1066,7 @@ class RedisBroker:
         renewed, *gone = self._run("heartbeat", [], [consumer, GROUP, *values])
         with self._lock:
             for v in gone:  # acked by another's finish, or reclaimed by another consumer
-                self._held.pop(_s(v), None)
+                self._unhold(_s(v))
         return int(renewed)
 
     def _load(self, entries: list[tuple[str, bytes, dict]], consumer: str,
@@ -1099,7 +1115,7 @@ class RedisBroker:
             pipe.execute()
         with self._lock:
             for value, item in zip(kept, items):
-                self._held[value] = (consumer, item.job_id, item.piece, now_mono)
+                self._hold(value, consumer, item.job_id, item.piece, now_mono)
             if reclaimed:
                 self._reclaimed.update(i.job_id for i in items)
         return items

@@ -5,7 +5,6 @@ answers. Long recordings go through :class:`~pipeline.serving.long_audio.LongAud
 from __future__ import annotations
 
 import logging
-import os
 import secrets
 import threading
 import time
@@ -49,10 +48,10 @@ class Intake:
         self.free_memory = free_memory  # the free GPU memory shares admission looks at
         self.failed = failed  # why the service cannot take work at all, or None
         self.resampler = Resampler(device)
-        self._decode_slots = threading.BoundedSemaphore(settings.decode_concurrency or os.cpu_count() or 2)
-        processes = settings.decode_processes
-        self.decoder = Decoder(min(os.cpu_count() or 2, 8) if processes < 0 else processes,
-                               timeout_s=settings.decode_timeout_s, **Decoder.limits(settings))
+        limits = settings.limits  # (machine-derived defaults already resolved by Settings)
+        self._decode_slots = threading.BoundedSemaphore(limits.decode_concurrency)
+        self.decoder = Decoder(limits.decode_processes,
+                               timeout_s=settings.limits.decode_timeout_s, **Decoder.limits(settings))
         self.long_audio = LongAudio(settings, broker, view, self.decode, speech_device)
         self._owned_files: dict[str, list[Path]] = {}  # job id -> intermediate copies to delete with it
         self._owned_lock = threading.Lock()
@@ -91,29 +90,17 @@ class Intake:
 
     def _check_memory(self) -> None:
         """GPU admission control: refuse new work while every device is short of free memory."""
-        if self.settings.min_free_memory_ratio <= 0:
+        if self.settings.limits.min_free_memory_ratio <= 0:
             return
         ratios = self.free_memory()
-        if ratios and max(ratios) < self.settings.min_free_memory_ratio:
+        if ratios and max(ratios) < self.settings.limits.min_free_memory_ratio:
             raise MemoryPressure(
                 f"the GPU is short of memory ({max(ratios):.0%} free); try again in a few seconds")
 
     def decode(self, data: bytes, options: TranscribeOptions) -> torch.Tensor:
         """Upload bytes -> 16 kHz wave on the device: [n] mono, or [channels, n] for split calls."""
-        caps = {"max_seconds": self.settings.max_audio_seconds, "max_bytes": self.settings.max_upload_bytes}
         with self._decode_slots:
-            if options.split_channels:  # [2, n]: one speaker per channel; a mono file stays [n]
-                left = self.decoder(data, channel=0, **caps)
-                wave = self.resampler(left)
-                if left.channels > 1:
-                    right = self.resampler(self.decoder(data, channel=1, **caps))
-                    n = min(wave.shape[-1], right.shape[-1])
-                    wave = torch.stack([wave[:n], right[:n]])
-            else:
-                wave = self.resampler(self.decoder(data, **caps))
-            if wave.is_cuda:
-                torch.cuda.current_stream(wave.device).synchronize()  # ready before other threads read it
-        return wave
+            return decode_upload(self.decoder, self.resampler, data, options, self.settings.limits)
 
     # ------------------------------------------------------------------ files tied to jobs
     def own_file(self, job_id: str, path: str | Path) -> None:
@@ -121,7 +108,7 @@ class Intake:
         now if audio is deleted when jobs are done (the spool holds the job's own copy), else when
         the job is purged. (Gradio's ``delete_cache`` sweep is the backstop across restarts.)"""
         path = Path(path)
-        if self.settings.delete_audio_when_done:
+        if self.settings.limits.delete_audio_when_done:
             path.unlink(missing_ok=True)
             return
         with self._owned_lock:
@@ -155,6 +142,25 @@ class Intake:
         self.decoder.close()
 
 
+def decode_upload(decoder: Decoder, resampler: Resampler, data: bytes, options: TranscribeOptions,
+                  limits) -> torch.Tensor:
+    """Upload bytes -> 16 kHz wave on the resampler's device: ``[n]`` mono, or ``[channels, n]``
+    for split calls (a mono file stays ``[n]``), within ``limits`` (max audio seconds, bytes)."""
+    caps = {"max_seconds": limits.max_audio_seconds, "max_bytes": limits.max_upload_bytes}
+    if options.split_channels:  # [2, n]: one speaker per channel
+        left = decoder(data, channel=0, **caps)
+        wave = resampler(left)
+        if left.channels > 1:
+            right = resampler(decoder(data, channel=1, **caps))
+            n = min(wave.shape[-1], right.shape[-1])
+            wave = torch.stack([wave[:n], right[:n]])
+    else:
+        wave = resampler(decoder(data, **caps))
+    if wave.is_cuda:
+        torch.cuda.current_stream(wave.device).synchronize()  # ready before other threads read it
+    return wave
+
+
 @dataclass(frozen=True)
 class SpooledUpload:
     """A recovered job's audio: its spooled upload, decoded and resampled when a worker takes it
@@ -166,7 +172,7 @@ class SpooledUpload:
     def load(self) -> torch.Tensor:
         i = self.intake
         return i.resampler(i.decoder(i.broker.load_upload(self.job_id),
-                                     max_seconds=i.settings.max_audio_seconds))
+                                     max_seconds=i.settings.limits.max_audio_seconds))
 
 
 def display_name(name: str, limit: int = 200) -> str:

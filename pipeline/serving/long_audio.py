@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from pipeline.domain.errors import SenseVoiceError
-from pipeline.domain.types import Job, TranscribeOptions, Transcript
+from pipeline.domain.types import Job, Lane, TranscribeOptions, Transcript
 from pipeline.serving.admission import Backlog
 from pipeline.serving.broker_sqlite import WaveSpool
 from pipeline.serving.scheduler import SAMPLE_RATE, WorkItem
@@ -37,15 +37,15 @@ class LongAudio:
         self.view = view
         self.decode = decode
         self.speech_device = speech_device
-        self.backlog = Backlog(settings.segment_backlog_jobs, settings.segment_backlog_hours * 3600)
-        self.waves = WaveSpool(settings.data_dir / "waves")
+        self.backlog = Backlog(settings.limits.segment_backlog_jobs, settings.limits.segment_backlog_hours * 3600)
+        self.waves = WaveSpool(settings.server.data_dir / "waves")
         self._pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="sensevoice-vad")
         self._segmenter = None  # silero-vad, loaded on the first long recording
         self._segmenter_lock = threading.Lock()
         view.on_finished.append(self._finished)
 
     def is_long(self, seconds: float, options: TranscribeOptions) -> bool:
-        return seconds > self.settings.segment_threshold_s or options.split_channels
+        return seconds > self.settings.engine.segment_threshold_s or options.split_channels
 
     def check(self, options: TranscribeOptions) -> None:
         """A cheap early answer (BacklogFull) before a split call is decoded."""
@@ -86,12 +86,9 @@ class LongAudio:
         self._pool.shutdown(wait=False, cancel_futures=True)
 
     def segmenter(self):
-        from pipeline.audio.vad import Segmenter
-
         with self._segmenter_lock:
             if self._segmenter is None:
-                self._segmenter = Segmenter(max_segment_s=self.settings.max_segment_s,
-                                            device=self.speech_device).load()
+                self._segmenter = load_segmenter(self.settings.engine.max_segment_s, self.speech_device)
             return self._segmenter
 
     def _finished(self, job_id: str) -> None:
@@ -100,20 +97,8 @@ class LongAudio:
             self.waves.delete(job_id)  # pieces already queued keep their memory map
 
     def _pieces(self, job: Job, wave: torch.Tensor) -> list[WorkItem]:
-        """VAD-split a long recording (per channel when asked) into work items in time order."""
-        channels = [(None, wave)] if wave.dim() == 1 else \
-            [(name, wave[c]) for c, name in zip(range(wave.shape[0]), CHANNEL_NAMES)]
-        spans = []
-        for k, (speaker, ch) in enumerate(channels):
-            def progress(f, k=k):
-                self.view.set_progress(job.id, f"segmenting {(k + f) / len(channels):.0%}")
-
-            spans += [(span, speaker, ch) for span in self.segmenter().split(ch, on_progress=progress)]
-        spans.sort(key=lambda t: (t[0].start, t[1] or ""))
-        return [WorkItem(job.id, job.lane, job.options, span.end - span.start,
-                         audio=ch[span.start:span.end], piece=n, pieces=len(spans),
-                         start_s=span.start / SAMPLE_RATE, speaker=speaker)
-                for n, (span, speaker, ch) in enumerate(spans)]
+        return split_pieces(job.id, job.lane, job.options, wave, self.segmenter(),
+                            lambda f: self.view.set_progress(job.id, f"segmenting {f:.0%}"))
 
     def _queue_pieces(self, job: Job, items: list[WorkItem], accepted: bool = True) -> None:
         """Queue the pieces of a long job. An ``accepted`` job's pieces all go in whatever the
@@ -156,3 +141,28 @@ class LongAudio:
         except Exception as e:
             logger.exception("segmenting job %s failed", job.id)
             self.broker.fail(job.id, "segmentation_failed", f"splitting the recording failed: {e}")
+
+
+def load_segmenter(max_segment_s: float, device: str):
+    """silero-vad, loaded (on the first long recording: short ones never need it)."""
+    from pipeline.audio.vad import Segmenter
+
+    return Segmenter(max_segment_s=max_segment_s, device=device).load()
+
+
+def split_pieces(job_id: str, lane: Lane, options: TranscribeOptions, wave: torch.Tensor, segmenter,
+                 progress: Callable[[float], None] = lambda f: None) -> list[WorkItem]:
+    """VAD-split a long recording (``[n]``, or ``[channels, n]``: one speaker per channel) into
+    work items in time order; ``progress`` hears the share split so far."""
+    channels = [(None, wave)] if wave.dim() == 1 else \
+        [(name, wave[c]) for c, name in zip(range(wave.shape[0]), CHANNEL_NAMES)]
+    spans = []
+    for k, (speaker, ch) in enumerate(channels):
+        def on_progress(f, k=k):
+            progress((k + f) / len(channels))
+
+        spans += [(span, speaker, ch) for span in segmenter.split(ch, on_progress=on_progress)]
+    spans.sort(key=lambda t: (t[0].start, t[1] or ""))
+    return [WorkItem(job_id, lane, options, span.end - span.start, audio=ch[span.start:span.end],
+                     piece=n, pieces=len(spans), start_s=span.start / SAMPLE_RATE, speaker=speaker)
+            for n, (span, speaker, ch) in enumerate(spans)]

@@ -55,7 +55,6 @@ class Worker(threading.Thread):
         self._loop_beat = time.monotonic()
         self._waiting_since: float | None = None  # the finisher waits for the device since then
         self.batches = 0
-        self.items_done = 0
         self.fatal: BaseException | None = None
         self._stop_event = threading.Event()
         self._finishing: queue.Queue = queue.Queue(maxsize=1)  # launched batches, one waiting
@@ -288,7 +287,6 @@ class Worker(threading.Thread):
             results += [(jid, transcript) for jid, transcript, _ in complete]
             audio_s.update((jid, seconds) for jid, _, seconds in complete)
         written = self.store.finish_many(results)
-        self.items_done += len(written)
         if self.delete_audio_when_done:
             for jid in written:
                 self.store.delete_spool(jid)
@@ -302,7 +300,7 @@ class Worker(threading.Thread):
             if item.job_id in written and item.job_id not in counted:
                 counted.add(item.job_id)
                 self.metrics.request_success(item.lane, audio_s[item.job_id])
-                logger.info(
+                logger.debug(  # not INFO: at thousands of jobs a second the log would be the work
                     "job done id=%s audio_s=%.2f pieces=%d queue_ms=%.1f compute_ms=%.1f batch=%d",
                     item.job_id, audio_s[item.job_id], item.pieces, queue_ms, compute_ms,
                     len(batch))

@@ -53,7 +53,8 @@ class Intake:
         processes = settings.decode_processes
         self.decoder = Decoder(min(os.cpu_count() or 2, 8) if processes < 0 else processes,
                                timeout_s=settings.decode_timeout_s, **Decoder.limits(settings))
-        self.long_audio = LongAudio(settings, broker, view, self.decode, speech_device)
+        self.long_audio = LongAudio(settings, broker, view, self.decode, speech_device,
+                                    on_failed=lambda job, code: metrics.request_failure(job.lane, code))
         self._owned_files: dict[str, list[Path]] = {}  # job id -> intermediate copies to delete with it
         self._owned_lock = threading.Lock()
 

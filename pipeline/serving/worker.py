@@ -218,7 +218,7 @@ class Worker(threading.Thread):
             moved |= self.store.mark_running(pieces, already_running_ok=True)
         for item in jobs:
             if item.job_id in moved:
-                self.metrics.observe_queue(t_start - item.enqueued_at)
+                self.metrics.observe_queue(t_start - item.enqueued_at, item.lane)
         return moved
 
     def _infer(self, batch: Sequence[WorkItem], waves: Sequence[torch.Tensor], t_start: float,

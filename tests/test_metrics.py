@@ -584,3 +584,13 @@ def test_event_loop_lag_and_broker_state():
     assert exp.one("sensevoice_event_loop_lag_seconds_bucket", le="2.5") == 4
     up[0] = False
     assert scrape(m).one("sensevoice_broker_up") == 0
+
+
+def test_job_time_per_lane():
+    m = Metrics([])
+    m.observe_job(0.2, "interactive")
+    m.observe_job(40.0, "bulk")
+    exp = scrape(m)
+    assert exp.one("sensevoice_job_duration_seconds_bucket", lane="interactive", le="0.25") == 1
+    assert exp.one("sensevoice_job_duration_seconds_bucket", lane="bulk", le="30.0") == 0
+    assert exp.one("sensevoice_job_duration_seconds_count", lane="bulk") == 1

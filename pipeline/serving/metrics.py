@@ -5,8 +5,8 @@ services in one process), served in the text format 0.0.4 (``CONTENT_TYPE``). Ba
 bytes, hertz, watts, degrees Celsius; counters end in ``_total``. The registry holds:
 
 * counters and histograms updated from request and worker threads (``prometheus_client`` is
-  thread-safe): jobs finished / failed / refused, queue time per lane and compute time, batches and
-  items per device, audio seconds transcribed, the HTTP requests per route template
+  thread-safe): jobs finished / failed / refused, queue and job time per lane, compute time,
+  batches and items per device, audio seconds transcribed, the HTTP requests per route template
   (``observe_http``) and the event loop's lag (``observe_loop_lag``);
 * gauges read at scrape time by a custom collector: the queue depth (per lane), the live workers,
   whether the broker answers, the long-recording backlog and the jobs by state, from callbacks the
@@ -150,6 +150,10 @@ class Metrics:
                                 "Time a job (or a piece of a long one) waited in the queue before "
                                 "its batch started, by lane, seconds.", ("lane",),
                                 buckets=LATENCY_BUCKETS, registry=r)
+        self._job_time = Histogram(f"{p}job_duration_seconds",
+                                   "Time from a job's entry into the queue to its result stored, "
+                                   "by lane, seconds (a long recording: from its last piece's "
+                                   "entry).", ("lane",), buckets=LATENCY_BUCKETS, registry=r)
         self._loop_lag = Histogram(f"{p}event_loop_lag_seconds",
                                    "How late the event loop's once-a-second heartbeat woke, "
                                    "seconds (a blocked loop stalls every request of the process).",
@@ -182,6 +186,7 @@ class Metrics:
                 family.labels(d)
         for lane in LANES:  # so do the per-lane waits and the known failures
             self._queue.labels(lane)
+            self._job_time.labels(lane)
             for code in FAILURE_CODES:
                 self._failure.labels(lane, code)
         ProcessCollector(registry=r)  # process_cpu_seconds_total, process_resident_memory_bytes, ...
@@ -213,6 +218,10 @@ class Metrics:
     def observe_queue(self, seconds: float, lane: str) -> None:
         """One job's wait in the queue in its lane (call once per job, when its batch starts)."""
         self._queue.labels(_text(lane)).observe(_seconds(seconds))
+
+    def observe_job(self, seconds: float, lane: str) -> None:
+        """One job's time from queue entry to stored result (call once per job)."""
+        self._job_time.labels(_text(lane)).observe(_seconds(seconds))
 
     def observe_loop_lag(self, seconds: float) -> None:
         """How much later than asked the event loop's heartbeat woke."""

@@ -302,6 +302,7 @@ class Worker(threading.Thread):
             if item.job_id in written and item.job_id not in counted:
                 counted.add(item.job_id)
                 self.metrics.request_success(item.lane, audio_s[item.job_id])
+                self.metrics.observe_job(time.monotonic() - item.enqueued_at, item.lane)
                 logger.info(
                     "job done id=%s audio_s=%.2f pieces=%d queue_ms=%.1f compute_ms=%.1f batch=%d",
                     item.job_id, audio_s[item.job_id], item.pieces, queue_ms, compute_ms,

@@ -241,3 +241,64 @@ def test_the_kubernetes_jobs_find_the_pods_of_the_manifests(tmp_path):
     assert api["labels"]["namespace"] == "sensevoice" and api["labels"]["pod"] == "sensevoice-api-0"
     dropped = {t["discoveredLabels"]["__address__"].split(":")[0] for t in data["droppedTargets"]}
     assert ips["redis"] in dropped
+
+
+# ---------------------------------------------------------------------- the compose profile
+COMPOSE_FILES = {"compose.yaml": "prometheus.compose.yml", "compose.single.yaml": "prometheus.single.yml"}
+
+
+def _service_of(target: str, doc: dict) -> tuple[str, int]:
+    """The compose service a static target names (its service name, or a replica's container
+    name <project>-<service>-<n>) and the target's port."""
+    host, port = target.rsplit(":", 1)
+    if host in doc["services"]:
+        return host, int(port)
+    m = re.fullmatch(re.escape(doc["name"]) + r"-(.+)-(\d+)", host)
+    assert m and m.group(1) in doc["services"], f"{target} names no service of {doc['name']}"
+    return m.group(1), int(port)
+
+
+@pytest.mark.parametrize("compose_file", sorted(COMPOSE_FILES))
+def test_the_compose_observability_profile_scrapes_what_runs(compose_file):
+    from app_sensevoice import parse_args
+    from pipeline.config import Settings
+    from pipeline.web.edge import allowed_hosts, host_allowed
+    from tests.test_deploy import interpolate
+
+    doc = yaml.safe_load((ROOT / "deploy" / compose_file).read_text())
+    config_name = COMPOSE_FILES[compose_file]
+    prom, grafana = doc["services"]["prometheus"], doc["services"]["grafana"]
+    assert prom["profiles"] == grafana["profiles"] == ["observability"]
+    mounts = {v.split(":")[1]: v.split(":")[0] for s in (prom, grafana) for v in s["volumes"]}
+    for target, source in mounts.items():
+        if source.startswith("./"):
+            assert (ROOT / "deploy" / source).exists(), source
+    assert mounts["/etc/prometheus/prometheus.yml"] == f"./observability/{config_name}"
+    config = yaml.safe_load((OBS / config_name).read_text())
+    for rules in config["rule_files"]:  # relative to the configuration's directory
+        assert mounts[f"/etc/prometheus/{rules}"] == f"./observability/{rules}"
+    token_files = {j["authorization"]["credentials_file"] for j in config["scrape_configs"]
+                   if "authorization" in j}
+    assert token_files and all(f"> {f} &&" in " ".join(prom["entrypoint"]) for f in token_files)
+    replicas = {}
+    for job in config["scrape_configs"]:
+        for target in job["static_configs"][0]["targets"]:
+            name, port = _service_of(target, doc)
+            replicas[name] = replicas.get(name, 0) + 1
+            service = doc["services"][name]
+            assert parse_args(service["command"]).port == port, target
+            env = {k[len("SENSEVOICE_"):].lower(): interpolate(str(v))
+                   for k, v in service["environment"].items() if k.startswith("SENSEVOICE_")}
+            settings = Settings(**env)
+            assert host_allowed(target.rsplit(":", 1)[0], allowed_hosts(settings)), \
+                f"{name} would refuse Prometheus's Host {target}"
+            assert job["static_configs"][0]["labels"]["component"] == settings.role
+    for name, n in replicas.items():  # every replica is a target
+        assert n == doc["services"][name].get("deploy", {}).get("replicas", 1), name
+    # Grafana: the datasource is this Prometheus, the dashboard is the generated one
+    provisioning = ROOT / "deploy" / mounts["/etc/grafana/provisioning"]
+    (ds,) = yaml.safe_load((provisioning / "datasources" / "prometheus.yml").read_text())["datasources"]
+    assert ds["url"] == "http://prometheus:9090" and ds["type"] == "prometheus"
+    (provider,) = yaml.safe_load((provisioning / "dashboards" / "sensevoice.yml").read_text())["providers"]
+    dashboards = ROOT / "deploy" / mounts[provider["options"]["path"]]
+    assert (dashboards / "sensevoice.json").read_text() == build.generated()["grafana/dashboards/sensevoice.json"]

@@ -303,6 +303,9 @@ def test_the_workers_scale_on_the_lag_of_the_job_lanes_with_a_floor_of_one():
     # the api keeps its CPU autoscaler; the worker has no HPA of its own (KEDA makes one)
     hpas = by_kind("HorizontalPodAutoscaler")
     assert [h["spec"]["scaleTargetRef"]["name"] for h in hpas.values()] == ["sensevoice-api"]
+    # XINFO GROUPS reports the lag from Redis 7 on
+    (redis_image,) = [c["image"] for _, _, c in containers() if c["image"].startswith("redis:")]
+    assert int(redis_image.split(":")[1].split(".")[0]) >= 7
     # KEDA's operator may reach Redis
     policy = by_kind("NetworkPolicy")["redis"]["spec"]["ingress"][0]["from"]
     assert any(p.get("podSelector", {}).get("matchLabels") == {"app": "keda-operator"} for p in policy)

@@ -7,6 +7,7 @@ skip) when the package is missing: ``.ci/run`` installs it (apt ``prometheus``).
 from __future__ import annotations
 
 import shutil
+import signal
 import subprocess
 import time
 from pathlib import Path
@@ -67,6 +68,17 @@ class PrometheusServer:
             time.sleep(0.1)
         self.stop()
         raise TimeoutError("prometheus did not become ready")
+
+    def reload(self, config: dict) -> None:
+        """Write a new configuration and have Prometheus load it (SIGHUP), as an operator does."""
+        self.config.write_text(yaml.safe_dump(config, sort_keys=False))
+        before = self.api("status/runtimeinfo")["lastConfigTime"]
+        self.proc.send_signal(signal.SIGHUP)
+        deadline = time.monotonic() + 30
+        while self.api("status/runtimeinfo")["lastConfigTime"] == before:
+            assert time.monotonic() < deadline, "prometheus did not reload its configuration"
+            time.sleep(0.1)
+        assert self.api("status/runtimeinfo")["reloadConfigSuccess"], self.log.read_text()[-2000:]
 
     def api(self, path: str, **params) -> dict | list:
         r = httpx.get(f"{self.url}/api/v1/{path}", params=params, timeout=10)

@@ -9,7 +9,8 @@ in both topologies:
   ``--role worker`` process (without), as tests/test_distributed.py starts them.
 
 A few jobs, an unknown job's poll (a 404 with a code), an upload that is no audio (refused) and a
-live stream (tests/test_stream.py's
+live stream (in the distributed topology also a job queued before any worker, which sets the
+no-worker alert pending and then fails with queue_timeout) (tests/test_stream.py's
 protocol) are sent; then Prometheus's HTTP API says: every metric the dashboard and the rules read
 (``METRIC_LABELS``) exists with the labels they read it by, except the GPU-only ones (listed, with
 the reason, in ``ABSENT``); every rule evaluates without error; every dashboard query parses and
@@ -41,6 +42,7 @@ from tests.test_observability import build
 TOKEN = "obs-t0ken"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
 JOBS = 3
+QUEUE_TIMEOUT_S = 5  # the distributed worker's; its jobs otherwise wait milliseconds
 NVML = "from NVML, which a CPU machine has not (tests/test_metrics.py covers them with a fake NVML)"
 # metrics of METRIC_LABELS that cannot be present here, and why
 ABSENT: dict[str, dict[str, str]] = {
@@ -83,13 +85,19 @@ class Embedded:
         self.log.close()
 
 
-def prometheus_for(tmp_path: Path, targets: dict[str, list[str]]) -> PrometheusServer:
+def prometheus_config(tmp_path: Path, targets: dict[str, list[str]]) -> dict:
+    """The project's scrape configuration for these loopback targets, scraped every second,
+    with the project's rules."""
     token = tmp_path / "token"
     token.write_text(TOKEN)
     config = build.static_config(targets, interval="1s", token_file=str(token))
+    config["rule_files"] = [str(tmp_path / "prom" / name) for name in build.RULE_FILES]
+    return config
+
+
+def prometheus_for(tmp_path: Path, targets: dict[str, list[str]]) -> PrometheusServer:
     rules = {name: (build.HERE / name).read_text() for name in build.RULE_FILES}
-    config["rule_files"] = [str(tmp_path / "prom" / name) for name in rules]
-    return PrometheusServer(tmp_path / "prom", config, files=rules).start()
+    return PrometheusServer(tmp_path / "prom", prometheus_config(tmp_path, targets), files=rules).start()
 
 
 def traffic(api_url: str, clip: Path, pcm: bytes) -> tuple[list[str], dict]:
@@ -110,6 +118,30 @@ def traffic(api_url: str, clip: Path, pcm: bytes) -> tuple[list[str], dict]:
     ws = api_url.replace("http://", "ws://") + "/api/stream?language=en"
     run = asyncio.run(_stream(ws, pcm[: 16000 * 2 * 3], speed=None, headers=AUTH))
     return ids, {"close": run.close_code, "error": run.error}
+
+
+def started(role: Role, timeout: float = 120) -> None:
+    """An api process is up and started (readyz says why it is not ready: no worker)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            body = httpx.get(role.url + "/readyz", timeout=2).json()
+            if body.get("state") == "ready":
+                return
+        except httpx.HTTPError:
+            pass
+        assert time.monotonic() < deadline and role.proc.poll() is None, "the api did not start"
+        time.sleep(0.2)
+
+
+def wait_alert(prom: PrometheusServer, name: str, timeout: float = 30) -> dict:
+    deadline = time.monotonic() + timeout
+    while True:
+        alerts = [a for a in prom.api("alerts")["alerts"] if a["labels"]["alertname"] == name]
+        if alerts:
+            return alerts[0]
+        assert time.monotonic() < deadline, f"{name} never became pending"
+        time.sleep(0.3)
 
 
 def wait_for(prom: PrometheusServer, query: str, at_least: float, timeout: float = 60) -> None:
@@ -182,18 +214,38 @@ def test_prometheus_scrapes_the_embedded_topology(demo_dir, clip_factory, speech
 
 
 def test_prometheus_scrapes_the_distributed_topology(demo_dir, clip_factory, speech, tmp_path):  # noqa: F811
+    """Before any worker runs, a job is queued: the no-worker alert goes pending on the api's
+    real series; the job waits longer than the worker's queue time-out and, once the worker
+    comes (added to Prometheus's configuration and reloaded), fails with queue_timeout: a real
+    failure series (the jobs after it are fresh)."""
     redis_server = RedisServer(tmp_path / "redis").start()
     api = Role("api", redis_server.url, tmp_path / "api-data", demo_dir, tmp_path / "api.log",
                SENSEVOICE_API_TOKEN=TOKEN, SENSEVOICE_UI="false")
-    worker = Role("worker", redis_server.url, tmp_path / "worker-data", demo_dir,
-                  tmp_path / "worker.log")
-    prom = None
+    worker, prom = None, None
+    clip = clip_factory("wav", 16000, 1)
     try:
-        api.ready(), worker.ready()
-        prom = prometheus_for(tmp_path, {"api": [f"127.0.0.1:{api.port}"],
-                                         "worker": [f"127.0.0.1:{worker.port}"]})
-        ids, live = traffic(api.url, clip_factory("wav", 16000, 1), speech.pcm)
+        started(api)  # no worker yet: readyz answers 503 no_worker
+        prom = prometheus_for(tmp_path, {"api": [f"127.0.0.1:{api.port}"]})
+        with open(clip, "rb") as f:
+            early = httpx.post(api.url + "/api/jobs", headers=AUTH, files={"file": ("a.wav", f)},
+                               timeout=60)
+        assert early.status_code == 202, early.text
+        queued_at = time.monotonic()
+        pending = wait_alert(prom, "SenseVoiceNoWorker")
+        assert (pending["state"], pending["labels"]["lane"]) == ("pending", "bulk"), pending
+        time.sleep(max(0.0, queued_at + QUEUE_TIMEOUT_S + 1 - time.monotonic()))
+        worker = Role("worker", redis_server.url, tmp_path / "worker-data", demo_dir,
+                      tmp_path / "worker.log", SENSEVOICE_QUEUE_TIMEOUT_S=str(QUEUE_TIMEOUT_S))
+        worker.ready(), api.ready()
+        prom.reload(prometheus_config(tmp_path, {"api": [f"127.0.0.1:{api.port}"],
+                                                 "worker": [f"127.0.0.1:{worker.port}"]}))
+        wait_for(prom, "count(up == 1)", 2)
+        ids, live = traffic(api.url, clip, speech.pcm)
         assert live["error"]["code"] == "not_ready", live  # an api process holds no model
+        failed = httpx.get(f"{api.url}/api/jobs/{early.json()['id']}", headers=AUTH).json()
+        assert (failed["status"], failed["error"]["code"]) == ("failed", "queue_timeout"), failed
+        ids.append(failed["id"])
+        wait_for(prom, 'sum(sensevoice_request_failure_total{code="queue_timeout",lane="bulk"})', 1)
         wait_for(prom, "sum(sensevoice_request_success_total)", JOBS)
         wait_for(prom, 'sum(sensevoice_live_streams_refused_total{code="not_ready"})', 1)
         wait_for(prom, "min(sensevoice_broker_up)", 1)
@@ -208,5 +260,7 @@ def test_prometheus_scrapes_the_distributed_topology(demo_dir, clip_factory, spe
     finally:
         if prom is not None:
             prom.stop()
-        api.stop(), worker.stop()
+        for role in (api, worker):
+            if role is not None:
+                role.stop()
         redis_server.stop()

@@ -232,7 +232,8 @@ def test_prometheus_scrapes_the_distributed_topology(demo_dir, clip_factory, spe
         assert early.status_code == 202, early.text
         queued_at = time.monotonic()
         pending = wait_alert(prom, "SenseVoiceNoWorker")
-        assert (pending["state"], pending["labels"]["lane"]) == ("pending", "bulk"), pending
+        # (pending for its first minute; firing after, on a machine slow enough)
+        assert pending["state"] in ("pending", "firing") and pending["labels"]["lane"] == "bulk", pending
         time.sleep(max(0.0, queued_at + QUEUE_TIMEOUT_S + 1 - time.monotonic()))
         worker = Role("worker", redis_server.url, tmp_path / "worker-data", demo_dir,
                       tmp_path / "worker.log", SENSEVOICE_QUEUE_TIMEOUT_S=str(QUEUE_TIMEOUT_S))

@@ -182,7 +182,10 @@ def check(prom: PrometheusServer, topology: str, job_ids: list[str]) -> dict[str
     # every dashboard query parses and runs (Grafana's $__rate_interval: a minute here)
     dash = json.loads((build.HERE / "grafana/dashboards/sensevoice.json").read_text())
     for expr in build.dashboard_exprs(dash):
+        assert build.metrics_in(expr) <= set(found) | set(absent), expr  # each found here
         prom.api("query", query=expr.replace("$__rate_interval", "1m"))
+    for rule in build.alert_rules().values():
+        assert build.metrics_in(rule["expr"]) <= set(found) | set(absent), rule["alert"]
     # no label value anywhere is a job id (ours, or any UUID)
     everything = prom.series('{__name__=~"sensevoice_.+"}')
     assert len(everything) > 50

@@ -65,7 +65,7 @@ GPU_GAUGES = (  # name (without prefix), help; one sample per GPU, labelled GPU_
 )
 LOOP_LAG_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)  # seconds
 LANES = ("interactive", "bulk")  # the job lanes (domain.types.Lane, lower-cased): label values
-# the codes an accepted job fails with (worker, service, brokers): their series start at zero, so
+# the codes an accepted job fails with (worker, long_audio, brokers): their series start at zero, so
 # that rate() sees the first failure after a start (a series born at 1 shows no increase)
 FAILURE_CODES = ("audio_lost", "device_error", "inference_error", "internal_error",
                  "out_of_memory", "queue_timeout", "segmentation_failed", "too_many_attempts")
@@ -304,7 +304,8 @@ class _CallbackCollector:
         workers = _call(m._workers_fn, "live workers")
         if workers is not None:
             yield GaugeMetricFamily(f"{p}workers_alive", "Worker processes that claimed work "
-                                    "within the visibility timeout.", value=int(workers))
+                                    "within the visibility timeout (shared broker), or this "
+                                    "process's worker threads alive (embedded).", value=int(workers))
         up = _call(m._broker_up_fn, "broker state")
         if up is not None:
             yield GaugeMetricFamily(f"{p}broker_up", "1 while the broker (Redis) answers this "

@@ -25,6 +25,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tests.redis_server import redis_server, redis_url  # noqa: F401  (fixtures: a real redis-server)
+
 ROOT = Path(__file__).resolve().parent.parent
 DEPLOY = ROOT / "deploy"
 K8S = DEPLOY / "k8s"
@@ -90,6 +92,14 @@ def containers():
 
 def compose(path: Path = COMPOSE) -> dict:
     return yaml.safe_load(path.read_text())
+
+
+OBSERVABILITY = "observability"  # the compose profile of Prometheus and Grafana (off by default)
+
+
+def app_services(path: Path = COMPOSE) -> dict[str, dict]:
+    """The services `docker compose up` starts without a profile (SenseVoice and its helpers)."""
+    return {n: s for n, s in compose(path)["services"].items() if OBSERVABILITY not in s.get("profiles", [])}
 
 
 def interpolate(value: str) -> str:
@@ -198,6 +208,8 @@ def test_kubernetes_manifests_validate_against_the_api_schemas(which):
     errors = []
     for doc in docs:
         name = f"{doc.get('kind')}/{doc.get('metadata', {}).get('name')}"
+        if doc.get("apiVersion", "").split("/")[0] in CRD_SCHEMAS:  # not Kubernetes' own: below
+            continue
         try:
             kv.validate(doc, version, strict=True)
         except kv.ValidationError as e:
@@ -205,6 +217,143 @@ def test_kubernetes_manifests_validate_against_the_api_schemas(which):
         except kv.SchemaNotFoundError as e:  # an unknown kind or apiVersion is an error too
             errors.append(f"{name}: {e.message}")
     assert not errors, f"Kubernetes {version}:\n" + "\n".join(errors)
+
+
+# ------------------------------------------------------------------ KEDA (a custom resource)
+# API groups of custom resources -> the vendored openAPI schema of their CRD (kubernetes-validate
+# knows only Kubernetes' own kinds)
+CRD_SCHEMAS = {"keda.sh": ROOT / "tests" / "schemas" / "keda-scaledobject.json"}
+
+
+def strict(schema: dict) -> dict:
+    """A CRD's structural schema as the API server applies it with strict field validation
+    (kubectl --validate=strict): an object with declared properties takes no others, unless it
+    says it keeps unknown fields. ``metadata`` is the ObjectMeta, which the CRD leaves open."""
+    schema = json.loads(json.dumps(schema))
+
+    def walk(node: dict, path: str) -> None:
+        if not isinstance(node, dict):
+            return
+        props = node.get("properties")
+        if props and "additionalProperties" not in node and \
+                not node.get("x-kubernetes-preserve-unknown-fields") and path != "metadata":
+            node["additionalProperties"] = False
+        for key, child in (props or {}).items():
+            walk(child, key if not path else f"{path}.{key}")
+        for key in ("items", "additionalProperties"):
+            if isinstance(node.get(key), dict):
+                walk(node[key], path)
+
+    walk(schema, "")
+    return schema
+
+
+def crd_validator(group: str):
+    jsonschema = need("jsonschema")
+    schema = json.loads(CRD_SCHEMAS[group].read_text())
+    assert "kedacore/keda" in schema["$comment"] and schema["x-source"]["tag"].startswith("v2.")
+    cls = jsonschema.validators.Draft7Validator
+    cls.check_schema(schema)
+    return cls(strict(schema))
+
+
+def scaled_object() -> dict:
+    (so,) = [d for d in manifests() if d["kind"] == "ScaledObject"]
+    return so
+
+
+def test_the_worker_scaledobject_validates_against_kedas_crd_schema():
+    so = scaled_object()
+    assert so["apiVersion"] == "keda.sh/v1alpha1"
+    assert "worker-autoscaler.yaml" in yaml.safe_load((K8S / "kustomization.yaml").read_text())["resources"]
+    errors = [f"{'.'.join(map(str, e.path))}: {e.message}" for e in crd_validator("keda.sh").iter_errors(so)]
+    assert not errors, "\n".join(errors)
+    for bad in ({**so, "spec": {**so["spec"], "minReplicas": 1}},  # the HPA's spelling
+                {**so, "spec": {**so["spec"], "minReplicaCount": "1"}},
+                {**so, "spec": {k: v for k, v in so["spec"].items() if k != "scaleTargetRef"}},
+                {**so, "spec": {**so["spec"], "triggers": [{"metadata": {"stream": "x"}}]}}):
+        assert list(crd_validator("keda.sh").iter_errors(bad)), bad["spec"]
+
+
+def test_the_workers_scale_on_the_lag_of_the_job_lanes_with_a_floor_of_one():
+    from urllib.parse import urlsplit
+
+    from pipeline.domain.types import Lane
+    from pipeline.serving.broker_redis import GROUP
+
+    so = scaled_object()
+    spec = so["spec"]
+    target = spec["scaleTargetRef"]
+    assert (target.get("kind", "Deployment"), target["name"]) == ("Deployment", "sensevoice-worker")
+    assert target["name"] in by_kind("Deployment")
+    assert spec["minReplicaCount"] == 1 and spec["maxReplicaCount"] >= 1
+    assert "idleReplicaCount" not in spec  # never to zero: the first job would wait for a load
+    broker = urlsplit(by_kind("ConfigMap")["sensevoice-config"]["data"]["SENSEVOICE_BROKER"])
+    streams = set()
+    for trigger in spec["triggers"]:
+        meta = trigger["metadata"]
+        assert trigger["type"] == "redis-streams"
+        assert meta["consumerGroup"] == GROUP and int(meta["lagCount"]) > 0
+        host, port = meta["address"].rsplit(":", 1)
+        # the broker's Service, by its full name (KEDA's operator resolves it from its namespace)
+        assert host.split(".")[0] == broker.hostname and host.endswith(".svc.cluster.local")
+        assert int(port) == (broker.port or 6379) and meta["databaseIndex"] == broker.path.strip("/")
+        streams.add(meta["stream"])
+    assert streams == {f"sv:queue:{lane.name.lower()}" for lane in Lane}  # every job lane
+    # the api keeps its CPU autoscaler; the worker has no HPA of its own (KEDA makes one)
+    hpas = by_kind("HorizontalPodAutoscaler")
+    assert [h["spec"]["scaleTargetRef"]["name"] for h in hpas.values()] == ["sensevoice-api"]
+    # XINFO GROUPS reports the lag from Redis 7 on
+    (redis_image,) = [c["image"] for _, _, c in containers() if c["image"].startswith("redis:")]
+    assert int(redis_image.split(":")[1].split(".")[0]) >= 7
+    # KEDA's operator may reach Redis
+    policy = by_kind("NetworkPolicy")["redis"]["spec"]["ingress"][0]["from"]
+    assert any(p.get("podSelector", {}).get("matchLabels") == {"app": "keda-operator"} for p in policy)
+
+
+def test_the_lag_keda_reads_counts_the_unclaimed_items(redis_url):  # noqa: F811
+    """On a real Redis 7 with the real broker: XINFO GROUPS' lag (what KEDA's redis-streams
+    scaler reads with lagCount) of each lane's stream is the items no worker has claimed, and it
+    stays a number after finished jobs' entries are deleted (XACK + XDEL)."""
+    import time
+    import uuid
+
+    import redis
+    import torch
+
+    from pipeline.domain.types import Job, JobState, Lane, TranscribeOptions, Transcript
+    from pipeline.serving.broker_redis import GROUP, RedisBroker
+    from pipeline.serving.scheduler import WorkItem
+
+    streams = {t["metadata"]["stream"]: t for t in scaled_object()["spec"]["triggers"]}
+    broker = RedisBroker(redis_url, retention_s=60, queue_size=100)
+    admin = redis.Redis.from_url(redis_url)
+
+    def lag(stream: str):
+        """As KEDA v2.20's redis-streams scaler reads it (lagCount): the group's lag; XLEN while
+        no worker has created the group yet."""
+        groups = [g for g in admin.xinfo_groups(stream) if g["name"].decode() == GROUP]
+        return groups[0]["lag"] if groups else admin.xlen(stream)
+
+    try:
+        for lane in [Lane.BULK] * 5 + [Lane.INTERACTIVE] * 2:
+            job = Job(str(uuid.uuid4()), JobState.QUEUED, TranscribeOptions(), lane, time.time(), 0.1)
+            broker.create(job, b"upload")
+            broker.enqueue(WorkItem(job.id, lane, job.options, 1600, audio=torch.zeros(1600)))
+        assert set(streams) <= {s.decode() for s in admin.scan_iter("sv:queue:*")}
+        assert (lag("sv:queue:bulk"), lag("sv:queue:interactive")) == (5, 2)
+        claimed = broker.claim("w1", 3)  # (the first claim creates the group)
+        assert len(claimed) == 3 and all(lag(s) is not None for s in streams)
+        assert lag("sv:queue:bulk") + lag("sv:queue:interactive") == 4
+        broker.mark_running([i.job_id for i in claimed])
+        assert broker.finish_many([(i.job_id, Transcript("hi", "hi")) for i in claimed])
+        assert (lag("sv:queue:bulk"), lag("sv:queue:interactive")) == (4, 0)
+        for item in broker.claim("w1", 10):
+            broker.mark_running([item.job_id])
+            broker.fail(item.job_id, "internal_error", "test")
+        assert (lag("sv:queue:bulk"), lag("sv:queue:interactive")) == (0, 0)
+    finally:
+        broker.close()
 
 
 def test_kubernetes_validation_catches_mistakes():
@@ -293,7 +442,7 @@ def test_kubernetes_environments_are_valid_settings():
 
 def test_compose_environments_are_valid_settings():
     roles = {}
-    for name, service in compose()["services"].items():
+    for name, service in app_services().items():
         env = {k: interpolate(str(v)) for k, v in (service.get("environment") or {}).items()}
         if name in ("redis", "proxy"):
             assert not env
@@ -558,7 +707,7 @@ def test_nginx_makes_the_ui_sticky_and_the_api_round_robin():
 # ------------------------------------------------------------------ the single-host compose file
 def test_single_host_compose_is_the_embedded_topology_on_one_gpu():
     doc = compose(COMPOSE_SINGLE)
-    (name,) = doc["services"]
+    (name,) = app_services(COMPOSE_SINGLE)
     service = doc["services"][name]
     # the same image as the distributed file, built from the repository's Dockerfile
     assert service["build"] == compose()["services"]["api"]["build"]
@@ -592,7 +741,9 @@ def test_single_host_compose_is_the_embedded_topology_on_one_gpu():
     assert "SENSEVOICE_DATA_DIR" not in env
     assert set(mounts) == set(dockerfile_volumes()) == {dockerfile_env()["SENSEVOICE_DATA_DIR"],
                                                         "/root/.cache"}
-    assert set(mounts.values()) == set(doc["volumes"])  # named, declared, none a bind mount
+    observability = {v.split(":")[0] for s in doc["services"].values() if s is not service
+                     for v in s.get("volumes", []) if not v.startswith("./")}
+    assert set(mounts.values()) == set(doc["volumes"]) - observability  # named, declared
 
 
 # ------------------------------------------------------------------ the Dockerfile, .dockerignore

@@ -144,7 +144,7 @@ def test_families_types_units_and_names():
     m.request_success("bulk", 12.5)
     m.request_failure("interactive", "out_of_memory")
     m.rejected("queue_full")
-    m.observe_queue(0.02)
+    m.observe_queue(0.02, "bulk")
     m.observe_compute(0.1, 4, "cuda:0")
     m.observe_http("GET", "/api/jobs/{job_id}", 404, 0.003, "job_not_found")
     m.set_queue_depth_fn(lambda: 3)
@@ -200,7 +200,9 @@ def test_fresh_metrics_have_zero_series_per_device():
         assert exp.one("sensevoice_inference_count_total", device=dev) == 0
         assert exp.one("sensevoice_execution_count_total", device=dev) == 0
         assert exp.one("sensevoice_compute_duration_seconds_count", device=dev) == 0
-    assert exp.one("sensevoice_queue_duration_seconds_count") == 0
+    for lane in ("interactive", "bulk"):
+        assert exp.one("sensevoice_queue_duration_seconds_count", lane=lane) == 0
+        assert exp.one("sensevoice_request_failure_total", lane=lane, code="queue_timeout") == 0
     assert exp.get("sensevoice_request_success_total") == []
     assert "sensevoice_request_success" in exp.type  # family announced before its first sample
 
@@ -259,21 +261,23 @@ def test_histogram_buckets_are_cumulative_and_inf_equals_count():
     m = Metrics(["cuda:0"])
     waits = [0.0, 0.0005, 0.001, 0.0011, 0.3, 1.0, 59.9, 60.0, 61.0, 3600.0, -1.0]
     for w in waits:
-        m.observe_queue(w)
+        m.observe_queue(w, "bulk")
     exp = scrape(m)
-    buckets = [(ls["le"], v) for n, ls, v in exp.samples if n == "sensevoice_queue_duration_seconds_bucket"]
+    buckets = [(ls["le"], v) for n, ls, v in exp.samples
+               if n == "sensevoice_queue_duration_seconds_bucket" and ls["lane"] == "bulk"]
     bounds = [float(le) for le, _ in buckets]
     assert bounds == [*LATENCY_BUCKETS, math.inf] and buckets[-1][0] == "+Inf"
     counts = [v for _, v in buckets]
     assert counts == sorted(counts), "buckets must be cumulative"
-    total = exp.one("sensevoice_queue_duration_seconds_count")
+    total = exp.one("sensevoice_queue_duration_seconds_count", lane="bulk")
     assert counts[-1] == total == len(waits)
+    assert exp.one("sensevoice_queue_duration_seconds_count", lane="interactive") == 0
     by_le = dict(buckets)
     assert by_le["0.001"] == 4  # le is inclusive; the negative wait counts as 0
     assert by_le["1.0"] == 7
     assert by_le["60.0"] == 9
     clean = sum(max(w, 0.0) for w in waits)
-    assert exp.one("sensevoice_queue_duration_seconds_sum") == pytest.approx(clean)
+    assert exp.one("sensevoice_queue_duration_seconds_sum", lane="bulk") == pytest.approx(clean)
 
 
 def test_compute_histogram_per_device():
@@ -292,7 +296,8 @@ def test_label_values_are_escaped(code):
     m = Metrics([])
     m.request_failure("bulk", code)
     text = m.render()
-    line = next(ln for ln in text.splitlines() if ln.startswith("sensevoice_request_failure_total{"))
+    line = next(ln for ln in text.splitlines()  # (the known codes' series are at 0)
+                if ln.startswith("sensevoice_request_failure_total{") and ln.endswith(" 1.0"))
     escaped = code.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
     assert f'code="{escaped}"' in line
     assert parse(text).one("sensevoice_request_failure_total", lane="bulk", code=code) == 1
@@ -339,7 +344,7 @@ def test_updates_from_8_threads_are_exact():
             m.request_success("bulk")
             m.request_failure("bulk", "oom")
             m.rejected("queue_full")
-            m.observe_queue(0.001)
+            m.observe_queue(0.001, "interactive")
             m.observe_compute(0.002, 3, dev)
             if i % 500 == 0:
                 m.render()  # scrapes race with updates
@@ -353,8 +358,9 @@ def test_updates_from_8_threads_are_exact():
     assert exp.one("sensevoice_request_success_total", lane="bulk") == total
     assert exp.one("sensevoice_request_failure_total", lane="bulk", code="oom") == total
     assert exp.one("sensevoice_request_rejected_total", reason="queue_full") == total
-    assert exp.one("sensevoice_queue_duration_seconds_count") == total
-    assert exp.one("sensevoice_queue_duration_seconds_bucket", le="0.001") == total
+    assert exp.one("sensevoice_queue_duration_seconds_count", lane="interactive") == total
+    assert exp.one("sensevoice_queue_duration_seconds_bucket", lane="interactive",
+                   le="0.001") == total
     for dev in ("cuda:0", "cuda:1"):
         assert exp.one("sensevoice_execution_count_total", device=dev) == total // 2
         assert exp.one("sensevoice_inference_count_total", device=dev) == 3 * total // 2
@@ -562,3 +568,29 @@ def test_refusals_are_counted_by_code_and_routes_by_template(metrics_server, cli
     assert exp.families["sensevoice_build_info"].samples[0].labels["device"] == "cpu"
     assert exp.one("process_resident_memory_bytes") > 0
     assert exp.one("process_cpu_seconds_total") > 0
+
+
+def test_event_loop_lag_and_broker_state():
+    m = Metrics([])
+    assert "sensevoice_broker_up" not in scrape(m).type  # embedded: no broker, no gauge
+    up = [True]
+    m.set_broker_up_fn(lambda: up[0])
+    for lag in (0.001, 0.3, 2.0, -0.01):
+        m.observe_loop_lag(lag)
+    exp = scrape(m)
+    assert exp.one("sensevoice_broker_up") == 1
+    assert exp.one("sensevoice_event_loop_lag_seconds_count") == 4
+    assert exp.one("sensevoice_event_loop_lag_seconds_bucket", le="0.25") == 2  # the negative is 0
+    assert exp.one("sensevoice_event_loop_lag_seconds_bucket", le="2.5") == 4
+    up[0] = False
+    assert scrape(m).one("sensevoice_broker_up") == 0
+
+
+def test_job_time_per_lane():
+    m = Metrics([])
+    m.observe_job(0.2, "interactive")
+    m.observe_job(40.0, "bulk")
+    exp = scrape(m)
+    assert exp.one("sensevoice_job_duration_seconds_bucket", lane="interactive", le="0.25") == 1
+    assert exp.one("sensevoice_job_duration_seconds_bucket", lane="bulk", le="30.0") == 0
+    assert exp.one("sensevoice_job_duration_seconds_count", lane="bulk") == 1

@@ -400,10 +400,20 @@ def test_too_many_streams_are_refused_with_a_reason(server, speech):
         after = await _stream(ws_url(server), speech.pcm[:FRAME], speed=None)
         return third, after
 
+    def counted() -> tuple[float, float]:
+        body = httpx.get(server.url + "/metrics", headers=AUTH).text
+        values = dict(line.rsplit(" ", 1) for line in body.splitlines() if line.startswith(
+            ("sensevoice_live_streams_admitted_total ",
+             'sensevoice_live_streams_refused_total{code="too_many_streams"} ')))
+        return (float(values["sensevoice_live_streams_admitted_total"]),
+                float(values['sensevoice_live_streams_refused_total{code="too_many_streams"}']))
+
+    admitted, refused = counted()
     third, after = asyncio.run(go())
     error = expect_error(third, "too_many_streams", 1013)
     assert "2 live streams" in error["message"]
     assert after.close_code == 1000
+    assert counted() == (admitted + 3, refused + 1)  # the two held and the one after; the third
 
 
 def test_idle_streams_are_finalised_and_closed(server, speech):

@@ -37,6 +37,7 @@ class Health:
         self.broker_error: str | None = None  # the latest broker failure (shared broker), or None
         self.no_worker: str | None = None  # api-only process: why no worker serves, or None
         self.loop_heartbeat: float | None = None  # monotonic; set by the event loop once it runs
+        self.on_loop_lag: Callable[[float], None] = lambda seconds: None  # how late a beat woke
 
     def set_state(self, state: str, error: str | None = None) -> None:
         self.state = state
@@ -86,6 +87,7 @@ class Health:
         while True:
             self.loop_heartbeat = time.monotonic()
             await asyncio.sleep(LOOP_BEAT_S)
+            self.on_loop_lag(time.monotonic() - self.loop_heartbeat - LOOP_BEAT_S)
 
     def check_broker(self) -> None:
         """Shared broker: note whether it answers (readyz says 503 while it does not), and in an

@@ -52,7 +52,8 @@ class Intake:
         self._decode_slots = threading.BoundedSemaphore(limits.decode_concurrency)
         self.decoder = Decoder(limits.decode_processes,
                                timeout_s=settings.limits.decode_timeout_s, **Decoder.limits(settings))
-        self.long_audio = LongAudio(settings, broker, view, self.decode, speech_device)
+        self.long_audio = LongAudio(settings, broker, view, self.decode, speech_device,
+                                    on_failed=lambda job, code: metrics.request_failure(job.lane, code))
         self._owned_files: dict[str, list[Path]] = {}  # job id -> intermediate copies to delete with it
         self._owned_lock = threading.Lock()
 

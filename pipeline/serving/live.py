@@ -439,6 +439,9 @@ class LiveSession:
         return Caption(final, t0, t1, out.raw_text, text, segments, reason)
 
 
+REFUSAL_CODES = (TooManyStreams.code, NotReady.code)  # why a stream is refused a slot
+
+
 class LiveMetrics:
     """The live series, in the service's registry (``/metrics``)."""
 
@@ -461,6 +464,14 @@ class LiveMetrics:
                                         ("kind",), buckets=DECODE_BUCKETS, registry=r)
         self.audio = Counter("sensevoice_live_audio_seconds_total",
                              "Audio seconds received by live streams.", registry=r)
+        self.admitted = Counter("sensevoice_live_streams_admitted_total",
+                                "Live streams given a slot (the model decodes them).", registry=r)
+        self.refused = Counter("sensevoice_live_streams_refused_total",
+                               "Live streams refused a slot, by error code (too_many_streams: "
+                               "full; not_ready: no model here or not loaded).", ("code",),
+                               registry=r)
+        for code in REFUSAL_CODES:  # from zero: rate() sees the first refusal
+            self.refused.labels(code)
 
 
 class LiveHub:
@@ -490,11 +501,8 @@ class LiveHub:
         if reason is not None:
             raise NotReady(reason)
 
-    @asynccontextmanager
-    async def stream(self, options: TranscribeOptions, sample_rate: int,
-                     emit: Callable[[Caption], Awaitable[None]], client: str = ""):
-        """A :class:`LiveSession` holding one of the process's stream slots (and one of
-        ``client``'s, the peer address) for the block."""
+    def _admit(self, client: str) -> int:
+        """The streams ``client`` holds; TooManyStreams or NotReady if it may not open one."""
         if self.limits.max_streams <= 0:
             raise TooManyStreams("live captions are off on this server (max_live_streams is 0)")
         if self.open >= self.limits.max_streams:
@@ -505,6 +513,19 @@ class LiveHub:
             raise TooManyStreams(f"this address holds {held} live streams, the most one client may "
                                  "open at once; close one first")
         self.check_ready()
+        return held
+
+    @asynccontextmanager
+    async def stream(self, options: TranscribeOptions, sample_rate: int,
+                     emit: Callable[[Caption], Awaitable[None]], client: str = ""):
+        """A :class:`LiveSession` holding one of the process's stream slots (and one of
+        ``client``'s, the peer address) for the block."""
+        try:
+            held = self._admit(client)
+        except SenseVoiceError as e:
+            self.metrics.refused.labels(e.code).inc()
+            raise
+        self.metrics.admitted.inc()
         self.open += 1
         self._by_client[client] = held + 1
         self.metrics.streams.inc()

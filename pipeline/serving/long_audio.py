@@ -31,8 +31,10 @@ CHANNEL_NAMES = ("left", "right")  # speaker labels of a split stereo call (e.g.
 
 class LongAudio:
     def __init__(self, settings: Settings, broker: Broker, view: JobView,
-                 decode: Callable[[bytes, TranscribeOptions], torch.Tensor], speech_device: str):
+                 decode: Callable[[bytes, TranscribeOptions], torch.Tensor], speech_device: str,
+                 on_failed: Callable[[Job, str], None] = lambda job, code: None):
         self.settings = settings
+        self.on_failed = on_failed  # (job, error code): a job this class failed (metrics)
         self.broker = broker
         self.view = view
         self.decode = decode
@@ -140,7 +142,9 @@ class LongAudio:
             self._queue_pieces(job, self._pieces(job, torch.from_numpy(samples)))
         except Exception as e:
             logger.exception("segmenting job %s failed", job.id)
-            self.broker.fail(job.id, "segmentation_failed", f"splitting the recording failed: {e}")
+            message = f"splitting the recording failed: {e}"
+            if self.broker.fail(job.id, "segmentation_failed", message) is not False:
+                self.on_failed(job, "segmentation_failed")
 
 
 def load_segmenter(max_segment_s: float, device: str):

@@ -5,10 +5,12 @@ services in one process), served in the text format 0.0.4 (``CONTENT_TYPE``). Ba
 bytes, hertz, watts, degrees Celsius; counters end in ``_total``. The registry holds:
 
 * counters and histograms updated from request and worker threads (``prometheus_client`` is
-  thread-safe): jobs finished / failed / refused, queue and compute time, batches and items per
-  device, audio seconds transcribed, and the HTTP requests per route template (``observe_http``);
+  thread-safe): jobs finished / failed / refused, queue and job time per lane, compute time,
+  batches and items per device, audio seconds transcribed, the HTTP requests per route template
+  (``observe_http``) and the event loop's lag (``observe_loop_lag``);
 * gauges read at scrape time by a custom collector: the queue depth (per lane), the live workers,
-  the long-recording backlog and the jobs by state, from callbacks the service sets;
+  whether the broker answers, the long-recording backlog and the jobs by state, from callbacks the
+  service sets;
 * the GPU gauges (a custom collector over the latest NVML sample, which a daemon thread takes every
   ``nvml_interval_s``; without NVML, e.g. no driver or a CPU machine, there are no GPU series);
 * ``sensevoice_build_info`` (version, torch, python, devices) and the ``process_*`` / ``python_*``
@@ -61,6 +63,12 @@ GPU_GAUGES = (  # name (without prefix), help; one sample per GPU, labelled GPU_
     ("gpu_sm_clock_hertz", "GPU SM clock, hertz."),
     ("gpu_utilization_ratio", "Fraction of NVML's last sample period in which a kernel ran (0..1)."),
 )
+LOOP_LAG_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)  # seconds
+LANES = ("interactive", "bulk")  # the job lanes (domain.types.Lane, lower-cased): label values
+# the codes an accepted job fails with (worker, long_audio, brokers): their series start at zero, so
+# that rate() sees the first failure after a start (a series born at 1 shows no increase)
+FAILURE_CODES = ("audio_lost", "device_error", "inference_error", "internal_error",
+                 "out_of_memory", "queue_timeout", "segmentation_failed", "too_many_attempts")
 UNMATCHED_ROUTE = "unmatched"  # the route label of a path no route answers (never the raw path)
 _CODE_RE = re.compile(r"^[a-z][a-z0-9_]{0,63}$")  # an error code fit to be a label value
 
@@ -140,7 +148,16 @@ class Metrics:
                               ("lane",), registry=r)
         self._queue = Histogram(f"{p}queue_duration_seconds",
                                 "Time a job (or a piece of a long one) waited in the queue before "
-                                "its batch started, seconds.", buckets=LATENCY_BUCKETS, registry=r)
+                                "its batch started, by lane, seconds.", ("lane",),
+                                buckets=LATENCY_BUCKETS, registry=r)
+        self._job_time = Histogram(f"{p}job_duration_seconds",
+                                   "Time from a job's entry into the queue to its result stored, "
+                                   "by lane, seconds (a long recording: from its last piece's "
+                                   "entry).", ("lane",), buckets=LATENCY_BUCKETS, registry=r)
+        self._loop_lag = Histogram(f"{p}event_loop_lag_seconds",
+                                   "How late the event loop's once-a-second heartbeat woke, "
+                                   "seconds (a blocked loop stalls every request of the process).",
+                                   buckets=LOOP_LAG_BUCKETS, registry=r)
         self._compute = Histogram(f"{p}compute_duration_seconds",
                                   "Time one batch ran on its device, seconds.", ("device",),
                                   buckets=LATENCY_BUCKETS, registry=r)
@@ -167,6 +184,11 @@ class Metrics:
         for d in self.devices:  # per-device series start at zero
             for family in (self._compute, self._inferences, self._executions):
                 family.labels(d)
+        for lane in LANES:  # so do the per-lane waits and the known failures
+            self._queue.labels(lane)
+            self._job_time.labels(lane)
+            for code in FAILURE_CODES:
+                self._failure.labels(lane, code)
         ProcessCollector(registry=r)  # process_cpu_seconds_total, process_resident_memory_bytes, ...
         PlatformCollector(registry=r)  # python_info
         GCCollector(registry=r)  # python_gc_*
@@ -175,6 +197,7 @@ class Metrics:
         self._backlog_fn: Callable[[], tuple[int, float]] | None = None
         self._lanes_fn: Callable[[], dict] | None = None
         self._workers_fn: Callable[[], int] | None = None
+        self._broker_up_fn: Callable[[], bool] | None = None
         r.register(_CallbackCollector(self))
         self._gpus = GpuSampler(self.devices, nvml_interval_s, nvml=nvml)
         r.register(self._gpus)
@@ -192,9 +215,17 @@ class Metrics:
     def rejected(self, reason: str) -> None:
         self._rejected.labels(_text(reason)).inc()
 
-    def observe_queue(self, seconds: float) -> None:
-        """One job's wait in the queue (call once per job, when its batch starts)."""
-        self._queue.observe(_seconds(seconds))
+    def observe_queue(self, seconds: float, lane: str) -> None:
+        """One job's wait in the queue in its lane (call once per job, when its batch starts)."""
+        self._queue.labels(_text(lane)).observe(_seconds(seconds))
+
+    def observe_job(self, seconds: float, lane: str) -> None:
+        """One job's time from queue entry to stored result (call once per job)."""
+        self._job_time.labels(_text(lane)).observe(_seconds(seconds))
+
+    def observe_loop_lag(self, seconds: float) -> None:
+        """How much later than asked the event loop's heartbeat woke."""
+        self._loop_lag.observe(_seconds(seconds))
 
     def observe_compute(self, seconds: float, batch_size: int, device: str) -> None:
         """One batch of ``batch_size`` items that ran ``seconds`` on ``device``."""
@@ -227,6 +258,10 @@ class Metrics:
     def set_workers_fn(self, fn: Callable[[], int]) -> None:
         """``fn() -> worker processes alive`` (distributed: one that died drops out)."""
         self._workers_fn = fn
+
+    def set_broker_up_fn(self, fn: Callable[[], bool]) -> None:
+        """``fn() -> whether the broker (Redis) answered the last check`` (distributed only)."""
+        self._broker_up_fn = fn
 
     def set_backlog_fn(self, fn: Callable[[], tuple[int, float]]) -> None:
         """``fn() -> (jobs, audio seconds)`` of long recordings accepted and not yet finished."""
@@ -269,7 +304,12 @@ class _CallbackCollector:
         workers = _call(m._workers_fn, "live workers")
         if workers is not None:
             yield GaugeMetricFamily(f"{p}workers_alive", "Worker processes that claimed work "
-                                    "within the visibility timeout.", value=int(workers))
+                                    "within the visibility timeout (shared broker), or this "
+                                    "process's worker threads alive (embedded).", value=int(workers))
+        up = _call(m._broker_up_fn, "broker state")
+        if up is not None:
+            yield GaugeMetricFamily(f"{p}broker_up", "1 while the broker (Redis) answers this "
+                                    "process, else 0.", value=1 if up else 0)
         backlog = _call(m._backlog_fn, "backlog")
         if backlog is not None:
             yield GaugeMetricFamily(f"{p}backlog_jobs", "Long recordings accepted and not yet "

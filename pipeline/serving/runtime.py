@@ -164,6 +164,10 @@ def build_runtime(settings: Settings | None = None, role: str | None = None, *, 
     metrics.set_jobs_by_state_fn(broker.counts)
     if broker.shared:
         metrics.set_workers_fn(broker.live_workers)
+        metrics.set_broker_up_fn(lambda: not health.broker_error)
+    elif pool is not None:  # embedded: this process's worker threads
+        metrics.set_workers_fn(lambda: sum(w.is_alive() for w in pool.workers))
+    health.on_loop_lag = metrics.observe_loop_lag
     if pool is not None:
         pool.live_ready = lambda: health.not_serving()
     if serves_api:

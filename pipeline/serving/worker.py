@@ -217,7 +217,7 @@ class Worker(threading.Thread):
             moved |= self.store.mark_running(pieces, already_running_ok=True)
         for item in jobs:
             if item.job_id in moved:
-                self.metrics.observe_queue(t_start - item.enqueued_at)
+                self.metrics.observe_queue(t_start - item.enqueued_at, item.lane)
         return moved
 
     def _infer(self, batch: Sequence[WorkItem], waves: Sequence[torch.Tensor], t_start: float,
@@ -300,6 +300,7 @@ class Worker(threading.Thread):
             if item.job_id in written and item.job_id not in counted:
                 counted.add(item.job_id)
                 self.metrics.request_success(item.lane, audio_s[item.job_id])
+                self.metrics.observe_job(time.monotonic() - item.enqueued_at, item.lane)
                 logger.debug(  # not INFO: at thousands of jobs a second the log would be the work
                     "job done id=%s audio_s=%.2f pieces=%d queue_ms=%.1f compute_ms=%.1f batch=%d",
                     item.job_id, audio_s[item.job_id], item.pieces, queue_ms, compute_ms,

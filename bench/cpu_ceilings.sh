@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# The throughput issue's CPU ceilings (no-op engine), measured on a quiet machine: each measured
+# process pinned to two cores (taskset -c 0,1: "a 2-core machine"), the load generator on others.
+# Before (the tree of .base/, carried) and after (this tree), one call, same machine:
+#   1. the worker process: bench/broker_worker.py --shared (Feeder, Scheduler, Worker, Redis);
+#   2. the one-process default: bench/noop_server.py --demo under bench/load_test.py;
+#   3. the batch CLI's local mode: bench/cli_local.py (its own before/after in one process).
+# Runs where the GPU machine's wheels are (.whl) and redis as .deb (.deb); writes $OUT/*.txt.
+set -uo pipefail
+OUT=${OUT:-$(mktemp -d)}
+export PYTHONUNBUFFERED=1
+if [ ! -f /tmp/site/.done ]; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
+    .whl/*.whl >"$OUT/pip.log" 2>&1 || { tail -5 "$OUT/pip.log"; exit 1; }
+  touch /tmp/site/.done
+fi
+export PYTHONPATH=/tmp/site
+for d in .deb/*.deb; do dpkg -x "$d" /tmp/redis; done
+export LD_LIBRARY_PATH=/tmp/redis/usr/lib/x86_64-linux-gnu:${LD_LIBRARY_PATH:-}
+ln -sf /tmp/redis/usr/bin/redis-check-rdb /tmp/redis/redis-server
+export PATH=/tmp/redis:$PATH
+PIN="taskset -c 0,1" GEN="taskset -c 4-11"
+mkdir -p /tmp/nohiredis && echo 'raise ImportError("hiredis left out: the tree before it")' >/tmp/nohiredis/hiredis.py
+pp() { [ "$1" = .base ] && echo /tmp/nohiredis:/tmp/site || echo /tmp/site; }  # "before" had no hiredis
+export SENSEVOICE_DEVICE=cpu SENSEVOICE_MAX_CONNECTIONS_PER_CLIENT=0 SENSEVOICE_MAX_UPLOADS_PER_CLIENT=0 \
+  SENSEVOICE_QUEUE_SIZE=4096
+nproc
+echo "## 1. worker process (bench/broker_worker.py --shared --jobs ${JOBS:-4000})" | tee "$OUT/summary.txt"
+for tree in .base .; do
+  for rep in 1 2; do
+    (cd $tree && PYTHONPATH=$(pp $tree) $PIN python3 bench/broker_worker.py --shared --jobs ${JOBS:-4000} 2>&1 | grep shared \
+      | sed "s|^|$tree run $rep: |") | tee -a "$OUT/summary.txt"
+  done
+done
+echo "## 2. one-process default, no-op engine (load_test, 10 s WAV)" | tee -a "$OUT/summary.txt"
+port=7900
+for tree in .base .; do
+  port=$((port + 1))
+  (cd $tree && PYTHONPATH=$(pp $tree) $PIN python3 bench/noop_server.py --demo --device cpu --api-only --port $port \
+     --data-dir "$(mktemp -d)" >"$OUT/server-${port}.log" 2>&1) &
+  for _ in $(seq 600); do python3 -c "import sys,urllib.request; urllib.request.urlopen(sys.argv[1], timeout=2)" \
+    http://127.0.0.1:$port/readyz 2>/dev/null && break; sleep 0.5; done
+  OUT=$OUT/load-$port $GEN python3 bench/load_test.py --url http://127.0.0.1:$port --submitters ${SUBMITTERS:-32} \
+    --client-processes 4 --seconds ${SECS:-20} --pollers 200 --clips 10 --finish-timeout 60 2>&1 | tail -1 \
+    | sed "s|^|$tree: |" | tee -a "$OUT/summary.txt"
+  pkill -f "noop_server.py --demo --device cpu --api-only --port $port"; sleep 2
+done
+echo "## 3. batch CLI local mode (bench/cli_local.py --files 1000)" | tee -a "$OUT/summary.txt"
+$PIN python3 bench/cli_local.py --files ${FILES:-1000} 2>&1 | grep -v "torch_complex" | tail -7 | tee -a "$OUT/summary.txt"

@@ -7,7 +7,7 @@
 #   3. faults under load: a second worker (no CUDA graphs: it starts in seconds) joins; kill -9 of
 #      the first worker mid-batch, then of one api process; lost / finished-twice / reclaim time.
 # Load: bench/load_test.py, 10 s WAV uploads, $SUBMITTERS submitters in $CLIENTS client processes
-# + 200 pollers at 2 Hz, $SECONDS_PER_RUN s each. Needs .whl-gpu (wheels) and .deb (redis) carried.
+# + 200 pollers at 2 Hz, $SECONDS_PER_RUN s each. Needs .whl (wheels) and .deb (redis) carried.
 # Writes $OUT/*.json and logs; prints one table row per run last.
 set -uo pipefail
 OUT=${OUT:-$(mktemp -d)}
@@ -15,7 +15,7 @@ LOGS=/tmp/topology-logs; mkdir -p $LOGS  # server logs stay there: $OUT keeps th
 SUBMITTERS=${SUBMITTERS:-64} CLIENTS=${CLIENTS:-4} SECS=${SECONDS_PER_RUN:-20}
 APIS=${APIS:-12} API_STEPS=${API_STEPS:-"4 8 12"} VIS=${VISIBILITY_S:-5}
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
-  .whl-gpu/*.whl && export PYTHONPATH=/tmp/site || exit 1
+  .whl/*.whl && export PYTHONPATH=/tmp/site || exit 1
 for d in .deb/*.deb; do dpkg -x "$d" /tmp/redis; done
 export LD_LIBRARY_PATH=/tmp/redis/usr/lib/x86_64-linux-gnu:${LD_LIBRARY_PATH:-}
 REDIS=/tmp/redis/usr/bin/redis-check-rdb  # redis-server is this binary under another name

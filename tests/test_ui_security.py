@@ -568,15 +568,14 @@ def test_upload_sweeper_deletes_old_uploads_and_never_follows_links(tmp_path):
 
 @pytest.mark.parametrize("ui_auth", ["alice", "alice:", ":pw"])
 def test_a_ui_login_without_a_password_is_a_configuration_error(ui_auth):
-    from types import SimpleNamespace
-
+    from pipeline.config import Settings
     from pipeline.web.ui import ui_login
 
     with pytest.raises(ValueError):
-        ui_login(SimpleNamespace(ui_auth=ui_auth, api_token=TOKEN))
-    check = ui_login(SimpleNamespace(ui_auth="", api_token=TOKEN))
+        ui_login(Settings(ui_auth=ui_auth, api_token=TOKEN))
+    check = ui_login(Settings(ui_auth="", api_token=TOKEN))
     assert check("anyone", TOKEN) and not check("anyone", "") and not check("anyone", TOKEN + "x")
-    assert ui_login(SimpleNamespace(ui_auth="", api_token="")) is None
+    assert ui_login(Settings(ui_auth="", api_token="")) is None
 
 
 def test_many_files_in_one_request_are_refused(ui_server):

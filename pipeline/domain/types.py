@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import enum
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field, fields, is_dataclass
 
 SAMPLE_RATE = 16_000  # Hz, what the model consumes
 LANGUAGES = ("auto", "zh", "en", "yue", "ja", "ko", "nospeech")
@@ -74,7 +74,7 @@ class Transcript:
     segments: tuple[Segment, ...] = ()
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        return _plain(self)
 
     @classmethod
     def from_dict(cls, d: dict) -> "Transcript":
@@ -115,3 +115,20 @@ class Job:
         if self.started_at is None or self.finished_at is None:
             return None
         return self.finished_at - self.started_at
+
+
+_FIELD_NAMES: dict[type, tuple[str, ...]] = {}
+
+
+def _plain(obj):
+    """``dataclasses.asdict`` without its deep copies (a finished batch encodes every transcript:
+    asdict was most of that time): dataclasses to dicts, tuples kept as tuples, the rest as is."""
+    cls = type(obj)
+    if cls is tuple:
+        return tuple(_plain(v) for v in obj)
+    names = _FIELD_NAMES.get(cls)
+    if names is None:
+        if not is_dataclass(cls):
+            return obj
+        names = _FIELD_NAMES[cls] = tuple(f.name for f in fields(cls))
+    return {n: _plain(getattr(obj, n)) for n in names}

@@ -1102,7 +1102,8 @@ class RedisBroker:
                 options=load_options(f[b"options"]),
                 n_samples=int(f[b"n_samples"]), audio=audio,
                 enqueued_at=now_mono - age, piece=int(f[b"piece"]), pieces=int(f[b"pieces"]),
-                start_s=float(f[b"start_s"]), speaker=json.loads(f[b"speaker"])))
+                start_s=float(f[b"start_s"]),
+                speaker=None if f[b"speaker"] == b"null" else json.loads(f[b"speaker"])))
         for jid, (s, eid) in lost.items():
             logger.error("job %s: its audio is missing from the broker", jid)
             self.fail(jid, "audio_lost", "the job's audio could not be read from the broker")
@@ -1163,15 +1164,13 @@ class Feeder(threading.Thread):
                         self.broker.report_free_memory(self.consumer, ratio)
                     next_report = now + MEMORY_REPORT_S
                 if now >= next_reclaim:
-                    for item in self.broker.reclaim(self.consumer):
-                        self.scheduler.put(item, force=True)
+                    self.scheduler.put_many(self.broker.reclaim(self.consumer))
                     next_reclaim = now + self.reclaim_every_s
                 room = self.prefetch - len(self.scheduler)
                 if room <= 0:
                     self._stop_event.wait(0.005)
                     continue
-                for item in self.broker.claim(self.consumer, room, self.block_ms):
-                    self.scheduler.put(item, force=True)
+                self.scheduler.put_many(self.broker.claim(self.consumer, room, self.block_ms))
                 if self.error is not None:
                     logger.info("the broker answers again")
                 self.error = None

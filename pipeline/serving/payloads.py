@@ -120,7 +120,23 @@ class Payloads:
 
     # ------------------------------------------------------------------ read
     def read_audio(self, value: bytes) -> torch.Tensor | None:
-        """The piece's 16 kHz float32 audio, or None when its file is gone."""
+        """The piece's 16-bit samples (see :func:`pcm16_tensor`), or None when its file is gone.
+        A shared file is read straight into the array (no bytes object, no copy)."""
+        if value[:1] == FILE:
+            try:
+                fd = os.open(self._path(value), os.O_RDONLY)
+            except FileNotFoundError:
+                return None
+            try:  # one read into the array, the GIL released while the kernel copies
+                kind = os.pread(fd, 1, 0)
+                if kind != PCM16:
+                    raise ValueError(f"a stored value of unknown format {kind!r} (expected {PCM16!r})")
+                samples = np.empty((os.fstat(fd).st_size - 1) // 2, dtype="<i2")
+                if os.preadv(fd, [samples], 1) != samples.nbytes:
+                    raise ValueError("a shared audio file changed while it was read")
+            finally:
+                os.close(fd)
+            return torch.from_numpy(samples.astype(np.int16, copy=False))
         data = self._resolve(value, PCM16)
         return None if data is None else pcm16_tensor(data)
 
@@ -128,14 +144,19 @@ class Payloads:
         data = self._resolve(value, BYTES)
         return None if data is None else bytes(data)
 
+    def _path(self, value: bytes) -> str:
+        """The shared file a stored value names (refused unless it is one this layout makes)."""
+        name = value[1:].decode("ascii", "replace")
+        if self.dir is None or not _NAME.match(name):
+            raise ValueError(f"a stored value names a shared file ({name[:80]!r}) that this "
+                             "process cannot read: set the same shared_dir on every process")
+        return os.path.join(self.dir, name)
+
     def _resolve(self, value: bytes, kind: bytes) -> memoryview | None:
         if value[:1] == FILE:
-            name = value[1:].decode("ascii", "replace")
-            if self.dir is None or not _NAME.match(name):
-                raise ValueError(f"a stored value names a shared file ({name[:80]!r}) that this "
-                                 "process cannot read: set the same shared_dir on every process")
             try:
-                value = (self.dir / name).read_bytes()
+                with open(self._path(value), "rb") as f:
+                    value = f.read()
             except FileNotFoundError:
                 return None
         if value[:1] != kind:

@@ -4,6 +4,7 @@ user-facing error of a failed write (the disk or the store is full, or an I/O er
 from __future__ import annotations
 
 import errno
+import functools
 import json
 import sqlite3
 from dataclasses import dataclass
@@ -31,7 +32,9 @@ def dump_options(o: TranscribeOptions) -> str:
                        "split_channels": o.split_channels, "word_timestamps": o.word_timestamps})
 
 
+@functools.lru_cache(maxsize=1024)
 def load_options(text: str | bytes) -> TranscribeOptions:
+    """The options of a stored JSON text (few distinct values: parsed once each; frozen, shared)."""
     return TranscribeOptions(**json.loads(text))
 
 

@@ -112,6 +112,21 @@ class Scheduler:
             self._items.append(item)
             self._cond.notify()
 
+    def put_many(self, items: list[WorkItem]) -> None:
+        """Enqueue items already accepted elsewhere (claimed from a shared broker, recovered):
+        beyond the bound, one lock and one wake-up for all of them."""
+        if not items:
+            return
+        with self._cond:
+            now = time.monotonic()
+            for item in items:
+                self._seq += 1
+                item.seq = self._seq
+            self._gap_before_last = now - self._last_put if len(items) == 1 else 0.0
+            self._last_put = now
+            self._items.extend(items)
+            self._cond.notify_all()
+
     def position(self, job_id: str) -> int | None:
         """1-based place in serving order (lane, then age), or None when not queued."""
         with self._cond:

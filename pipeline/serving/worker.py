@@ -29,7 +29,7 @@ from pipeline.serving.broker import Broker
 from pipeline.serving.records import SegmentResult
 from pipeline.serving.metrics import Metrics
 from pipeline.domain.richtext import parse_rich_text
-from pipeline.domain.types import Transcript
+from pipeline.domain.types import Segment, Transcript
 from pipeline.serving.scheduler import SAMPLE_RATE, Scheduler, WorkItem
 
 logger = logging.getLogger("sensevoice.worker")
@@ -354,11 +354,14 @@ def _piece(item: WorkItem, wave: torch.Tensor, out) -> SegmentResult:
 def transcript_from_pieces(pieces: Sequence[SegmentResult]) -> Transcript:
     """One typed transcript from the raw outputs of a job's pieces, in time order."""
     segments = []
-    for p in sorted(pieces, key=lambda p: (p.start_s, p.idx)):
-        for k, seg in enumerate(parse_rich_text(p.raw_text)):
-            segments.append(replace(seg, start=round(p.start_s, 3), end=round(p.end_s, 3),
+    ordered = sorted(pieces, key=lambda p: (p.start_s, p.idx)) if len(pieces) > 1 else pieces
+    for p in ordered:
+        start, end = round(p.start_s, 3), round(p.end_s, 3)
+        for k, seg in enumerate(parse_rich_text(p.raw_text)):  # (dataclasses.replace is slow)
+            segments.append(Segment(language=seg.language, emotion=seg.emotion, events=seg.events,
+                                    itn=seg.itn, text=seg.text, start=start, end=end,
                                     speaker=p.speaker, words=p.words if k == 0 else ()))
-    raw = "".join(p.raw_text for p in sorted(pieces, key=lambda p: (p.start_s, p.idx)))
+    raw = "".join(p.raw_text for p in ordered)
     text = " ".join(s.text for s in segments if s.text)
     return Transcript(text=text, raw_text=raw, segments=tuple(segments))
 

@@ -280,6 +280,11 @@ class LiveSettings(BaseModel):
         "(the utterance in progress plus finals not yet decoded; at least the longest utterance "
         "plus 5 s). Beyond it the server stops reading that stream until it catches up, and ends "
         "it with live_overloaded after live_idle_timeout_s.")
+    latency_budget_s: float = Field(
+        0.3, gt=0, description="Live captions keep their re-decodes under this latency: while "
+        "recent ones take longer, a new stream is refused at once (live_at_capacity, close 1013, "
+        "retry in 5 s) and open streams stretch their partial cadence (up to 4x "
+        "live_partial_interval_s); finals are never delayed.")
 
 class UiSettings(BaseModel):
     """The Gradio page."""
@@ -366,6 +371,7 @@ GROUP_OF = {
     'live_max_frame_bytes': ('live', 'max_frame_bytes'),
     'live_burst_s': ('live', 'burst_s'),
     'live_max_buffered_s': ('live', 'max_buffered_s'),
+    'live_latency_budget_s': ('live', 'latency_budget_s'),
     'ui': ('ui', 'enabled'),
     'ui_auth': ('ui', 'auth'),
 }

@@ -625,3 +625,63 @@ def test_funasr_online_text_only_appends():
     assert agreed_prefix("", "anything") == ""
     assert spaced("first one.", "Second") == " Second" and spaced("你好", "世界") == "世界"
     assert spaced("", "Hi") == "Hi" and spaced("a ", "b") == "b"
+
+
+# ---------------------------------------------------------------------------- capacity and cadence
+class _Clock:
+    def __init__(self):
+        self.t = 1000.0
+
+    def __call__(self):
+        return self.t
+
+
+def test_the_lane_load_stretches_the_cadence_and_refuses_past_its_budget():
+    from pipeline.serving.live import LaneLoad
+
+    clock = _Clock()
+    load = LaneLoad(interval_s=0.4, budget_s=0.3, clock=clock)
+    assert load.cadence() == 0.4 and load.refusal(0) is None  # idle: as configured, admitted
+    load.observe(0.05)
+    assert load.cadence() == 0.4  # a quick lane keeps the configured cadence
+    load.observe(0.35)  # the lane slows: the latency rises at once
+    assert load.latency() == pytest.approx(0.35)
+    assert load.cadence() == pytest.approx(0.7)  # each stream asks for at most half the lane
+    assert "at capacity" in load.refusal(10)  # over the 300 ms budget: no new stream
+    load.observe(5.0)
+    assert load.cadence() == pytest.approx(1.6)  # stretched at most 4x
+    clock.t += 20.0  # quiet for ten half-lives: back to idle
+    assert load.latency() < 0.01 and load.cadence() == 0.4 and load.refusal(10) is None
+
+
+def test_a_burst_of_new_streams_is_admitted_at_a_bounded_rate():
+    from pipeline.serving.live import LaneLoad
+
+    clock = _Clock()
+    load = LaneLoad(interval_s=0.4, budget_s=0.3, clock=clock)
+    admitted = sum(load.refusal(n) is None for n in range(1000))  # 1,000 at the same instant
+    assert admitted == LaneLoad.RAMP_PER_S
+    clock.t += 1.0  # a second later: more, at most the ramp plus half the open streams
+    more = sum(load.refusal(admitted) is None for _ in range(1000))
+    assert 0 < more <= LaneLoad.RAMP_PER_S + 0.5 * admitted
+
+
+def test_a_stream_refused_for_capacity_hears_it_and_the_refusal_is_counted(server, speech):
+    hub = server.app.state.live_hub
+    before = hub.metrics.refused.labels("live_at_capacity")._value.get()
+    hub.load.observe(10.0)  # as if the lane had just taken 10 s per re-decode
+    try:
+        error = expect_error(stream(ws_url(server), speech.pcm[:32000], speed=None),
+                             "live_at_capacity", 1013)
+        assert "at capacity" in error["message"]
+    finally:
+        hub.load._latency = 0.0
+    assert hub.metrics.refused.labels("live_at_capacity")._value.get() == before + 1
+
+
+def test_partials_say_the_cadence_in_use(server, speech):
+    run = stream(ws_url(server), speech.pcm, speed=4.0)
+    partials = [m for m in run.of("partial") if m["text"]]
+    assert partials and all(m["interval"] >= server.runtime.settings.live.partial_interval_s
+                            for m in partials)
+    assert all("interval" not in m for m in run.of("final"))

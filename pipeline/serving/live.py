@@ -81,6 +81,7 @@ class LiveLimits:
     max_buffered_s: float = 60.0
     burst_s: float = 10.0  # audio a stream may send ahead of real time
     decode_timeout_s: float = 60.0  # a decode not answered by then: the workers are gone or hung
+    latency_budget_s: float = 0.3  # re-decodes slower than this (recently): no new stream
 
     @classmethod
     def from_settings(cls, settings) -> LiveLimits:
@@ -92,7 +93,8 @@ class LiveLimits:
                    max_stream_s=settings.live.max_stream_s,
                    max_frame_bytes=settings.live.max_frame_bytes,
                    max_buffered_s=settings.live.max_buffered_s,
-                   burst_s=settings.live.burst_s)
+                   burst_s=settings.live.burst_s,
+                   latency_budget_s=settings.live.latency_budget_s)
 
     @property
     def buffered_samples(self) -> int:
@@ -112,6 +114,7 @@ class Caption:
     text: str  # the plain text
     segments: tuple[Segment, ...]  # typed tags; times are the utterance's
     reason: str | None = None  # finals: "pause", "limit" (utterance length) or "end"
+    interval: float | None = None  # partials: the cadence in use (s between re-decodes)
 
     @property
     def words(self) -> tuple[Word, ...]:
@@ -371,7 +374,7 @@ class LiveSession:
         if ep.start is None or not ep.triggered or self.buffer.end - self._partial_upto < WINDOW:
             return None
         now = asyncio.get_running_loop().time()
-        left = self._partial_started + self.limits.partial_interval_s - now
+        left = self._partial_started + self.hub.load.cadence() - now
         return 0.0 if left <= 0 else left
 
     async def _run_partial(self) -> None:
@@ -383,7 +386,8 @@ class LiveSession:
             self.stats.partials_dropped += 1
             self.hub.metrics.partials_dropped.inc()
             return
-        caption = self._caption(out, start, end, final=False)
+        caption = replace(self._caption(out, start, end, final=False),
+                          interval=round(self.hub.load.cadence(), 3))
         if out.raw_text == self._last_partial or (self._last_partial is None and not caption.text):
             self.stats.partials_unchanged += 1
             return
@@ -425,6 +429,7 @@ class LiveSession:
             e = waiter.exception()
             raise LiveDecodeFailed(f"the model failed on this stream's audio: {e}") from e
         seconds = time.monotonic() - t0
+        self.hub.load.observe(seconds)
         self.stats.decode_s_max = max(self.stats.decode_s_max, seconds)
         self.hub.metrics.decode_seconds.labels(kind).observe(seconds)
         return waiter.result()
@@ -439,7 +444,71 @@ class LiveSession:
         return Caption(final, t0, t1, out.raw_text, text, segments, reason)
 
 
-REFUSAL_CODES = (TooManyStreams.code, NotReady.code)  # why a stream is refused a slot
+class LiveAtCapacity(TooManyStreams):
+    """The live lane is at the load it keeps its latency under: a new stream must wait (its
+    close code is TooManyStreams': 1013, try again later)."""
+
+    code = "live_at_capacity"
+    retry_after = 5
+
+
+REFUSAL_CODES = (TooManyStreams.code, LiveAtCapacity.code, NotReady.code)  # why a stream is refused a slot
+
+
+class LaneLoad:
+    """The live lane's load as its streams measure it, and what follows from it.
+
+    * ``latency()``: how long re-decodes take now (queue + batch + compute), a time-decayed
+      average (half-life ``HALF_LIFE_S``: it falls back to zero when the lane goes quiet);
+    * ``cadence()``: how often a stream re-decodes its utterance in progress -- the configured
+      interval while the lane is quick, stretched up to ``MAX_STRETCH`` times when a re-decode
+      takes more than half of it (each stream then asks for at most half of the lane's time);
+      finals are never delayed (they go first, whatever the cadence);
+    * ``refusal(open)``: why a new stream must wait (None: admit it) -- the lane over its latency
+      budget, or streams arriving faster than the lane has been seen to absorb them (a burst is
+      admitted ``RAMP_PER_S`` plus half the open streams a second, never all at once before the
+      first re-decode has measured anything)."""
+
+    HALF_LIFE_S = 2.0
+    MAX_STRETCH = 4.0
+    RAMP_PER_S = 20.0
+
+    def __init__(self, interval_s: float, budget_s: float, clock: Callable[[], float] = time.monotonic):
+        self.interval_s, self.budget_s, self.clock = interval_s, budget_s, clock
+        self._latency = 0.0
+        self._at = clock()
+        self._tokens = self.RAMP_PER_S
+        self._tokens_at = clock()
+
+    def observe(self, seconds: float) -> None:
+        """One re-decode took ``seconds``."""
+        now = self.clock()
+        decay = 0.5 ** ((now - self._at) / self.HALF_LIFE_S)
+        self._latency = max(seconds, self._latency * decay) if seconds > self._latency * decay \
+            else 0.8 * self._latency * decay + 0.2 * seconds  # rises at once, falls smoothly
+        self._at = now
+
+    def latency(self) -> float:
+        return self._latency * 0.5 ** ((self.clock() - self._at) / self.HALF_LIFE_S)
+
+    def cadence(self) -> float:
+        return min(max(self.interval_s, 2.0 * self.latency()), self.MAX_STRETCH * self.interval_s)
+
+    def refusal(self, open_streams: int) -> str | None:
+        latency = self.latency()
+        if latency > self.budget_s:
+            return (f"live captions are at capacity: re-decodes take {latency * 1e3:.0f} ms now, "
+                    f"over the {self.budget_s * 1e3:.0f} ms they are kept under; try again in a few "
+                    "seconds")
+        now = self.clock()
+        rate = self.RAMP_PER_S + 0.5 * open_streams
+        self._tokens = min(rate, self._tokens + (now - self._tokens_at) * rate)
+        self._tokens_at = now
+        if self._tokens < 1.0:
+            return ("live streams are arriving faster than they can be taken on; try again in a "
+                    "few seconds")
+        self._tokens -= 1.0
+        return None
 
 
 class LiveMetrics:
@@ -472,6 +541,13 @@ class LiveMetrics:
                                registry=r)
         for code in REFUSAL_CODES:  # from zero: rate() sees the first refusal
             self.refused.labels(code)
+        self.cadence = Gauge("sensevoice_live_partial_interval_seconds",
+                             "How often a live stream re-decodes its utterance in progress now "
+                             "(stretched from live_partial_interval_s while the lane is busy).",
+                             registry=r)
+        self.latency = Gauge("sensevoice_live_decode_latency_seconds",
+                             "Recent live re-decode latency (time-decayed average): over "
+                             "live_latency_budget_s, new streams are refused.", registry=r)
 
 
 class LiveHub:
@@ -491,6 +567,9 @@ class LiveHub:
         self.open = 0
         self._by_client: dict[str, int] = {}  # client address -> its open streams
         self.metrics = LiveMetrics(registry)
+        self.load = LaneLoad(self.limits.partial_interval_s, self.limits.latency_budget_s)
+        self.metrics.cadence.set_function(self.load.cadence)
+        self.metrics.latency.set_function(self.load.latency)
 
     def check_ready(self) -> None:
         """NotReady unless this process can decode live audio now."""
@@ -513,6 +592,9 @@ class LiveHub:
             raise TooManyStreams(f"this address holds {held} live streams, the most one client may "
                                  "open at once; close one first")
         self.check_ready()
+        reason = self.load.refusal(self.open)
+        if reason is not None:
+            raise LiveAtCapacity(reason)
         return held
 
     @asynccontextmanager

@@ -9,9 +9,10 @@ clients connect when given only a host and a port). Both drive the same
 sends binary frames of 16-bit little-endian mono PCM, of any size, then the text frame
 ``{"type": "end"}``. The server sends text frames of JSON:
 
-* ``{"type": "partial", "text", "raw_text", "start", "end", "segment"}``: the utterance in
-  progress, at most every ``live_partial_interval_s`` and only when it changed (an empty partial
-  takes back one that turned out not to be speech);
+* ``{"type": "partial", "text", "raw_text", "start", "end", "segment", "interval"}``: the
+  utterance in progress, at most every ``interval`` seconds (``live_partial_interval_s``, stretched
+  up to 4x while the live lane is busy) and only when it changed (an empty partial takes back one
+  that turned out not to be speech);
 * ``{"type": "final", "text", "raw_text", "start", "end", "reason", "segment", "segments"}``:
   the utterance, settled, when a pause (``reason`` "pause"), the length limit ("limit") or the
   end ("end") closes it; ``segment`` is the first of ``segments`` (language, emotion, events, itn,
@@ -319,6 +320,8 @@ class NativeStream:
         if caption.final:
             body["reason"] = caption.reason
             body["segments"] = [segment_json(s) for s in caption.segments]
+        elif caption.interval is not None:
+            body["interval"] = caption.interval  # the cadence in use (stretched when busy)
         await self.sock.send(body)
 
     async def fail(self, e: SenseVoiceError) -> None:

@@ -7,7 +7,7 @@
 
 The audio: three espeak-ng sentences separated by 1.2 s pauses (the test's recording), repeated
 ``--repeat`` times, 16 kHz PCM in 100 ms frames, each sent when a microphone would have recorded
-it (frame k at k x 100 ms + 100 ms); streams start spread over the first second. Where each
+it (frame k at k x 100 ms + 100 ms); streams start spread over --spread-s (1 s). Where each
 sentence is voiced is known (10 ms frames above -60 dBFS), and each final is matched to its
 sentence, so per utterance:
 
@@ -19,7 +19,9 @@ sentence, so per utterance:
   the final; **speech end -> final** adds that pause (what a person waits).
 
 Prints one table row per stream count (p50 / p95 in ms) and writes ``$OUT/live_load.json`` when
-OUT is set. A row counts utterances whose final was not matched, and streams that ended in error.
+OUT is set. A row counts the streams admitted and those refused a slot at once (the server at
+capacity: live_at_capacity / too_many_streams, close 1013 -- a clean answer, not a failure), the
+admitted streams' utterances whose final was not matched, and streams that ended in error.
 """
 
 from __future__ import annotations
@@ -68,6 +70,9 @@ def speech(work: Path) -> tuple[bytes, list[tuple[float, float]]]:
     return np.concatenate(parts).astype("<i2").tobytes(), spans
 
 
+REFUSALS = ("too_many_streams", "live_at_capacity", "not_ready")  # a slot refused at once
+
+
 @dataclass
 class StreamResult:
     first_partial_ms: list[float] = field(default_factory=list)
@@ -77,6 +82,7 @@ class StreamResult:
     finals: int = 0
     unmatched: int = 0
     error: str | None = None
+    refused: bool = False  # refused a slot at once (at capacity, full, no model): not a failure
 
 
 async def one_stream(url: str, headers: dict, pcm: bytes, spans: list[tuple[float, float]],
@@ -105,10 +111,13 @@ async def one_stream(url: str, headers: dict, pcm: bytes, spans: list[tuple[floa
 
             reader = asyncio.create_task(read())
             t0 = time.monotonic()
-            for i in range(0, len(pcm), frame):
-                await asyncio.sleep(max(0.0, t0 + (i + frame) / (2 * RATE) - time.monotonic()))
-                await ws.send(pcm[i:i + frame])
-            await ws.send(json.dumps({"type": "end"}))
+            try:
+                for i in range(0, len(pcm), frame):
+                    await asyncio.sleep(max(0.0, t0 + (i + frame) / (2 * RATE) - time.monotonic()))
+                    await ws.send(pcm[i:i + frame])
+                await ws.send(json.dumps({"type": "end"}))
+            except websockets.ConnectionClosed:  # refused or ended by the server: its reason below
+                pass
             await asyncio.wait_for(reader, 120)
     except Exception as e:  # the row counts it
         res.error = repr(e)
@@ -117,6 +126,9 @@ async def one_stream(url: str, headers: dict, pcm: bytes, spans: list[tuple[floa
         if m.get("type") == "error":
             res.error = m["code"]
     finals = [(t, m) for t, m in messages if m.get("type") == "final"]
+    if res.error in REFUSALS and not finals:
+        res.refused = True
+        return res
     res.partials = sum(1 for _, m in messages if m.get("type") == "partial" and m["text"])
     res.finals = len(finals)
     for a, b in spans:
@@ -140,9 +152,11 @@ def pct(xs: list[float], p: float) -> float:
     return round(xs[min(len(xs) - 1, int(round(p / 100 * (len(xs) - 1))))], 1) if xs else float("nan")
 
 
-async def level(url: str, headers: dict, pcm: bytes, spans, n: int, pause_s: float) -> dict:
+async def level(url: str, headers: dict, pcm: bytes, spans, n: int, pause_s: float,
+                spread_s: float = 1.0) -> dict:
     t0 = time.monotonic()
-    results = await asyncio.gather(*(one_stream(url, headers, pcm, spans, k / max(n, 1), pause_s)
+    results = await asyncio.gather(*(one_stream(url, headers, pcm, spans,
+                                                spread_s * k / max(n, 1), pause_s)
                                      for k in range(n)))
     first = [x for r in results for x in r.first_partial_ms]
     final = [x for r in results for x in r.final_ms]
@@ -152,8 +166,10 @@ async def level(url: str, headers: dict, pcm: bytes, spans, n: int, pause_s: flo
             "final_p50_ms": pct(final, 50), "final_p95_ms": pct(final, 95),
             "end_final_p50_ms": pct(end, 50), "end_final_p95_ms": pct(end, 95),
             "utterances": len(final), "unmatched": sum(r.unmatched for r in results),
+            "admitted": sum(not r.refused for r in results),
+            "refused": sum(r.refused for r in results),
             "partials_per_stream": round(statistics.mean(r.partials for r in results), 1),
-            "errors": sorted({r.error for r in results if r.error})}
+            "errors": sorted({r.error for r in results if r.error and not r.refused})}
 
 
 def start_server(port: int, data_dir: str, env: dict, log: Path) -> subprocess.Popen:
@@ -183,6 +199,8 @@ def main() -> int:
     ap.add_argument("--streams", default="1,8,32", help="stream counts, one row each")
     ap.add_argument("--repeat", type=int, default=2, help="times the 3-sentence recording repeats")
     ap.add_argument("--pause-s", type=float, default=0.7, help="the server's live_pause_s")
+    ap.add_argument("--spread-s", type=float, default=1.0, help="streams start spread over this "
+                    "many seconds (the server admits new streams at a measured rate)")
     args = ap.parse_args()
     counts = [int(n) for n in args.streams.split(",")]
     with tempfile.TemporaryDirectory() as work:
@@ -207,14 +225,15 @@ def main() -> int:
         rows = []
         try:
             print(f"{len(pcm) / 2 / RATE:.1f} s of audio per stream, {len(spans)} utterances")
-            print("| streams | speech start -> first partial p50 / p95 ms | pause -> final p50 / "
-                  "p95 ms | speech end -> final p50 / p95 ms | utterances | unmatched | partials "
-                  "per stream | errors |")
-            print("|---|---|---|---|---|---|---|---|")
+            print("| streams | admitted | refused | speech start -> first partial p50 / p95 ms | "
+                  "pause -> final p50 / p95 ms | speech end -> final p50 / p95 ms | utterances | "
+                  "unmatched (admitted) | partials per stream | errors |")
+            print("|---|---|---|---|---|---|---|---|---|---|")
             for n in counts:
-                r = asyncio.run(level(ws_url, headers, pcm, spans, n, args.pause_s))
+                r = asyncio.run(level(ws_url, headers, pcm, spans, n, args.pause_s, args.spread_s))
                 rows.append(r)
-                print(f"| {n} | {r['first_partial_p50_ms']} / {r['first_partial_p95_ms']} | "
+                print(f"| {n} | {r['admitted']} | {r['refused']} | "
+                      f"{r['first_partial_p50_ms']} / {r['first_partial_p95_ms']} | "
                       f"{r['final_p50_ms']} / {r['final_p95_ms']} | {r['end_final_p50_ms']} / "
                       f"{r['end_final_p95_ms']} | {r['utterances']} | {r['unmatched']} | "
                       f"{r['partials_per_stream']} | {', '.join(r['errors']) or '-'} |", flush=True)

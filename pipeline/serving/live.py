@@ -465,13 +465,14 @@ class LaneLoad:
       takes more than half of it (each stream then asks for at most half of the lane's time);
       finals are never delayed (they go first, whatever the cadence);
     * ``refusal(open)``: why a new stream must wait (None: admit it) -- the lane over its latency
-      budget, or streams arriving faster than the lane has been seen to absorb them (a burst is
-      admitted ``RAMP_PER_S`` plus half the open streams a second, never all at once before the
-      first re-decode has measured anything)."""
+      budget, or streams arriving faster than the lane has shown it absorbs them: new streams are
+      admitted at ``RAMP_PER_S`` a second plus half the open streams times the latency headroom
+      (1 - latency / budget), so a burst never gets in before its load has been measured, growth
+      slows as the lane nears its budget, and stops at it."""
 
     HALF_LIFE_S = 2.0
     MAX_STRETCH = 4.0
-    RAMP_PER_S = 20.0
+    RAMP_PER_S = 4.0
 
     def __init__(self, interval_s: float, budget_s: float, clock: Callable[[], float] = time.monotonic):
         self.interval_s, self.budget_s, self.clock = interval_s, budget_s, clock
@@ -501,7 +502,7 @@ class LaneLoad:
                     f"over the {self.budget_s * 1e3:.0f} ms they are kept under; try again in a few "
                     "seconds")
         now = self.clock()
-        rate = self.RAMP_PER_S + 0.5 * open_streams
+        rate = self.RAMP_PER_S + 0.5 * open_streams * (1.0 - latency / self.budget_s)
         self._tokens = min(rate, self._tokens + (now - self._tokens_at) * rate)
         self._tokens_at = now
         if self._tokens < 1.0:

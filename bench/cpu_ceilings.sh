@@ -4,7 +4,10 @@
 # Before (the tree of .base/, carried) and after (this tree), one call, same machine:
 #   1. the worker process: bench/broker_worker.py --shared (Feeder, Scheduler, Worker, Redis);
 #   2. the one-process default: bench/noop_server.py --demo under bench/load_test.py;
-#   3. the batch CLI's local mode: bench/cli_local.py (its own before/after in one process).
+#   3. the batch CLI's local mode: bench/cli_local.py (its own before/after in one process);
+#   4. live captions: the demo model's server pinned, bench/live_load.py from other cores, streams
+#      offered over --spread-s: admitted (held at the targets) and refused per row.
+# SECTIONS="1 2 3 4" picks them.
 # Runs where the GPU machine's wheels are (.whl) and redis as .deb (.deb); writes $OUT/*.txt.
 set -uo pipefail
 OUT=${OUT:-$(mktemp -d)}
@@ -25,6 +28,8 @@ pp() { [ "$1" = .base ] && echo /tmp/nohiredis:/tmp/site || echo /tmp/site; }  #
 export SENSEVOICE_DEVICE=cpu SENSEVOICE_MAX_CONNECTIONS_PER_CLIENT=0 SENSEVOICE_MAX_UPLOADS_PER_CLIENT=0 \
   SENSEVOICE_QUEUE_SIZE=4096
 nproc
+SECTIONS=${SECTIONS:-"1 2 3 4"}
+if [[ " $SECTIONS " == *" 1 "* ]]; then
 echo "## 1. worker process (bench/broker_worker.py --shared --jobs ${JOBS:-4000})" | tee "$OUT/summary.txt"
 for tree in .base .; do
   for rep in 1 2; do
@@ -32,6 +37,8 @@ for tree in .base .; do
       | sed "s|^|$tree run $rep: |") | tee -a "$OUT/summary.txt"
   done
 done
+fi
+if [[ " $SECTIONS " == *" 2 "* ]]; then
 echo "## 2. one-process default, no-op engine (load_test, 10 s WAV)" | tee -a "$OUT/summary.txt"
 port=7900
 for tree in .base .; do
@@ -45,5 +52,18 @@ for tree in .base .; do
     | sed "s|^|$tree: |" | tee -a "$OUT/summary.txt"
   pkill -f "noop_server.py --demo --device cpu --api-only --port $port"; sleep 2
 done
+fi
+if [[ " $SECTIONS " == *" 3 "* ]]; then
 echo "## 3. batch CLI local mode (bench/cli_local.py --files 1000)" | tee -a "$OUT/summary.txt"
 $PIN python3 bench/cli_local.py --files ${FILES:-1000} 2>&1 | grep -v "torch_complex" | tail -7 | tee -a "$OUT/summary.txt"
+fi
+if [[ " $SECTIONS " == *" 4 "* ]]; then
+echo "## 4. live captions, demo model on 2 cores (bench/live_load.py --spread-s ${SPREAD:-10})" | tee -a "$OUT/summary.txt"
+SENSEVOICE_MAX_LIVE_STREAMS=1000 SENSEVOICE_MAX_LIVE_STREAMS_PER_CLIENT=0 $PIN python3 app_sensevoice.py --demo \
+  --device cpu --api-only --port 7950 --data-dir "$(mktemp -d)" >"$OUT/live-server.log" 2>&1 &
+for _ in $(seq 600); do python3 -c "import sys,urllib.request; urllib.request.urlopen(sys.argv[1], timeout=2)" \
+  http://127.0.0.1:7950/readyz 2>/dev/null && break; sleep 0.5; done
+LIVE_SPEECH_DIR=$PWD/.gpu-media/live $GEN python3 bench/live_load.py --url http://127.0.0.1:7950 --streams ${STREAMS:-24,48,96} --repeat 2 \
+  --spread-s ${SPREAD:-10} 2>&1 | grep "^|" | tee -a "$OUT/summary.txt"
+pkill -f "port 7950"
+fi

@@ -57,10 +57,19 @@ def speech(work: Path) -> tuple[bytes, list[tuple[float, float]]]:
     """The recording (s16le) and the voiced span of each sentence, seconds."""
     parts, spans, pos = [np.zeros(int(LEAD_S * RATE), np.int16)], [], int(LEAD_S * RATE)
     for k, text in enumerate(SENTENCES):
-        raw = work / f"s{k}.wav"
-        subprocess.run(["espeak-ng", "-w", str(raw), text], check=True)
-        pcm = subprocess.run(["ffmpeg", "-loglevel", "error", "-i", str(raw), "-ar", str(RATE),
-                              "-ac", "1", "-f", "s16le", "-"], check=True, capture_output=True).stdout
+        cache = os.environ.get("LIVE_SPEECH_DIR")  # made once, carried where espeak-ng is not
+        cached = Path(cache) / f"s{k}.s16le" if cache else None
+        if cached is not None and cached.exists():
+            pcm = cached.read_bytes()
+        else:
+            raw = work / f"s{k}.wav"
+            subprocess.run(["espeak-ng", "-w", str(raw), text], check=True)
+            pcm = subprocess.run(["ffmpeg", "-loglevel", "error", "-i", str(raw), "-ar", str(RATE),
+                                  "-ac", "1", "-f", "s16le", "-"], check=True,
+                                 capture_output=True).stdout
+            if cached is not None:
+                cached.parent.mkdir(parents=True, exist_ok=True)
+                cached.write_bytes(pcm)
         x = np.frombuffer(pcm, dtype="<i2")
         frames = x[: len(x) // 160 * 160].astype(np.float64).reshape(-1, 160) / 32768
         loud = np.flatnonzero(np.sqrt((frames ** 2).mean(axis=1)) > VOICED_RMS)

@@ -57,7 +57,7 @@ from queue import Empty, Queue
 
 from pipeline.config import env_api_token
 from pipeline.domain.exports import FORMATS
-from pipeline.domain.types import LANGUAGES
+from pipeline.domain.tags import AUTO_LANGUAGE, REQUEST_LANGUAGES
 
 logger = logging.getLogger("sensevoice.cli")
 
@@ -677,7 +677,7 @@ def parse_args(argv=None) -> argparse.Namespace:
                     help="where outputs go, mirroring the inputs' folders")
     ap.add_argument("--format", type=_formats, default=("txt",),
                     help="comma list of txt,json,srt,vtt (default txt)")
-    ap.add_argument("--language", default="auto", choices=LANGUAGES)
+    ap.add_argument("--language", default=AUTO_LANGUAGE, choices=REQUEST_LANGUAGES)
     ap.add_argument("--word-timestamps", action="store_true",
                     help="per-word times from the CTC alignment (in json; subtitles use them)")
     ap.add_argument("--no-itn", action="store_true", help="no punctuation or digits (inverse "

@@ -36,7 +36,7 @@ from pipeline.domain.errors import (
     NoAudioStream,
     UploadTooLarge,
 )
-from pipeline.domain.types import SAMPLE_RATE
+from pipeline.domain.tags import SAMPLE_RATE_HZ
 from tests.fixtures_media import ClipFactory, source_speech
 from tests.media import (
     FORMATS,
@@ -151,7 +151,7 @@ def test_format_decodes_and_resamples(
     assert abs(decoded.seconds - source_seconds) <= DURATION_TOLERANCE
 
     waveform = resampler(decoded)
-    ideal = decoded.samples.size * SAMPLE_RATE / decoded.sample_rate
+    ideal = decoded.samples.size * SAMPLE_RATE_HZ / decoded.sample_rate
     assert waveform.dtype == torch.float32 and waveform.ndim == 1
     assert abs(waveform.numel() - ideal) <= LENGTH_TOLERANCE * ideal
 
@@ -265,7 +265,7 @@ def test_load_audio_16k(clip_factory: ClipFactory, resampler: Resampler) -> None
     waveform = load_audio_16k(clip, resampler=resampler)
 
     assert waveform.dtype == torch.float32 and waveform.device.type == "cpu"
-    assert waveform.numel() == math.ceil(decoded.samples.size * SAMPLE_RATE / 48000)
+    assert waveform.numel() == math.ceil(decoded.samples.size * SAMPLE_RATE_HZ / 48000)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -443,7 +443,7 @@ def test_resampler_caches_one_transform_per_rate() -> None:
     assert all(transform is built[0] for transform in built)
 
     audio_44k = DecodedAudio(np.zeros(44100, np.float32), 44100)
-    assert resampler(audio_44k).numel() == SAMPLE_RATE
+    assert resampler(audio_44k).numel() == SAMPLE_RATE_HZ
     assert resampler.transform(44100) is first
 
 
@@ -451,7 +451,7 @@ def test_resampler_passes_16k_through() -> None:
     resampler = Resampler(torch.device("cpu"))
     samples = np.random.default_rng(1).uniform(-1, 1, 1600).astype(np.float32)
 
-    out = resampler(DecodedAudio(samples, SAMPLE_RATE))
+    out = resampler(DecodedAudio(samples, SAMPLE_RATE_HZ))
 
     assert out.dtype == torch.float32 and out.device.type == "cpu"
     np.testing.assert_array_equal(out.numpy(), samples)
@@ -463,7 +463,7 @@ def test_resampler_preserves_a_tone() -> None:
     tone = sine(1.0, 44100).astype(np.float32) / 32768
     out = Resampler()(DecodedAudio(tone, 44100)).numpy()
     spectrum = np.abs(np.fft.rfft(out))
-    assert np.argmax(spectrum) * SAMPLE_RATE / out.size == pytest.approx(440, abs=2)
+    assert np.argmax(spectrum) * SAMPLE_RATE_HZ / out.size == pytest.approx(440, abs=2)
 
 
 @pytest.mark.parametrize("fmt", ["mp3", "flac"])
@@ -508,7 +508,7 @@ def test_long_48k_audio_comes_back_at_16k_within_the_budget(tmp_path: Path) -> N
 
     decoded, peak = traced_peak(lambda: decode_audio(flac))
 
-    assert decoded.sample_rate == SAMPLE_RATE and decoded.samples.size == 1800 * SAMPLE_RATE
+    assert decoded.sample_rate == SAMPLE_RATE_HZ and decoded.samples.size == 1800 * SAMPLE_RATE_HZ
     assert decoded.samples.size <= output_budget(audio.DEFAULT_MAX_SECONDS)
     assert peak <= decoded.samples.nbytes + 2 * MIB  # at 48 kHz it was 3x that, doubling
 
@@ -529,8 +529,8 @@ def test_a_header_that_lies_short_is_still_held_to_the_budget(tmp_path: Path) ->
     assert peak <= 2 * budget_bytes + 2 * MIB  # the 48 kHz part, then its 16 kHz copy
 
     decoded = decode_audio(flac, max_seconds=3600)
-    assert decoded.sample_rate == SAMPLE_RATE
-    assert abs(decoded.samples.size - 1800 * SAMPLE_RATE) <= 2
+    assert decoded.sample_rate == SAMPLE_RATE_HZ
+    assert abs(decoded.samples.size - 1800 * SAMPLE_RATE_HZ) <= 2
 
 
 def test_converting_while_decoding_matches_device_resampling(clip_factory: ClipFactory) -> None:
@@ -544,7 +544,7 @@ def test_converting_while_decoding_matches_device_resampling(clip_factory: ClipF
     from_start = decode_audio_parts(clip, native_seconds=0).joined()
     switched = decode_audio_parts(clip, native_seconds=1.0).joined()
 
-    assert native.sample_rate == 44100 and from_start.sample_rate == SAMPLE_RATE
+    assert native.sample_rate == 44100 and from_start.sample_rate == SAMPLE_RATE_HZ
     assert abs(from_start.samples.size - on_device.size) <= 1
     assert snr_db(on_device, from_start.samples) > 30
     np.testing.assert_array_equal(switched.samples, from_start.samples)
@@ -562,9 +562,9 @@ def test_an_odd_rate_is_converted_while_decoding_and_never_gets_a_kernel(tmp_pat
     elapsed = time.perf_counter() - t0
 
     assert elapsed < 1.0
-    assert decoded.sample_rate == SAMPLE_RATE and abs(decoded.samples.size - SAMPLE_RATE) <= 2
+    assert decoded.sample_rate == SAMPLE_RATE_HZ and abs(decoded.samples.size - SAMPLE_RATE_HZ) <= 2
     spectrum = np.abs(np.fft.rfft(waveform.numpy()))
-    assert np.argmax(spectrum) * SAMPLE_RATE / waveform.numel() == pytest.approx(440, abs=2)
+    assert np.argmax(spectrum) * SAMPLE_RATE_HZ / waveform.numel() == pytest.approx(440, abs=2)
     assert resampler._transforms == {}
     with pytest.raises(ValueError, match="8001 Hz"):
         resampler.transform(8001)

@@ -20,12 +20,12 @@ import numpy as np
 import pytest
 import yaml
 
+from pipeline.domain.tags import SAMPLE_RATE_HZ
 from pipeline.model.demo import build_model as bm
 from pipeline.model.demo import VARIANTS, build_model_dir, ensure_model_dir, is_demo_model
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 REFERENCE_DIR = Path("/work/shared/reference")
-SAMPLE_RATE = 16000  # Hz
 FULL_PARAMS = 233_999_167  # published SenseVoiceSmall with vocab 25,055
 TINY_PARAMS = 1_836_543
 FIXED_IDS = {
@@ -75,14 +75,14 @@ def demo_model(demo_info):
 def read_wav(path: Path) -> np.ndarray:
     """16-bit mono WAV -> float32 samples in [-1, 1)."""
     with wave.open(str(path)) as w:
-        assert (w.getframerate(), w.getnchannels(), w.getsampwidth()) == (SAMPLE_RATE, 1, 2)
+        assert (w.getframerate(), w.getnchannels(), w.getsampwidth()) == (SAMPLE_RATE_HZ, 1, 2)
         pcm = np.frombuffer(w.readframes(w.getnframes()), dtype="<i2")
     return pcm.astype(np.float32) / 32768.0
 
 
 def synthetic_voice(seconds: float = 1.5) -> np.ndarray:
     """Voiced-speech stand-in: 120 Hz harmonics with a 1/k^2 spectral tilt, in bursts."""
-    t = np.arange(int(seconds * SAMPLE_RATE)) / SAMPLE_RATE
+    t = np.arange(int(seconds * SAMPLE_RATE_HZ)) / SAMPLE_RATE_HZ
     f0 = 120.0  # Hz
     x = sum(np.sin(2 * np.pi * f0 * k * t) / k**2 for k in range(1, 30))
     gate = (np.floor(t / 0.25) % 2 == 0).astype(float)  # 250 ms on / 250 ms off
@@ -99,7 +99,7 @@ def speech(tmp_path_factory) -> np.ndarray:
     raw, wav = d / "raw.wav", d / "speech.wav"
     subprocess.run(["espeak-ng", "-w", str(raw), "hello world"], check=True)
     subprocess.run(["ffmpeg", "-y", "-loglevel", "error", "-i", str(raw),
-                    "-ar", str(SAMPLE_RATE), "-ac", "1", str(wav)], check=True)
+                    "-ar", str(SAMPLE_RATE_HZ), "-ac", "1", str(wav)], check=True)
     return read_wav(wav)
 
 

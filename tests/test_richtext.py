@@ -8,11 +8,8 @@ import time
 
 import pytest
 
+from pipeline.domain.tags import EMOTIONS, EVENTS, ITN_TAGS, LANGUAGES
 from pipeline.domain.richtext import (
-    EMOTIONS,
-    EVENTS,
-    ITN_TAGS,
-    LANGUAGES,
     TAG_RE,
     WHITESPACE,
     parse_rich_text,

@@ -16,10 +16,11 @@ import numpy as np
 import pytest
 import torch
 
-from pipeline.audio.vad import MAX_SEGMENT_S, SAMPLE_RATE, Segmenter, Span
+from pipeline.audio.vad import MAX_SEGMENT_S, Segmenter, Span
+from pipeline.domain.tags import SAMPLE_RATE_HZ
 from tests.media import speech_wav
 
-SR = SAMPLE_RATE
+SR = SAMPLE_RATE_HZ
 PHRASES = (
     "The quick brown fox jumps over the lazy dog.",
     "Speech recognition on long recordings needs segmentation first.",

@@ -51,7 +51,7 @@ from pipeline.domain.errors import (
     NoAudioStream,
     UploadTooLarge,
 )
-from pipeline.domain.types import SAMPLE_RATE
+from pipeline.domain.tags import SAMPLE_RATE_HZ
 
 logger = logging.getLogger("sensevoice.audio")
 
@@ -155,7 +155,7 @@ class DecodedParts:
 def output_budget(max_seconds: float) -> int:
     """The most samples decoding may return for ``max_seconds``: that duration at 16 kHz,
     whatever rate the file declares (4 h: 230.4 M float32 samples, 921.6 MB)."""
-    return int(max_seconds * SAMPLE_RATE)
+    return int(max_seconds * SAMPLE_RATE_HZ)
 
 
 class _NestedOpenRefused(Exception):
@@ -516,7 +516,7 @@ class _ToTargetRate:
 
     def __init__(self, rate: int):
         self.rate = rate
-        self._resampler = av.AudioResampler(format="flt", layout="mono", rate=SAMPLE_RATE)
+        self._resampler = av.AudioResampler(format="flt", layout="mono", rate=SAMPLE_RATE_HZ)
 
     def __call__(self, mono: np.ndarray | None) -> Iterator[np.ndarray]:
         """The 16 kHz samples ``mono`` completes (``None``: flush), as views valid until the next
@@ -548,7 +548,7 @@ class _MonoSink:
                  native_seconds: float):
         self.rate = rate
         self.budget = output_budget(max_seconds)  # samples
-        if rate == SAMPLE_RATE:
+        if rate == SAMPLE_RATE_HZ:
             self.native_limit = self.budget  # the duration cap keeps it there: never converted
         elif rate in COMMON_RATES and (declared or 0.0) <= native_seconds:
             self.native_limit = min(native_seconds * rate, self.budget)
@@ -567,16 +567,16 @@ class _MonoSink:
 
     def _start_converting(self) -> None:
         self._convert = _ToTargetRate(self.rate)
-        self.out = _Blocks(self._first_block(SAMPLE_RATE, self.budget))
+        self.out = _Blocks(self._first_block(SAMPLE_RATE_HZ, self.budget))
 
     def add(self, frames: list[av.AudioFrame], key: tuple[str, int], n: int,
             channel: int | None) -> None:
         """Write the mono mix (or ``channel``) of ``frames``, ``n`` samples, into the output."""
-        if (self._convert is None and self.rate != SAMPLE_RATE
+        if (self._convert is None and self.rate != SAMPLE_RATE_HZ
                 and self.out.size + n > self.native_limit):
             kept = self.out.parts()
             logger.info("audio at %d Hz longer than %g s: converted to %d Hz while decoding",
-                        self.rate, self.native_limit / self.rate, SAMPLE_RATE)
+                        self.rate, self.native_limit / self.rate, SAMPLE_RATE_HZ)
             self._start_converting()
             for part in kept:
                 for start in range(0, part.size, RESAMPLE_CHUNK):
@@ -606,7 +606,7 @@ class _MonoSink:
             # no gc.collect() here: PyAV 18's resampler is not in a reference cycle (measured:
             # nothing to collect after one, and RSS flat over 1,500 of them with gc disabled)
             self._convert = None
-            rate = SAMPLE_RATE
+            rate = SAMPLE_RATE_HZ
         return DecodedParts(self.out.parts(), rate, channels)
 
 
@@ -843,7 +843,7 @@ class Resampler:
             if transform is None:
                 import torchaudio
 
-                transform = torchaudio.transforms.Resample(orig_freq=rate, new_freq=SAMPLE_RATE)
+                transform = torchaudio.transforms.Resample(orig_freq=rate, new_freq=SAMPLE_RATE_HZ)
                 transform = transform.to(self.device)
                 self._transforms[rate] = transform
             return transform
@@ -852,10 +852,10 @@ class Resampler:
         """1-D float32 tensor on :attr:`device` at 16 kHz."""
         import torch
 
-        if audio.sample_rate != SAMPLE_RATE:
+        if audio.sample_rate != SAMPLE_RATE_HZ:
             transform = self.transform(audio.sample_rate)  # refuses an odd rate before any copy
         waveform = torch.from_numpy(audio.samples).to(self.device, dtype=torch.float32)
-        if audio.sample_rate == SAMPLE_RATE:
+        if audio.sample_rate == SAMPLE_RATE_HZ:
             return waveform
         with torch.no_grad():
             return transform(waveform)

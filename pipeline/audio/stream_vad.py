@@ -45,7 +45,7 @@ import torch
 
 from pipeline.audio.vad import (CONTEXT, MIN_SPEECH_MS, SPLIT_WINDOW, STATE_SIZE, WINDOW, Segmenter,
                                 _init_scoring_thread, _load_net, _quietest, _torch_threads_kept)
-from pipeline.domain.types import SAMPLE_RATE  # 16000 Hz
+from pipeline.domain.tags import SAMPLE_RATE_HZ
 
 logger = logging.getLogger("sensevoice.live.vad")
 
@@ -70,13 +70,13 @@ class StreamAudio:
     """One stream's PCM -> 16 kHz float32 -> silero windows and state. Used by one thread at a
     time (the scorer's): a stream sends its next frame once the previous one is scored."""
 
-    def __init__(self, sample_rate: int = SAMPLE_RATE):
+    def __init__(self, sample_rate: int = SAMPLE_RATE_HZ):
         if not MIN_RATE <= sample_rate <= MAX_RATE:
             raise ValueError(f"sample rate {sample_rate} Hz is outside {MIN_RATE}..{MAX_RATE} Hz")
         self.sample_rate = int(sample_rate)
         self._odd = b""  # the odd byte of the previous frame
         self._resampler = None
-        if self.sample_rate != SAMPLE_RATE:
+        if self.sample_rate != SAMPLE_RATE_HZ:
             from pipeline.audio.decode import StreamResampler
 
             self._resampler = StreamResampler(self.sample_rate)
@@ -311,16 +311,16 @@ class EndpointRules:
         """The offline splitter's rules. ``pause_s`` (default: the widest pause the splitter merges,
         its merge gap plus the padding on both sides, 0.7 s) and ``max_utterance_s`` (default: its
         longest span) are the two a live stream may tune."""
-        ms = SAMPLE_RATE // 1000
+        ms = SAMPLE_RATE_HZ // 1000
         pad = segmenter.speech_pad_ms * ms
         merged = segmenter.merge_gap_ms * ms + 2 * pad  # from one region's end to the next's start
-        close_gap = merged if pause_s is None else max(WINDOW, round(pause_s * SAMPLE_RATE))
+        close_gap = merged if pause_s is None else max(WINDOW, round(pause_s * SAMPLE_RATE_HZ))
         max_s = segmenter.max_segment_s if max_utterance_s is None else max_utterance_s
         return cls(threshold=segmenter.threshold,
                    neg_threshold=max(segmenter.threshold - 0.15, 0.01),
                    min_silence=min(segmenter.min_silence_ms * ms, close_gap),
                    min_speech=MIN_SPEECH_MS * ms, pad=pad, close_gap=close_gap,
-                   max_len=max(WINDOW * 4, round(max_s * SAMPLE_RATE)))
+                   max_len=max(WINDOW * 4, round(max_s * SAMPLE_RATE_HZ)))
 
 
 @dataclass(frozen=True)

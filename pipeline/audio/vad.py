@@ -59,7 +59,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from pipeline.domain.types import SAMPLE_RATE  # 16000 Hz, the only rate accepted (silero's and SenseVoice's)
+from pipeline.domain.tags import SAMPLE_RATE_HZ  # the only rate accepted (silero's and SenseVoice's)
 
 logger = logging.getLogger("sensevoice.vad")
 
@@ -91,15 +91,15 @@ class Span:
 
     @property
     def start_s(self) -> float:
-        return self.start / SAMPLE_RATE
+        return self.start / SAMPLE_RATE_HZ
 
     @property
     def end_s(self) -> float:
-        return self.end / SAMPLE_RATE
+        return self.end / SAMPLE_RATE_HZ
 
     @property
     def duration_s(self) -> float:
-        return (self.end - self.start) / SAMPLE_RATE
+        return (self.end - self.start) / SAMPLE_RATE_HZ
 
 
 @contextmanager
@@ -144,10 +144,10 @@ def _load_net(device: torch.device | None = None) -> Any:
 
 def lane_plan(nw: int, max_lanes: int, min_lane_s: float) -> tuple[int, int, int]:
     """(lanes, windows each lane reports, windows replayed before each lane's part)."""
-    min_lane = int(min_lane_s * SAMPLE_RATE) // WINDOW
+    min_lane = int(min_lane_s * SAMPLE_RATE_HZ) // WINDOW
     lanes = max(1, min(max_lanes, nw // max(min_lane, 1)))
     own = math.ceil(nw / lanes)
-    warm = LANE_WARMUP_MS * SAMPLE_RATE // 1000 // WINDOW
+    warm = LANE_WARMUP_MS * SAMPLE_RATE_HZ // 1000 // WINDOW
     return lanes, own, warm
 
 
@@ -326,7 +326,7 @@ class Segmenter:
         report(1.0)
         logger.debug(
             "vad: %.1f s of audio -> %d spans; scoring %.2f s, spans %.2f s",
-            len(samples) / SAMPLE_RATE, len(spans), t1 - t0, time.perf_counter() - t1,
+            len(samples) / SAMPLE_RATE_HZ, len(spans), t1 - t0, time.perf_counter() - t1,
         )  # fmt: skip
         return spans
 
@@ -343,9 +343,9 @@ class Segmenter:
     def spans_from_probs(self, samples: np.ndarray, probs: np.ndarray) -> list[Span]:
         """Steps 2 and 3 of the module docstring: regions from the scores, cut and merged."""
         regions = self._regions(probs, len(samples))
-        max_len = round(self.max_segment_s * SAMPLE_RATE)
+        max_len = round(self.max_segment_s * SAMPLE_RATE_HZ)
         pieces = [p for r in regions for p in _split_long(samples, r, max_len)]
-        return _merge(pieces, max_len, self.merge_gap_ms * SAMPLE_RATE // 1000)
+        return _merge(pieces, max_len, self.merge_gap_ms * SAMPLE_RATE_HZ // 1000)
 
     # -- steps ----------------------------------------------------------------------------------
 
@@ -355,7 +355,7 @@ class Segmenter:
 
         found = get_speech_timestamps_from_probs(
             probs.tolist(),
-            sampling_rate=SAMPLE_RATE,
+            sampling_rate=SAMPLE_RATE_HZ,
             threshold=self.threshold,
             min_speech_duration_ms=MIN_SPEECH_MS,
             min_silence_duration_ms=self.min_silence_ms,

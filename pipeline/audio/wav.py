@@ -17,7 +17,8 @@ import struct
 
 import numpy as np
 
-from pipeline.audio.decode import MIN_AUDIO_SECONDS, SAMPLE_RATE, DecodedAudio
+from pipeline.audio.decode import MIN_AUDIO_SECONDS, DecodedAudio
+from pipeline.domain.tags import SAMPLE_RATE_HZ
 
 WAVE_FORMAT_PCM = 1
 WAVE_FORMAT_EXTENSIBLE = 0xFFFE
@@ -68,7 +69,7 @@ def _pcm16_format(fmt: memoryview) -> int | None:
         valid_bits, tag = struct.unpack_from("<H", fmt, 18)[0], struct.unpack_from("<H", fmt, 24)[0]
         if valid_bits != 16:
             return None
-    if (tag != WAVE_FORMAT_PCM or bits != 16 or rate != SAMPLE_RATE
+    if (tag != WAVE_FORMAT_PCM or bits != 16 or rate != SAMPLE_RATE_HZ
             or not 1 <= channels <= MAX_CHANNELS or align != 2 * channels):
         return None
     return channels
@@ -77,7 +78,7 @@ def _pcm16_format(fmt: memoryview) -> int | None:
 def _samples(pcm: memoryview, channels: int, max_seconds: float,
              channel: int | None) -> DecodedAudio | None:
     frames = len(pcm) // (2 * channels)
-    if frames < MIN_AUDIO_SECONDS * SAMPLE_RATE or frames > max_seconds * SAMPLE_RATE:
+    if frames < MIN_AUDIO_SECONDS * SAMPLE_RATE_HZ or frames > max_seconds * SAMPLE_RATE_HZ:
         return None  # the decoder process says why, in its words
     columns = np.frombuffer(pcm, dtype="<i2", count=frames * channels).reshape(frames, channels)
     scale = np.float32(2.0 ** -15)
@@ -89,4 +90,4 @@ def _samples(pcm: memoryview, channels: int, max_seconds: float,
         for c in range(1, channels):
             out += columns[:, c]
         out *= np.float32(1.0 / channels) * scale
-    return DecodedAudio(out, SAMPLE_RATE, channels)
+    return DecodedAudio(out, SAMPLE_RATE_HZ, channels)

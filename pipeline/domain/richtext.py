@@ -25,37 +25,11 @@ import re
 from collections.abc import Sequence
 from dataclasses import replace
 
+from pipeline.domain.tags import EMOTIONS, ITN_TAGS, LANGUAGES
 from pipeline.domain.types import Segment, Transcript
 
 logger = logging.getLogger("sensevoice.richtext")
 
-LANGUAGES = ("zh", "en", "yue", "ja", "ko", "nospeech")
-EMOTIONS = (
-    "HAPPY",
-    "SAD",
-    "ANGRY",
-    "NEUTRAL",
-    "FEARFUL",
-    "DISGUSTED",
-    "SURPRISED",
-    "EMO_UNKNOWN",
-    "EMO_OTHER",  # not in the published vocabulary; tolerated as an emotion
-)
-EVENTS = (
-    "BGM",
-    "Speech",
-    "Applause",
-    "Laughter",
-    "Cry",
-    "Sneeze",
-    "Breath",
-    "Cough",
-    "Sing",
-    "Speech_Noise",
-    "GBG",
-    "Event_UNK",
-)
-ITN_TAGS = ("withitn", "woitn")
 
 # Same pattern in richtext.js. Explicit ASCII classes, so Python and JS agree character for
 # character (their \s differ).

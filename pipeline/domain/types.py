@@ -5,8 +5,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field, fields, is_dataclass
 
-SAMPLE_RATE = 16_000  # Hz, what the model consumes
-LANGUAGES = ("auto", "zh", "en", "yue", "ja", "ko", "nospeech")
+from pipeline.domain.tags import AUTO_LANGUAGE, REQUEST_LANGUAGES
 
 
 class Lane(enum.IntEnum):
@@ -28,7 +27,7 @@ class JobState(str, enum.Enum):
 class TranscribeOptions:
     """What the caller asks for. Hashable: it can key a batch group."""
 
-    language: str = "auto"  # one of LANGUAGES
+    language: str = AUTO_LANGUAGE  # one of REQUEST_LANGUAGES
     use_itn: bool = True  # inverse text normalisation (punctuation, digits)
     ban_emo_unk: bool = False  # never emit <|EMO_UNKNOWN|>
     split_channels: bool = False  # stereo call: transcribe each channel as its own speaker
@@ -37,9 +36,9 @@ class TranscribeOptions:
     def __post_init__(self) -> None:
         from pipeline.domain.errors import InvalidOption
 
-        if self.language not in LANGUAGES:
+        if self.language not in REQUEST_LANGUAGES:
             raise InvalidOption(
-                f"unknown language {self.language!r}; choose one of {', '.join(LANGUAGES)}"
+                f"unknown language {self.language!r}; choose one of {', '.join(REQUEST_LANGUAGES)}"
             )
 
 

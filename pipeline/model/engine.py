@@ -38,16 +38,14 @@ import torch.nn.functional as F
 
 from pipeline.model import fused as fused_mod
 from pipeline.model.features import BatchedFrontend, num_lfr_frames
+from pipeline.domain.tags import (EMO_UNKNOWN_ID, EMOTION_QUERY_ROW, EVENT_QUERY_ROW, ITN_QUERY_ROWS,
+                                  LANGUAGE_QUERY_ROWS, QUERY_EMBED_ROWS, SAMPLE_RATE_HZ)
 from pipeline.domain.types import TranscribeOptions, Word
 
 logger = logging.getLogger("sensevoice.engine")
 
 N_QUERIES = 4  # prompt frames: language, event, emotion, itn
-LID = {"auto": 0, "zh": 3, "en": 4, "yue": 7, "ja": 11, "ko": 12, "nospeech": 13}  # embed rows
-ITN = {True: 14, False: 15}  # withitn, woitn embed rows
-EVENT_ROW, EMO_ROW = 1, 2
 BLANK_ID = 0
-EMO_UNKNOWN_ID = fused_mod.EMO_UNKNOWN_ID  # 25009, <|EMO_UNKNOWN|>
 LENGTH_BUCKET = 16  # LFR frames (~0.96 s): captured graphs pad up to a multiple of this (a 10 s
 # clip's 171 frames pad to 176, 3 % of waste; 32 gave 192, 12 %)
 FRAME_SECONDS = 0.06  # one LFR frame
@@ -309,7 +307,8 @@ class SenseVoiceEngine:
 
     def _query_rows(self) -> torch.Tensor:
         """Embedding rows of every (language, itn) prompt: [32, 4] (language, event, emotion, itn)."""
-        return torch.tensor([[lid, EVENT_ROW, EMO_ROW, itn] for lid in range(16) for itn in (14, 15)],
+        return torch.tensor([[lid, EVENT_QUERY_ROW, EMOTION_QUERY_ROW, ITN_QUERY_ROWS[use_itn]]
+                             for lid in range(QUERY_EMBED_ROWS) for use_itn in (True, False)],
                             device=self.device)
 
     def _init_graph_state(self) -> None:
@@ -337,7 +336,7 @@ class SenseVoiceEngine:
         if self.device.type != "cuda" or not batch_sizes:
             return
         self._graph_batches = sorted(set(int(b) for b in batch_sizes))
-        self._graph_max_frames = _round_up(num_lfr_frames(int(max_seconds * 16000)) + N_QUERIES,
+        self._graph_max_frames = _round_up(num_lfr_frames(int(max_seconds * SAMPLE_RATE_HZ)) + N_QUERIES,
                                            LENGTH_BUCKET)
         self._wanted = [(b, t) for b in self._graph_batches if b <= prefill_batch
                         for t in range(LENGTH_BUCKET, self._graph_max_frames + 1, LENGTH_BUCKET)]
@@ -440,7 +439,7 @@ class SenseVoiceEngine:
 
     def warmup(self) -> float:
         t0 = time.perf_counter()
-        wave = torch.zeros(16000, device=self.device)
+        wave = torch.zeros(SAMPLE_RATE_HZ, device=self.device)  # 1 s
         self.transcribe([wave], [TranscribeOptions()])
         secs = time.perf_counter() - t0
         self.startup_seconds["warmup"] = secs
@@ -475,7 +474,7 @@ class SenseVoiceEngine:
 
     def encoder_inputs(self, feats: torch.Tensor, frames: Sequence[int],
                        options: Sequence[TranscribeOptions]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        rows = self._to_device(torch.tensor([LID[o.language] * 2 + (0 if o.use_itn else 1) for o in options]))
+        rows = self._to_device(torch.tensor([LANGUAGE_QUERY_ROWS[o.language] * 2 + (0 if o.use_itn else 1) for o in options]))
         x = torch.cat([self._queries[rows], feats.to(self.dtype)], dim=1)
         lengths = self._to_device(torch.tensor([f + N_QUERIES for f in frames]))
         ban = self._to_device(torch.tensor([o.ban_emo_unk for o in options]))
@@ -523,7 +522,7 @@ class SenseVoiceEngine:
         frames = [num_lfr_frames(n) for n in samples]
         # the per-item integers in one host tensor and one copy (each small copy costs ~0.1 ms)
         small = self._to_device(torch.tensor([
-            samples, [LID[o.language] * 2 + (0 if o.use_itn else 1) for o in options],
+            samples, [LANGUAGE_QUERY_ROWS[o.language] * 2 + (0 if o.use_itn else 1) for o in options],
             [f + N_QUERIES for f in frames], [int(o.ban_emo_unk) for o in options]], dtype=torch.int64))
         feats, _ = self.frontend(self._padded(waves), small[0])
         x = torch.cat([self._queries[small[1]], feats.to(self.dtype)], dim=1)

@@ -38,8 +38,9 @@ import os
 import torch
 import torch.nn.functional as F
 
+from pipeline.domain.tags import SAMPLE_RATE_HZ
+
 __all__ = [
-    "SAMPLE_RATE",
     "FRAME_LENGTH",
     "FRAME_SHIFT",
     "FFT_SIZE",
@@ -57,7 +58,6 @@ __all__ = [
     "BatchedFrontend",
 ]
 
-SAMPLE_RATE = 16000  # Hz
 FRAME_LENGTH = 400  # samples (25 ms at 16 kHz)
 FRAME_SHIFT = 160  # samples (10 ms at 16 kHz)
 FFT_SIZE = 512  # samples: FRAME_LENGTH rounded up to a power of two (kaldi round_to_power_of_two)
@@ -152,8 +152,8 @@ def _mel_scale_scalar(freq: float) -> float:
 def _mel_matrix() -> torch.Tensor:
     """Mel filterbank ``[257, 80]`` (rfft bin x mel bin), the transpose of torchaudio's
     ``get_mel_banks(80, 512, 16000, 20, 0, ...)`` padded with a zero Nyquist column."""
-    nyquist = 0.5 * SAMPLE_RATE
-    fft_bin_width = SAMPLE_RATE / FFT_SIZE
+    nyquist = 0.5 * SAMPLE_RATE_HZ
+    fft_bin_width = SAMPLE_RATE_HZ / FFT_SIZE
     mel_low = _mel_scale_scalar(LOW_FREQ_HZ)
     mel_high = _mel_scale_scalar(nyquist)
     mel_delta = (mel_high - mel_low) / (N_MELS + 1)

@@ -38,6 +38,7 @@ from typing import NamedTuple
 import torch
 import torch.nn.functional as F
 
+from pipeline.domain.tags import EMO_UNKNOWN_ID
 from pipeline.model import kernels
 
 logger = logging.getLogger("sensevoice.engine")
@@ -227,7 +228,6 @@ def _no_mark(*_):
     pass
 
 
-EMO_UNKNOWN_ID = 25009  # <|EMO_UNKNOWN|>, banned per item when asked
 
 
 def configure_cache(cache_dir: Path | None) -> None:

@@ -16,10 +16,10 @@ from typing import TYPE_CHECKING
 from pipeline.audio.decode import Resampler
 from pipeline.audio.decoder_pool import Decoder
 from pipeline.domain.types import Lane, TranscribeOptions, Transcript
-from pipeline.serving.intake import decode_upload
+from pipeline.serving.intake import decode_upload, wave_seconds
 from pipeline.serving.long_audio import load_segmenter, split_pieces
 from pipeline.serving.metrics import Metrics
-from pipeline.serving.scheduler import SAMPLE_RATE, Scheduler, WorkItem
+from pipeline.serving.scheduler import Scheduler, WorkItem
 from pipeline.serving.worker_pool import WorkerPool, visible_devices
 
 if TYPE_CHECKING:
@@ -77,7 +77,7 @@ class DirectRun:
         """Decode one recording and queue it (its pieces, when long); returns the future of its
         transcript and its audio seconds. Decoding errors raise here (the recording's own)."""
         wave = decode_upload(self.decoder, self.resampler, data, options, self.settings.limits)
-        seconds = wave.shape[-1] / SAMPLE_RATE
+        seconds = wave_seconds(wave)
         job_id = f"file-{next(self._ids)}"
         future: Future = Future()
         if seconds > self.settings.engine.segment_threshold_s or options.split_channels:

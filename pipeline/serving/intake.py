@@ -19,9 +19,10 @@ import torch
 from pipeline.audio.decode import Resampler
 from pipeline.audio.decoder_pool import Decoder
 from pipeline.domain.errors import MemoryPressure, NotReady, SenseVoiceError
+from pipeline.domain.tags import SAMPLE_RATE_HZ
 from pipeline.domain.types import Job, JobState, Lane, TranscribeOptions
 from pipeline.serving.long_audio import LongAudio
-from pipeline.serving.scheduler import SAMPLE_RATE, WorkItem
+from pipeline.serving.scheduler import WorkItem
 
 if TYPE_CHECKING:
     from pipeline.config import Settings
@@ -76,7 +77,7 @@ class Intake:
         self._check_memory()
         wave = self.decode(data, options)
         job = Job(id=new_job_id(), state=JobState.QUEUED, options=options, lane=lane,
-                  created_at=time.time(), audio_seconds=wave.shape[-1] / SAMPLE_RATE,
+                  created_at=time.time(), audio_seconds=wave_seconds(wave),
                   filename=display_name(filename))
         if self.long_audio.is_long(job.audio_seconds, options):
             return self.long_audio.accept(job, data, wave)
@@ -132,7 +133,7 @@ class Intake:
             if self.long_audio.is_long(job.audio_seconds, job.options):
                 self.long_audio.recover(job)
                 continue
-            n = int(job.audio_seconds * SAMPLE_RATE)
+            n = int(job.audio_seconds * SAMPLE_RATE_HZ)
             audio = SpooledUpload(self, job.id)
             self.broker.put(WorkItem(job.id, job.lane, job.options, n, audio=audio), force=True)
         if jobs:
@@ -141,6 +142,11 @@ class Intake:
     def close(self) -> None:
         self.long_audio.stop()
         self.decoder.close()
+
+
+def wave_seconds(wave: torch.Tensor) -> float:
+    """Seconds of a decoded wave (``[n]`` or ``[channels, n]`` at ``SAMPLE_RATE_HZ``)."""
+    return wave.shape[-1] / SAMPLE_RATE_HZ
 
 
 def decode_upload(decoder: Decoder, resampler: Resampler, data: bytes, options: TranscribeOptions,

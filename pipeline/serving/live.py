@@ -54,7 +54,8 @@ from pipeline.audio.vad import WINDOW, Segmenter
 from pipeline.domain.errors import (LiveDecodeFailed, LiveOverloaded, NotReady, SenseVoiceError,
                                     StreamTooLong, TooManyStreams)
 from pipeline.domain.richtext import parse_rich_text
-from pipeline.domain.types import SAMPLE_RATE, Segment, TranscribeOptions, Word
+from pipeline.domain.tags import SAMPLE_RATE_HZ
+from pipeline.domain.types import Segment, TranscribeOptions, Word
 
 logger = logging.getLogger("sensevoice.live")
 
@@ -100,7 +101,7 @@ class LiveLimits:
     def buffered_samples(self) -> int:
         """Audio a stream may hold (never less than an utterance plus 5 s: a stream must be able
         to finish the utterance it holds)."""
-        return int(max(self.max_buffered_s, self.max_utterance_s + 5.0) * SAMPLE_RATE)
+        return int(max(self.max_buffered_s, self.max_utterance_s + 5.0) * SAMPLE_RATE_HZ)
 
 
 @dataclass(frozen=True)
@@ -148,7 +149,7 @@ class AudioBuffer:
     writes into samples already handed out as views (a full array is replaced, not grown in place,
     and trimming copies), so a view given to the worker stays valid and unchanged."""
 
-    def __init__(self, capacity: int = 4 * SAMPLE_RATE):
+    def __init__(self, capacity: int = 4 * SAMPLE_RATE_HZ):
         self._data = np.zeros(capacity, dtype=np.float32)
         self.base = 0  # absolute position of _data[0]
         self.end = 0  # absolute position after the last sample
@@ -167,10 +168,10 @@ class AudioBuffer:
 
     def trim(self, keep_from: int) -> None:
         """Forget audio before ``keep_from`` (in steps of TRIM_SLACK_S, copying what is kept)."""
-        if keep_from - self.base < TRIM_SLACK_S * SAMPLE_RATE:
+        if keep_from - self.base < TRIM_SLACK_S * SAMPLE_RATE_HZ:
             return
         kept = self._data[keep_from - self.base:self.end - self.base]
-        self._data = np.concatenate([kept, np.zeros(max(len(kept), 4 * SAMPLE_RATE), np.float32)])
+        self._data = np.concatenate([kept, np.zeros(max(len(kept), 4 * SAMPLE_RATE_HZ), np.float32)])
         self.base = keep_from
 
 
@@ -203,7 +204,7 @@ class RealTimePace:
 
 
 def _seconds(samples: int) -> float:
-    return round(samples / SAMPLE_RATE, 3)
+    return round(samples / SAMPLE_RATE_HZ, 3)
 
 
 class LiveSession:
@@ -249,7 +250,7 @@ class LiveSession:
         data, self._gathered = bytes(self._gathered) + data, bytearray()
         scored = await asyncio.wrap_future(self.hub.scorer.score(self.audio, data))
         self._take(scored)
-        if self.buffer.end > self.limits.max_stream_s * SAMPLE_RATE:
+        if self.buffer.end > self.limits.max_stream_s * SAMPLE_RATE_HZ:
             raise StreamTooLong(f"a live stream may send at most {self.limits.max_stream_s:g} s "
                                 "of audio; start a new stream")
         await self._hold_back()
@@ -331,7 +332,7 @@ class LiveSession:
                 raise LiveOverloaded(
                     "the server has not kept up with this stream for "
                     f"{self.limits.idle_timeout_s:g} s "
-                    f"({self.held_samples() / SAMPLE_RATE:.0f} s of audio wait for the model); "
+                    f"({self.held_samples() / SAMPLE_RATE_HZ:.0f} s of audio wait for the model); "
                     "try again later", retry_after=5) from None
 
     # ------------------------------------------------------------------ decodes
@@ -631,9 +632,9 @@ class LiveHub:
                 self._by_client[client] -= 1
             self.metrics.streams.dec()
             self.metrics.ended.labels(code).inc()
-            self.metrics.audio.inc(session.stats.audio_samples / SAMPLE_RATE)
+            self.metrics.audio.inc(session.stats.audio_samples / SAMPLE_RATE_HZ)
             s = session.stats
             logger.info("live stream ended (%s): audio %.1f s in %.1f s, %d partials (%d dropped, "
                         "%d unchanged), %d finals, slowest decode %.0f ms", code,
-                        s.audio_samples / SAMPLE_RATE, time.monotonic() - s.opened_at, s.partials,
+                        s.audio_samples / SAMPLE_RATE_HZ, time.monotonic() - s.opened_at, s.partials,
                         s.partials_dropped, s.partials_unchanged, s.finals, s.decode_s_max * 1e3)

@@ -14,10 +14,11 @@ from typing import TYPE_CHECKING
 import torch
 
 from pipeline.domain.errors import SenseVoiceError
+from pipeline.domain.tags import SAMPLE_RATE_HZ
 from pipeline.domain.types import Job, Lane, TranscribeOptions, Transcript
 from pipeline.serving.admission import Backlog
 from pipeline.serving.broker_sqlite import WaveSpool
-from pipeline.serving.scheduler import SAMPLE_RATE, WorkItem
+from pipeline.serving.scheduler import WorkItem
 
 if TYPE_CHECKING:
     from pipeline.config import Settings
@@ -168,5 +169,6 @@ def split_pieces(job_id: str, lane: Lane, options: TranscribeOptions, wave: torc
         spans += [(span, speaker, ch) for span in segmenter.split(ch, on_progress=on_progress)]
     spans.sort(key=lambda t: (t[0].start, t[1] or ""))
     return [WorkItem(job_id, lane, options, span.end - span.start, audio=ch[span.start:span.end],
-                     piece=n, pieces=len(spans), start_s=span.start / SAMPLE_RATE, speaker=speaker)
+                     piece=n, pieces=len(spans), start_s=span.start / SAMPLE_RATE_HZ,
+                     speaker=speaker)
             for n, (span, speaker, ch) in enumerate(spans)]

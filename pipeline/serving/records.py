@@ -7,10 +7,12 @@ import errno
 import functools
 import json
 import sqlite3
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from pipeline.domain.errors import SenseVoiceError, StorageError, StorageFull
-from pipeline.domain.types import TranscribeOptions, Word
+from pipeline.domain.richtext import parse_rich_text
+from pipeline.domain.types import Segment, TranscribeOptions, Transcript, Word
 
 
 @dataclass(frozen=True)
@@ -25,6 +27,21 @@ class SegmentResult:
     raw_text: str
     words: tuple[Word, ...] = ()  # absolute times in the recording
     pieces: int = 0  # how many pieces the job has (for its progress; 0 when unknown)
+
+
+def transcript_from_pieces(pieces: Sequence[SegmentResult]) -> Transcript:
+    """One typed transcript from the raw outputs of a job's pieces, in time order."""
+    segments = []
+    ordered = sorted(pieces, key=lambda p: (p.start_s, p.idx)) if len(pieces) > 1 else pieces
+    for p in ordered:
+        start, end = round(p.start_s, 3), round(p.end_s, 3)
+        for k, seg in enumerate(parse_rich_text(p.raw_text)):  # (dataclasses.replace is slow)
+            segments.append(Segment(language=seg.language, emotion=seg.emotion, events=seg.events,
+                                    itn=seg.itn, text=seg.text, start=start, end=end,
+                                    speaker=p.speaker, words=p.words if k == 0 else ()))
+    raw = "".join(p.raw_text for p in ordered)
+    text = " ".join(s.text for s in segments if s.text)
+    return Transcript(text=text, raw_text=raw, segments=tuple(segments))
 
 
 def dump_options(o: TranscribeOptions) -> str:

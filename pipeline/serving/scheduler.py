@@ -24,9 +24,9 @@ from typing import Optional, Protocol, Union
 import torch
 
 from pipeline.domain.errors import NotReady, QueueFull
+from pipeline.domain.tags import SAMPLE_RATE_HZ
 from pipeline.domain.types import Lane, TranscribeOptions
 
-SAMPLE_RATE = 16_000  # Hz
 LIVE_RANK = -1  # live captions' re-decodes go before every job lane (they are never stored jobs)
 
 
@@ -63,7 +63,7 @@ class Scheduler:
         self.maxsize = maxsize
         self.max_batch = max_batch
         self.max_wait_s = max_wait_s
-        self.max_batch_samples = int(max_batch_seconds * SAMPLE_RATE)
+        self.max_batch_samples = int(max_batch_seconds * SAMPLE_RATE_HZ)
         self.retry_after_s = retry_after_s
         self._items: list[WorkItem] = []
         self._cond = threading.Condition()

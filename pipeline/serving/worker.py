@@ -19,18 +19,20 @@ import queue
 import threading
 import time
 from dataclasses import replace
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
 import torch
 
 from pipeline.model.engine import SenseVoiceEngine
 from pipeline.domain.errors import BrokerUnavailable, NotReady
 from pipeline.serving.broker import Broker
-from pipeline.serving.records import SegmentResult
+from pipeline.serving.records import SegmentResult, transcript_from_pieces
 from pipeline.serving.metrics import Metrics
-from pipeline.domain.richtext import parse_rich_text
-from pipeline.domain.types import Segment, Transcript
-from pipeline.serving.scheduler import SAMPLE_RATE, Scheduler, WorkItem
+from pipeline.domain.tags import SAMPLE_RATE_HZ
+from pipeline.serving.scheduler import Scheduler, WorkItem
+
+if TYPE_CHECKING:
+    from pipeline.domain.types import Transcript
 
 logger = logging.getLogger("sensevoice.worker")
 
@@ -281,7 +283,7 @@ class Worker(threading.Thread):
         whole = [(i, w, o) for i, w, o in zip(batch, waves, outs) if i.pieces == 1]
         parts = [(i, w, o) for i, w, o in zip(batch, waves, outs) if i.pieces > 1]
         results = [(i.job_id, transcript_from_pieces([_piece(i, w, o)])) for i, w, o in whole]
-        audio_s = {i.job_id: w.shape[0] / SAMPLE_RATE for i, w, _ in whole}
+        audio_s = {i.job_id: w.shape[0] / SAMPLE_RATE_HZ for i, w, _ in whole}
         if parts:
             complete = self._save_pieces(parts)
             results += [(jid, transcript) for jid, transcript, _ in complete]
@@ -295,7 +297,7 @@ class Worker(threading.Thread):
             queue_ms = (t_start - item.enqueued_at) * 1e3
             if item.pieces > 1:
                 logger.debug("piece done id=%s piece=%d/%d audio_s=%.2f queue_ms=%.1f",
-                             item.job_id, item.piece + 1, item.pieces, wave.shape[0] / SAMPLE_RATE,
+                             item.job_id, item.piece + 1, item.pieces, wave.shape[0] / SAMPLE_RATE_HZ,
                              queue_ms)
             if item.job_id in written and item.job_id not in counted:
                 counted.add(item.job_id)
@@ -347,23 +349,8 @@ def _piece(item: WorkItem, wave: torch.Tensor, out) -> SegmentResult:
     start = item.start_s
     words = tuple(replace(w, start=round(w.start + start, 3), end=round(w.end + start, 3))
                   for w in out.words)
-    return SegmentResult(item.job_id, item.piece, start, start + wave.shape[0] / SAMPLE_RATE,
+    return SegmentResult(item.job_id, item.piece, start, start + wave.shape[0] / SAMPLE_RATE_HZ,
                          item.speaker, out.raw_text, words, pieces=item.pieces)
-
-
-def transcript_from_pieces(pieces: Sequence[SegmentResult]) -> Transcript:
-    """One typed transcript from the raw outputs of a job's pieces, in time order."""
-    segments = []
-    ordered = sorted(pieces, key=lambda p: (p.start_s, p.idx)) if len(pieces) > 1 else pieces
-    for p in ordered:
-        start, end = round(p.start_s, 3), round(p.end_s, 3)
-        for k, seg in enumerate(parse_rich_text(p.raw_text)):  # (dataclasses.replace is slow)
-            segments.append(Segment(language=seg.language, emotion=seg.emotion, events=seg.events,
-                                    itn=seg.itn, text=seg.text, start=start, end=end,
-                                    speaker=p.speaker, words=p.words if k == 0 else ()))
-    raw = "".join(p.raw_text for p in ordered)
-    text = " ".join(s.text for s in segments if s.text)
-    return Transcript(text=text, raw_text=raw, segments=tuple(segments))
 
 
 def _recording_seconds(store, job_id: str, pieces: Sequence[SegmentResult]) -> float:

@@ -37,7 +37,8 @@ import numpy as np
 import orjson
 
 from pipeline.domain.errors import Busy, SenseVoiceError
-from pipeline.domain.types import SAMPLE_RATE, Job, JobState, Lane, TranscribeOptions
+from pipeline.domain.tags import AUTO_LANGUAGE, LANGUAGE_TABLE, NO_SPEECH, SAMPLE_RATE_HZ
+from pipeline.domain.types import Job, JobState, Lane, TranscribeOptions
 from pipeline.serving.intake import Intake
 from pipeline.web.links import live_query
 from pipeline.web.views import JobPages
@@ -54,8 +55,8 @@ RAW_SHEETS = ("review.css", "app.css", "live.css")  # also in the head as writte
 # script hands them to the Audio component as audio; pipeline/audio/decode.py ALLOWED_DEMUXERS)
 VIDEO_TYPES = ("video/*", ".mp4", ".m4v", ".mov", ".mkv", ".webm", ".avi", ".ts", ".mts", ".wmv")
 # the language choices, by the names their speakers use ("nospeech" is a model tag, not a choice)
-LANGUAGE_CHOICES = (("Detect", "auto"), ("English", "en"), ("中文", "zh"), ("粵語", "yue"),
-                    ("日本語", "ja"), ("한국어", "ko"))
+LANGUAGE_CHOICES = (("Detect", AUTO_LANGUAGE),
+                    *((lang.native, lang.code) for lang in LANGUAGE_TABLE if lang.code != NO_SPEECH))
 
 # the page's words: English, and Chinese (zh), for the components Gradio draws (keys prefixed: not
 # to shadow Gradio's own translation keys); static/app.js has the words it draws itself
@@ -158,7 +159,7 @@ class Samples:
     generated on first use into ``<data_dir>/ui-samples`` and copied into the UI's upload
     directory for each use (the only place the UI reads from). None without espeak-ng."""
 
-    RATE = 16_000  # Hz
+    RATE = SAMPLE_RATE_HZ
     TEXTS = {
         "hello": ("en-us", "Hello, and thanks for calling. How can I help you today?"),
         "nihao": ("cmn", "你好，欢迎使用语音识别。今天天气很好。"),
@@ -292,7 +293,7 @@ def layout(i18n: gr.I18n, samples: Samples) -> SimpleNamespace:
                                label=i18n("sv_audio"), elem_id="sv-audio")
             gr.HTML("", elem_id="sv-live")  # live.js: Start/Stop, the state, Save as a job
             with gr.Row(elem_id="sv-options"):
-                c.language = gr.Dropdown(list(LANGUAGE_CHOICES), value="auto",
+                c.language = gr.Dropdown(list(LANGUAGE_CHOICES), value=AUTO_LANGUAGE,
                                          label=i18n("sv_language"), elem_id="sv-language",
                                          min_width=140)
                 c.use_itn = gr.Checkbox(value=True, label=i18n("sv_itn"), info=i18n("sv_itn_info"),
@@ -333,8 +334,8 @@ def live_config(settings, enabled: bool = True) -> dict:
     """What static/live.js needs from the server: whether live captions are served here, where the
     stream and the UI's own routes are (upload, submit, and a fresh live link when an API token is
     set), and how much of a live recording the page may keep to save as a job."""
-    # the page sends and keeps 16-bit mono at SAMPLE_RATE: a WAV header, then the samples
-    by_size = (settings.limits.max_upload_bytes - 44) / (2 * SAMPLE_RATE)
+    # the page sends and keeps 16-bit mono at SAMPLE_RATE_HZ: a WAV header, then the samples
+    by_size = (settings.limits.max_upload_bytes - 44) / (2 * SAMPLE_RATE_HZ)
     keep = int(max(0, min(LIVE_KEEP_MAX_S, settings.limits.max_audio_seconds, by_size)))
     api = UI_PATH + "/gradio_api"
     return {"enabled": bool(enabled and settings.live.max_streams > 0),

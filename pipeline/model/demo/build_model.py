@@ -51,6 +51,9 @@ from typing import Iterator
 
 import yaml
 
+from pipeline.domain.tags import (AUTO_LANGUAGE_ROW, EMOTION_QUERY_ROW, EVENT_QUERY_ROW, ITN_TABLE,
+                                  LANGUAGE_TABLE, NO_SPEECH, SAMPLE_RATE_HZ, TOKEN_IDS)
+
 # ----------------------------------------------------------------- constants
 VARIANTS = ("tiny", "full", "demo")
 BUILDER_VERSION = 1  # bump when the bytes of a built directory change
@@ -80,7 +83,7 @@ ENCODER_COMMON = dict(
     kernel_size=11, sanm_shfit=0, selfattention_layer_type="sanm",
 )
 FRONTEND_CONF = {  # fs in Hz, frame_length / frame_shift in ms, LFR: stack 7, hop 6
-    "fs": 16000, "window": "hamming", "n_mels": 80, "frame_length": 25,
+    "fs": SAMPLE_RATE_HZ, "window": "hamming", "n_mels": 80, "frame_length": 25,
     "frame_shift": 10, "lfr_m": 7, "lfr_n": 6, "cmvn_file": None,
 }
 FEATURE_DIM = FRONTEND_CONF["n_mels"] * FRONTEND_CONF["lfr_m"]  # 560 encoder inputs
@@ -163,10 +166,10 @@ CORPUS_WORDS_PER_SENTENCE = (4, 14)  # inclusive range
 CORPUS_PUNCTUATION = (".", "?", "!", ",")
 TRAINED_VOCAB = 1000  # sentencepiece unigram size before extension to VOCAB_SIZE
 
-SPECIAL_START = 24884  # first special-token id; ids below are sub-words / fillers
-NOSPEECH_ID = 24992  # end of the language block
-# Language ids hard-coded in funasr/models/sense_voice/model.py.
-LANGUAGE_IDS = {24884: "zh", 24885: "en", 24888: "yue", 24892: "ja", 24896: "ko"}
+# Language ids hard-coded in funasr/models/sense_voice/model.py (pipeline/domain/tags.py).
+LANGUAGE_IDS = {lang.token_id: lang.code for lang in LANGUAGE_TABLE if lang.code != NO_SPEECH}
+SPECIAL_START = min(LANGUAGE_IDS)  # first special-token id (zh); ids below are sub-words / fillers
+NOSPEECH_ID = TOKEN_IDS[NO_SPEECH]  # end of the language block
 LANGUAGE_TOKENS = {i: f"<|{code}|>" for i, code in LANGUAGE_IDS.items()}
 # Other whisper-style codes filling the rest of the language block (order guessed).
 LANGUAGE_FILL = tuple("""
@@ -175,20 +178,22 @@ lt la mi ml cy sk te fa lv bn sr az sl kn et mk br eu is hy ne mn bs kk sq sw gl
 km sn yo so af oc ka be tg sd gu am yi lo uz fo ht ps tk nn mt sa lb my bo tl mg as tt haw
 ln ha ba jw su ceb ilo min ace ban bug mad mak
 """.split())
+# Positions of the tags funasr's code does not fix: guessed, for demo models only (the ids fixed
+# in model.py -- nospeech, HAPPY..NEUTRAL, EMO_UNKNOWN, withitn/woitn -- come from TOKEN_IDS).
+GUESSED_IDS = {
+    # events
+    24993: "Speech", 24994: "BGM", 24995: "Applause", 24996: "Laughter",
+    24997: "Cry", 24998: "Sneeze", 24999: "Breath", 25000: "Cough",
+    # emotions
+    25005: "FEARFUL", 25006: "DISGUSTED", 25007: "SURPRISED", 25008: "EMO_OTHER",
+    # more events
+    25010: "Sing", 25011: "Speech_Noise", 25012: "GBG", 25013: "Event_UNK",
+    25014: "Cough_Other", 25015: "Event_Other",
+}
 SPECIAL_TOKENS = {
-    NOSPEECH_ID: "<|nospeech|>",
-    # events (positions guessed)
-    24993: "<|Speech|>", 24994: "<|BGM|>", 24995: "<|Applause|>", 24996: "<|Laughter|>",
-    24997: "<|Cry|>", 24998: "<|Sneeze|>", 24999: "<|Breath|>", 25000: "<|Cough|>",
-    # emotions: 25001-25004 and 25009 are ids used in model.py
-    25001: "<|HAPPY|>", 25002: "<|SAD|>", 25003: "<|ANGRY|>", 25004: "<|NEUTRAL|>",
-    25005: "<|FEARFUL|>", 25006: "<|DISGUSTED|>", 25007: "<|SURPRISED|>",
-    25008: "<|EMO_OTHER|>", 25009: "<|EMO_UNKNOWN|>",
-    # more events (positions guessed)
-    25010: "<|Sing|>", 25011: "<|Speech_Noise|>", 25012: "<|GBG|>", 25013: "<|Event_UNK|>",
-    25014: "<|Cough_Other|>", 25015: "<|Event_Other|>",
-    # text normalisation: ids used in model.py
-    25016: "<|withitn|>", 25017: "<|woitn|>",
+    token_id: f"<|{name}|>"
+    for token_id, name in sorted({**GUESSED_IDS, **{i: n for n, i in TOKEN_IDS.items()
+                                                    if n not in LANGUAGE_IDS.values()}}.items())
 }
 # Single characters appended as NORMAL pieces up to SPECIAL_START (NFKC-stable).
 FILLER_RANGES = (
@@ -205,10 +210,12 @@ CMVN_SCALE = 0.25  # multiplies shifted features (about 1 / std)
 
 # ----------------------------------------------------------------- rig constants
 # Prompt row of model.embed (lid / emo / event / textnorm queries) -> token emitted.
+# (auto answers English; the event and emotion queries answer the NEUTRAL and Speech tags.)
 RIG_PROMPT_TOKENS = {
-    0: "<|en|>", 3: "<|zh|>", 4: "<|en|>", 7: "<|yue|>", 11: "<|ja|>", 12: "<|ko|>",
-    13: "<|nospeech|>", 1: "<|NEUTRAL|>", 2: "<|Speech|>", 14: "<|withitn|>",
-    15: "<|woitn|>",
+    AUTO_LANGUAGE_ROW: "<|en|>",
+    **{lang.query_row: f"<|{lang.code}|>" for lang in LANGUAGE_TABLE},
+    EVENT_QUERY_ROW: "<|NEUTRAL|>", EMOTION_QUERY_ROW: "<|Speech|>",
+    **{t.query_row: f"<|{t.name}|>" for t in ITN_TABLE},
 }
 RIG_SPEECH_PIECE = "\u2581speech"  # emitted for each voiced run
 RIG_PROMPT_DIMS = 16  # encoder dims 0..15 carry the prompt one-hots

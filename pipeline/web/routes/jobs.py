@@ -13,6 +13,7 @@ from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import FileResponse, JSONResponse, Response
 
 from pipeline.domain.errors import AudioGone, InvalidOption, ResultNotReady
+from pipeline.domain.tags import AUTO_LANGUAGE, REQUEST_LANGUAGES
 from pipeline.domain.types import JobState, Lane, TranscribeOptions
 from pipeline.web.auth import require_token, require_token_or_link
 from pipeline.web.submit import submit_upload, wait_finished
@@ -65,7 +66,7 @@ def build_jobs_router(settings, intake: Intake, view: JobView, bodies: PollBodie
     async def create_job(
             request: Request,
             file: UploadFile = File(...),
-            language: str = Form("auto", description="auto, zh, en, yue, ja, ko or nospeech"),
+            language: str = Form(AUTO_LANGUAGE, description=", ".join(REQUEST_LANGUAGES)),
             use_itn: bool = Form(True, description="punctuation and digits (inverse text "
                                  "normalisation)"),
             ban_emo_unk: bool = Form(False, description="never answer the EMO_UNKNOWN emotion"),

@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import zlib
 from collections import Counter
+from typing import TYPE_CHECKING
 
 from fastapi import APIRouter, Depends, File, Form, Request, UploadFile
 from fastapi.concurrency import run_in_threadpool
@@ -52,21 +53,23 @@ from fastapi.routing import APIRoute
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from pipeline.domain.errors import InvalidOption, SenseVoiceError
+from pipeline.domain.tags import AUTO_LANGUAGE, LANGUAGE_TABLE, NO_SPEECH
 from pipeline.domain.types import Job, JobState, Lane, TranscribeOptions
-from pipeline.serving.intake import Intake
-from pipeline.serving.job_view import JobView
 from pipeline.web.auth import require_token
 from pipeline.web.errors import (NO_RETRY, HTTPError, openai_error_response, openai_storage_response,
                                  openai_validation_response)
 from pipeline.web.submit import submit_upload, wait_finished
 
+if TYPE_CHECKING:
+    from pipeline.serving.intake import Intake
+    from pipeline.serving.job_view import JobView
+
 MODELS = ("sensevoice-small", "whisper-1")  # the first is the model; the others are aliases
 MODEL_CREATED = 1720051200  # unix seconds: SenseVoiceSmall's release (2024-07-04)
 RESPONSE_FORMATS = ("json", "text", "srt", "vtt", "verbose_json")
 GRANULARITIES = ("segment", "word")
-LANGUAGE_NAMES = {"zh": "chinese", "en": "english", "yue": "cantonese", "ja": "japanese",
-                  "ko": "korean"}
-LANGUAGES = {"auto": "auto", "zh-yue": "yue", **{code: code for code in LANGUAGE_NAMES},
+LANGUAGE_NAMES = {lang.code: lang.english.lower() for lang in LANGUAGE_TABLE if lang.code != NO_SPEECH}
+LANGUAGES = {AUTO_LANGUAGE: AUTO_LANGUAGE, "zh-yue": "yue", **{code: code for code in LANGUAGE_NAMES},
              **{name: code for code, name in LANGUAGE_NAMES.items()}}
 
 
@@ -136,7 +139,7 @@ def sensevoice_language(value: str | None) -> str:
     """An OpenAI ``language`` as a SenseVoice language (InvalidParam if it names none)."""
     text = (value or "").strip().lower().replace("_", "-")
     if not text:
-        return "auto"
+        return AUTO_LANGUAGE
     code = LANGUAGES.get(text) or LANGUAGES.get(text.split("-")[0])  # "en-US": en
     if code is None:
         raise InvalidParam(f"language {value[:40]!r} is not one SenseVoice knows; use one of "
@@ -172,7 +175,7 @@ def detected_language(job: Job) -> str:
     """The language to report: the one asked for, else the segments' (by the length of their
     text), as OpenAI names it ("english")."""
     code = job.options.language
-    if code == "auto":
+    if code == AUTO_LANGUAGE:
         weights = Counter()
         for seg in job.result.segments if job.result else ():
             weights[seg.language] += len(seg.text) + 1
@@ -191,7 +194,7 @@ def verbose_json(job: Job, words: bool) -> dict:
         item = {"id": n, "seek": round(start * 100), "start": start, "end": end, "text": seg.text,
                 "tokens": [], "temperature": 0.0, "avg_logprob": 0.0,
                 "compression_ratio": compression_ratio(seg.text),
-                "no_speech_prob": 1.0 if seg.language == "nospeech" else 0.0,
+                "no_speech_prob": 1.0 if seg.language == NO_SPEECH else 0.0,
                 "language": seg.language, "emotion": seg.emotion, "events": list(seg.events)}
         if seg.speaker is not None:
             item["speaker"] = seg.speaker

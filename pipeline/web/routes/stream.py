@@ -3,8 +3,8 @@
 clients connect when given only a host and a port). Both drive the same
 :class:`~pipeline.serving.live.LiveSession`; README.md "Live captions" is the user's reference.
 
-**``GET /api/stream``** (upgrade). Query: ``language`` (auto, zh, en, yue, ja, ko, nospeech),
-``use_itn`` (true), ``sample_rate`` (16000; 8000..192000, other rates are resampled),
+**``GET /api/stream``** (upgrade). Query: ``language`` (one of ``tags.REQUEST_LANGUAGES``),
+``use_itn`` (true), ``sample_rate`` (``tags.SAMPLE_RATE_HZ``; 8000..192000, other rates are resampled),
 ``ban_emo_unk`` (false), ``word_timestamps`` (false: finals carry timed words when true). The client
 sends binary frames of 16-bit little-endian mono PCM, of any size, then the text frame
 ``{"type": "end"}``. The server sends text frames of JSON:
@@ -62,7 +62,8 @@ from fastapi import APIRouter, WebSocket
 from pipeline.audio.stream_vad import MAX_RATE, MIN_RATE
 from pipeline.domain.errors import (Busy, FrameTooLarge, IdleTimeout, InvalidMessage, InvalidOption,
                                     LinkExpired, SenseVoiceError, StreamTooLong, Unauthorized)
-from pipeline.domain.types import LANGUAGES, SAMPLE_RATE, TranscribeOptions
+from pipeline.domain.tags import AUTO_LANGUAGE, REQUEST_LANGUAGES, SAMPLE_RATE_HZ
+from pipeline.domain.types import TranscribeOptions
 from pipeline.serving.live import Caption, LiveHub, LiveSession
 from pipeline.web.auth import token_ok
 from pipeline.web.auth_throttle import AUTH_FAILED
@@ -119,9 +120,9 @@ def _rate(value, name: str = "sample_rate") -> int:
 
 
 def _language(value) -> str:
-    if not isinstance(value, str) or value not in LANGUAGES:
+    if not isinstance(value, str) or value not in REQUEST_LANGUAGES:
         raise InvalidOption(f"unknown language {str(value)[:40]!r}; choose one of "
-                            f"{', '.join(LANGUAGES)}")
+                            f"{', '.join(REQUEST_LANGUAGES)}")
     return value
 
 
@@ -284,11 +285,11 @@ class NativeStream:
     def options(self) -> tuple[TranscribeOptions, int]:
         q = self.ws.query_params
         options = TranscribeOptions(
-            language=_language(q.get("language", "auto")),
+            language=_language(q.get("language", AUTO_LANGUAGE)),
             use_itn=_flag("use_itn", q.get("use_itn"), True),
             ban_emo_unk=_flag("ban_emo_unk", q.get("ban_emo_unk"), False),
             word_timestamps=_flag("word_timestamps", q.get("word_timestamps"), False))
-        return options, _rate(q.get("sample_rate", str(SAMPLE_RATE)))
+        return options, _rate(q.get("sample_rate", str(SAMPLE_RATE_HZ)))
 
     async def serve(self) -> None:
         await self.ws.accept(subprotocol=choose_subprotocol(self.ws, NATIVE_SUBPROTOCOL))
@@ -346,8 +347,8 @@ class FunAsrConfig:
     mode: str = "2pass"
     wav_name: str = "microphone"
     itn: bool = True
-    language: str = "auto"
-    audio_fs: int = SAMPLE_RATE
+    language: str = AUTO_LANGUAGE
+    audio_fs: int = SAMPLE_RATE_HZ
 
     def update(self, message: dict) -> None:
         if "mode" in message and message["mode"] is not None:

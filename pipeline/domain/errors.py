@@ -1,16 +1,35 @@
-"""Domain errors a user can meet. Each carries an HTTP status, a stable code and a clear message.
+"""Domain errors a user can meet. Each carries an HTTP status, a stable code, the WebSocket close
+code a live stream ends with after its error frame, and a clear message.
 
-Library errors (PyAV, torch, sqlite) are translated into these at the module boundary.
+Library errors (PyAV, torch, sqlite) are translated into these at the module boundary. A job that
+fails stores the ``code`` of one of the :class:`JobFailed` classes (its ``error.code`` in the JSON
+every client reads); the HTTP and WebSocket layers ask the error for its status and close code.
 """
 
 from __future__ import annotations
 
+import enum
+
+
+class WsClose(enum.IntEnum):
+    """WebSocket close codes (RFC 6455 7.4.1)."""
+
+    NORMAL = 1000
+    GOING_AWAY = 1001
+    UNSUPPORTED_DATA = 1003  # a frame the protocol does not take
+    POLICY_VIOLATION = 1008  # the client's request is refused (4xx)
+    MESSAGE_TOO_BIG = 1009
+    INTERNAL_ERROR = 1011  # the server failed (5xx)
+    TRY_AGAIN_LATER = 1013  # back-pressure: nothing is wrong with the request
+
 
 class SenseVoiceError(Exception):
-    """Base class: ``status`` is the HTTP status, ``code`` a stable machine-readable name."""
+    """Base class: ``status`` is the HTTP status, ``code`` a stable machine-readable name,
+    ``close_code`` the WebSocket close code after the error frame of a live stream."""
 
     status: int = 500
     code: str = "internal_error"
+    close_code: int = WsClose.INTERNAL_ERROR
 
     def __init__(self, message: str):
         super().__init__(message)
@@ -22,6 +41,7 @@ class AudioDecodeError(SenseVoiceError):
 
     status = 415
     code = "unsupported_media"
+    close_code = WsClose.POLICY_VIOLATION
 
 
 class DecoderCrashed(AudioDecodeError):
@@ -41,6 +61,7 @@ class NoAudioStream(SenseVoiceError):
 
     status = 400
     code = "no_audio_stream"
+    close_code = WsClose.POLICY_VIOLATION
 
 
 class EmptyAudio(SenseVoiceError):
@@ -48,6 +69,7 @@ class EmptyAudio(SenseVoiceError):
 
     status = 400
     code = "empty_audio"
+    close_code = WsClose.POLICY_VIOLATION
 
 
 class AudioTooLong(SenseVoiceError):
@@ -55,6 +77,7 @@ class AudioTooLong(SenseVoiceError):
 
     status = 413
     code = "audio_too_long"
+    close_code = WsClose.POLICY_VIOLATION
 
 
 class UploadTooLarge(SenseVoiceError):
@@ -62,6 +85,7 @@ class UploadTooLarge(SenseVoiceError):
 
     status = 413
     code = "upload_too_large"
+    close_code = WsClose.POLICY_VIOLATION
 
 
 class InvalidOption(SenseVoiceError):
@@ -69,12 +93,14 @@ class InvalidOption(SenseVoiceError):
 
     status = 400
     code = "invalid_option"
+    close_code = WsClose.POLICY_VIOLATION
 
 
 class Busy(SenseVoiceError):
     """Back-pressure (503): nothing is wrong with the request; try again after ``retry_after`` s."""
 
     status = 503
+    close_code = WsClose.TRY_AGAIN_LATER
     retry_after: int = 1  # seconds, sent as Retry-After
 
     def __init__(self, message: str, retry_after: int | None = None):
@@ -107,6 +133,7 @@ class NotReady(SenseVoiceError):
 
     status = 503
     code = "not_ready"
+    close_code = WsClose.TRY_AGAIN_LATER
 
 
 class JobNotFound(SenseVoiceError):
@@ -114,6 +141,7 @@ class JobNotFound(SenseVoiceError):
 
     status = 404
     code = "job_not_found"
+    close_code = WsClose.POLICY_VIOLATION
 
 
 class JobGone(SenseVoiceError):
@@ -121,6 +149,7 @@ class JobGone(SenseVoiceError):
 
     status = 410
     code = "job_purged"
+    close_code = WsClose.POLICY_VIOLATION
 
 
 class ResultNotReady(SenseVoiceError):
@@ -128,6 +157,7 @@ class ResultNotReady(SenseVoiceError):
 
     status = 409
     code = "result_not_ready"
+    close_code = WsClose.POLICY_VIOLATION
 
 
 class AudioGone(SenseVoiceError):
@@ -135,6 +165,7 @@ class AudioGone(SenseVoiceError):
 
     status = 410
     code = "audio_deleted"
+    close_code = WsClose.POLICY_VIOLATION
 
 
 class Unauthorized(SenseVoiceError):
@@ -142,6 +173,7 @@ class Unauthorized(SenseVoiceError):
 
     status = 401
     code = "unauthorized"
+    close_code = WsClose.POLICY_VIOLATION
 
 
 class ModelUnavailable(SenseVoiceError):
@@ -198,6 +230,7 @@ class ClientEventStreamLimit(SenseVoiceError):
 
     status = 429
     code = "too_many_event_streams_from_client"
+    close_code = WsClose.POLICY_VIOLATION
 
 
 class LinkExpired(SenseVoiceError):
@@ -205,6 +238,7 @@ class LinkExpired(SenseVoiceError):
 
     status = 410
     code = "link_expired"
+    close_code = WsClose.POLICY_VIOLATION
 
 
 class UnsafeDirectory(SenseVoiceError):
@@ -219,6 +253,7 @@ class TooManyAuthFailures(SenseVoiceError):
 
     status = 429
     code = "too_many_auth_failures"
+    close_code = WsClose.POLICY_VIOLATION
 
 
 class RequestTimeout(SenseVoiceError):
@@ -226,6 +261,7 @@ class RequestTimeout(SenseVoiceError):
 
     status = 408
     code = "request_timeout"
+    close_code = WsClose.POLICY_VIOLATION
 
 
 class HeadersTooLarge(SenseVoiceError):
@@ -233,6 +269,7 @@ class HeadersTooLarge(SenseVoiceError):
 
     status = 431
     code = "headers_too_large"
+    close_code = WsClose.POLICY_VIOLATION
 
 
 class HostNotAllowed(SenseVoiceError):
@@ -240,6 +277,7 @@ class HostNotAllowed(SenseVoiceError):
 
     status = 400
     code = "host_not_allowed"
+    close_code = WsClose.POLICY_VIOLATION
 
 
 class CrossSiteRequest(SenseVoiceError):
@@ -247,6 +285,7 @@ class CrossSiteRequest(SenseVoiceError):
 
     status = 403
     code = "cross_site_request"
+    close_code = WsClose.POLICY_VIOLATION
 
 
 class PathRefused(SenseVoiceError):
@@ -254,6 +293,7 @@ class PathRefused(SenseVoiceError):
 
     status = 403
     code = "path_refused"
+    close_code = WsClose.POLICY_VIOLATION
 
 
 class BrokerUnavailable(Busy):
@@ -282,6 +322,7 @@ class IdleTimeout(SenseVoiceError):
 
     status = 408
     code = "idle_timeout"
+    close_code = WsClose.POLICY_VIOLATION
 
 
 class FrameTooLarge(SenseVoiceError):
@@ -289,6 +330,7 @@ class FrameTooLarge(SenseVoiceError):
 
     status = 413
     code = "frame_too_large"
+    close_code = WsClose.MESSAGE_TOO_BIG
 
 
 class StreamTooLong(SenseVoiceError):
@@ -296,6 +338,7 @@ class StreamTooLong(SenseVoiceError):
 
     status = 413
     code = "stream_too_long"
+    close_code = WsClose.POLICY_VIOLATION
 
 
 class InvalidMessage(SenseVoiceError):
@@ -303,6 +346,7 @@ class InvalidMessage(SenseVoiceError):
 
     status = 400
     code = "invalid_message"
+    close_code = WsClose.UNSUPPORTED_DATA
 
 
 class LiveDecodeFailed(SenseVoiceError):
@@ -310,3 +354,57 @@ class LiveDecodeFailed(SenseVoiceError):
 
     status = 500
     code = "decode_failed"
+
+
+# ---------------------------------------------------------------------------- failed jobs
+class JobFailed(SenseVoiceError):
+    """An accepted job ended failed: its ``code`` and ``message`` are stored with the job (the
+    ``error`` of its JSON), never raised to the client that submitted it."""
+
+    code = "internal_error"
+
+
+class WorkerFailed(JobFailed):
+    """A bug in the worker while it ran or stored this job's batch (the worker goes on)."""
+
+
+class DeviceFailed(JobFailed):
+    """The GPU failed (a fatal device error): the worker stops and is restarted."""
+
+    code = "device_error"
+
+
+class InferenceFailed(JobFailed):
+    """The model failed on this job's audio."""
+
+    code = "inference_error"
+
+
+class OutOfDeviceMemory(JobFailed):
+    """The GPU ran out of memory on this clip alone (a batch is halved before that)."""
+
+    code = "out_of_memory"
+
+
+class QueueTimeout(JobFailed):
+    """The job waited in the queue longer than the queue timeout."""
+
+    code = "queue_timeout"
+
+
+class AudioLost(JobFailed):
+    """The job's stored audio could not be read back (spool or broker)."""
+
+    code = "audio_lost"
+
+
+class TooManyAttempts(JobFailed):
+    """The job was interrupted (its worker died) too many times while running: given up."""
+
+    code = "too_many_attempts"
+
+
+class SegmentationFailed(JobFailed):
+    """Splitting a long recording into speech pieces failed."""
+
+    code = "segmentation_failed"

@@ -89,7 +89,8 @@ from redis.asyncio.retry import Retry as AsyncRetry
 from redis.retry import Retry
 
 
-from pipeline.domain.errors import AudioGone, BrokerUnavailable, JobGone, JobNotFound, NotReady, QueueFull
+from pipeline.domain.errors import (AudioGone, AudioLost, BrokerUnavailable, JobGone, JobNotFound, NotReady,
+                                    QueueFull, TooManyAttempts)
 from pipeline.serving.job_events import Feed, JobEvent
 from pipeline.serving.payloads import Payloads
 from pipeline.serving.records import SegmentResult, dump_options, load_options
@@ -1027,7 +1028,7 @@ class RedisBroker:
             fields = entry[0][1] if entry else {}
             jid = _s(fields.get(b"job", b""))
             if jid:
-                failed = self.fail(jid, "too_many_attempts",
+                failed = self.fail(jid, TooManyAttempts.code,
                                    f"the job was claimed {times} times by workers that stopped "
                                    "before finishing it, and was given up")
                 logger.warning("job %s given up after %d deliveries (failed now: %s)", jid, times,
@@ -1106,7 +1107,7 @@ class RedisBroker:
                 speaker=None if f[b"speaker"] == b"null" else json.loads(f[b"speaker"])))
         for jid, (s, eid) in lost.items():
             logger.error("job %s: its audio is missing from the broker", jid)
-            self.fail(jid, "audio_lost", "the job's audio could not be read from the broker")
+            self.fail(jid, AudioLost.code, "the job's audio could not be read from the broker")
             stale.append((s, eid))
         if stale:
             pipe = self._r.pipeline(transaction=False)

@@ -20,7 +20,7 @@ from typing import Iterable, Iterator
 
 import numpy as np
 
-from pipeline.domain.errors import JobGone, JobNotFound
+from pipeline.domain.errors import JobGone, JobNotFound, TooManyAttempts
 from pipeline.domain.types import Job, JobError, JobState, Lane, Transcript, Word
 from pipeline.serving.job_events import Feed, JobEvent
 from pipeline.serving.records import SegmentResult, dump_options, load_options, storage_error
@@ -229,9 +229,9 @@ class JobStore:
         Returns every queued job in submission order (to be put back on the scheduler)."""
         conn = self._conn()
         conn.execute(
-            "UPDATE jobs SET state=?, finished_at=?, error_code='too_many_attempts',"
+            "UPDATE jobs SET state=?, finished_at=?, error_code=?,"
             " error_message=? WHERE state=? AND attempts>=?",
-            (JobState.FAILED.value, time.time(),
+            (JobState.FAILED.value, time.time(), TooManyAttempts.code,
              f"the job was interrupted {MAX_ATTEMPTS} times while running and was given up",
              JobState.RUNNING.value, MAX_ATTEMPTS),
         )

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from pipeline.domain.errors import SenseVoiceError
+from pipeline.domain.errors import SegmentationFailed, SenseVoiceError
 from pipeline.domain.tags import SAMPLE_RATE_HZ
 from pipeline.domain.types import Job, Lane, TranscribeOptions, Transcript
 from pipeline.serving.admission import Backlog
@@ -144,8 +144,8 @@ class LongAudio:
         except Exception as e:
             logger.exception("segmenting job %s failed", job.id)
             message = f"splitting the recording failed: {e}"
-            if self.broker.fail(job.id, "segmentation_failed", message) is not False:
-                self.on_failed(job, "segmentation_failed")
+            if self.broker.fail(job.id, SegmentationFailed.code, message) is not False:
+                self.on_failed(job, SegmentationFailed.code)
 
 
 def load_segmenter(max_segment_s: float, device: str):

@@ -40,6 +40,8 @@ from prometheus_client import (CollectorRegistry, Counter, Gauge, GCCollector, H
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
 
+from pipeline.domain.errors import JobFailed
+
 logger = logging.getLogger("sensevoice.metrics")
 
 # the ``*_created`` series (one per labelled child) double the series count and no dashboard here
@@ -65,10 +67,10 @@ GPU_GAUGES = (  # name (without prefix), help; one sample per GPU, labelled GPU_
 )
 LOOP_LAG_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)  # seconds
 LANES = ("interactive", "bulk")  # the job lanes (domain.types.Lane, lower-cased): label values
-# the codes an accepted job fails with (worker, long_audio, brokers): their series start at zero, so
-# that rate() sees the first failure after a start (a series born at 1 shows no increase)
-FAILURE_CODES = ("audio_lost", "device_error", "inference_error", "internal_error",
-                 "out_of_memory", "queue_timeout", "segmentation_failed", "too_many_attempts")
+# the codes an accepted job fails with (the JobFailed classes: worker, long_audio, brokers): their
+# series start at zero, so that rate() sees the first failure after a start (a series born at 1
+# shows no increase)
+FAILURE_CODES = tuple(sorted({c.code for c in (JobFailed, *JobFailed.__subclasses__())}))
 UNMATCHED_ROUTE = "unmatched"  # the route label of a path no route answers (never the raw path)
 _CODE_RE = re.compile(r"^[a-z][a-z0-9_]{0,63}$")  # an error code fit to be a label value
 

@@ -24,7 +24,8 @@ from typing import TYPE_CHECKING, Sequence
 import torch
 
 from pipeline.model.engine import SenseVoiceEngine
-from pipeline.domain.errors import BrokerUnavailable, NotReady
+from pipeline.domain.errors import (AudioLost, BrokerUnavailable, DeviceFailed, InferenceFailed, JobFailed,
+                                    NotReady, OutOfDeviceMemory, QueueTimeout, WorkerFailed)
 from pipeline.serving.broker import Broker
 from pipeline.serving.records import SegmentResult, transcript_from_pieces
 from pipeline.serving.metrics import Metrics
@@ -117,12 +118,12 @@ class Worker(threading.Thread):
                 self._stop_event.set()
                 for item in batch:  # its jobs are recovered after the restart
                     if item.reply is not None:
-                        self._fail(item, "device_error", f"the GPU failed: {e}",
+                        self._fail(item, DeviceFailed(f"the GPU failed: {e}"),
                                    NotReady(f"the GPU failed: {e}"))
                 return
             logger.exception("batch of %d failed on the device", len(batch))
             for item in batch:
-                self._fail(item, "inference_error", f"inference failed: {e}", e)
+                self._fail(item, InferenceFailed(f"inference failed: {e}"), e)
             return
         finally:
             self._waiting_since = None
@@ -139,7 +140,7 @@ class Worker(threading.Thread):
         except Exception as e:  # a bug here must not leave its jobs running forever
             logger.exception("unexpected error while storing a batch (the worker goes on)")
             for item in batch:
-                self._fail(item, "internal_error", f"the worker failed on this batch: {e}")
+                self._fail(item, WorkerFailed(f"the worker failed on this batch: {e}"))
 
     def _loop(self) -> None:
         while not self._stop_event.is_set() and self.fatal is None:
@@ -157,7 +158,7 @@ class Worker(threading.Thread):
                 self.store.release([i.job_id for i in batch if i.reply is None])
                 for item in batch:
                     if item.reply is not None:
-                        self._fail(item, "broker_unavailable", str(e), e)
+                        self._fail(item, e, e)
                 time.sleep(1.0)
             except Exception as e:
                 if _is_fatal(e):  # a poisoned CUDA context: give up, let the supervisor restart
@@ -165,14 +166,14 @@ class Worker(threading.Thread):
                     self.fatal = e
                     for item in batch:  # a live stream hears it now (its jobs are recovered)
                         if item.reply is not None:
-                            self._fail(item, "device_error", f"the GPU failed: {e}",
+                            self._fail(item, DeviceFailed(f"the GPU failed: {e}"),
                                        NotReady(f"the GPU failed: {e}"))
                     return
                 # a bug (here or in the scheduler) is not a device fault: fail what this batch
                 # held and keep serving; the process is not restarted for it
                 logger.exception("unexpected worker error (the worker goes on)")
                 for item in batch:  # never leave a job running forever
-                    self._fail(item, "internal_error", f"the worker failed on this batch: {e}")
+                    self._fail(item, WorkerFailed(f"the worker failed on this batch: {e}"))
                 time.sleep(POLL_S)  # a bug that repeats must not spin a core
 
     # ------------------------------------------------------------------ one batch
@@ -183,8 +184,8 @@ class Worker(threading.Thread):
             batch = [i for i in batch if i.reply is None]
             live = [i for i in live if i.reply.set_running_or_notify_cancel()]
         for item in [i for i in batch if t_start - i.enqueued_at > self.queue_timeout_s]:
-            self._fail(item, "queue_timeout",
-                       f"timed out in queue after {t_start - item.enqueued_at:.0f} s")
+            self._fail(item, QueueTimeout(
+                f"timed out in queue after {t_start - item.enqueued_at:.0f} s"))
             batch.remove(item)
         if live:
             batch = live + batch
@@ -196,7 +197,7 @@ class Worker(threading.Thread):
                 waves.append(self._audio(item))
             except Exception as e:
                 logger.error("job %s: spooled audio unreadable: %s", item.job_id, e)
-                self._fail(item, "audio_lost", f"the job's audio could not be read: {e}")
+                self._fail(item, AudioLost(f"the job's audio could not be read: {e}"))
                 batch.remove(item)
         if batch:
             self._infer(batch, waves, t_start)
@@ -238,7 +239,7 @@ class Worker(threading.Thread):
             moved = self._mark_running(batch, t_start) if moved is None else moved
             if len(batch) == 1:
                 if batch[0].reply is not None or batch[0].job_id in moved:
-                    self._fail(batch[0], "out_of_memory", "the GPU ran out of memory on this clip alone", e)
+                    self._fail(batch[0], OutOfDeviceMemory("the GPU ran out of memory on this clip alone"), e)
                 return
             torch.cuda.empty_cache()
             half = len(batch) // 2
@@ -253,7 +254,7 @@ class Worker(threading.Thread):
                 if _is_fatal(e):
                     raise
                 if batch[0].reply is not None or batch[0].job_id in moved:
-                    self._fail(batch[0], "inference_error", f"inference failed: {e}", e)
+                    self._fail(batch[0], InferenceFailed(f"inference failed: {e}"), e)
                 return
             logger.warning("batch of %d failed (%s); retrying one by one", len(batch), e)
             for item, wave in zip(batch, waves):
@@ -321,13 +322,16 @@ class Worker(threading.Thread):
                 complete.append((job_id, transcript_from_pieces(pieces), seconds))
         return complete
 
-    def _fail(self, item: WorkItem, code: str, message: str,
+    def _fail(self, item: WorkItem, failure: JobFailed | BrokerUnavailable,
               error: BaseException | None = None) -> None:
+        """Store ``failure`` (its code and message) as the job's end; a live re-decode's stream
+        hears ``error`` (the cause) instead, or the failure itself."""
+        code = failure.code
         if item.reply is not None:  # a live re-decode: its stream reports the error
             if not item.reply.done():
-                item.reply.set_exception(error or RuntimeError(message))
+                item.reply.set_exception(error or failure)
             return
-        if self.store.fail(item.job_id, code, message) is not False:  # a long job fails once
+        if self.store.fail(item.job_id, code, failure.message) is not False:  # a long job fails once
             self.metrics.request_failure(item.lane, code)
             logger.info("job failed id=%s code=%s", item.job_id, code)
         else:

@@ -3,6 +3,9 @@ error answer counted by the code of its JSON body (``HttpMetrics``, the app's ou
 
 from __future__ import annotations
 
+from pipeline.domain.errors import SenseVoiceError
+
+
 class HttpMetrics:
     """ASGI middleware: count each HTTP answer by method, route template (``/api/jobs/{job_id}``,
     never the raw path: job ids must not mint series) and status, time it, and count an error answer
@@ -42,7 +45,7 @@ class HttpMetrics:
         except BaseException:
             if not answer["done"]:  # Starlette's outermost handler answers 500 for it
                 answer.update(status=answer["status"] or 500, done=True)
-                self._record(scope, route, answer, t0, default_code="internal_error")
+                self._record(scope, route, answer, t0, default_code=SenseVoiceError.code)
             raise
         if not answer["done"] and answer["status"]:  # the client left before the body ended
             self._record(scope, route, answer, t0)

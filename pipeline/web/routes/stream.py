@@ -17,9 +17,9 @@ sends binary frames of 16-bit little-endian mono PCM, of any size, then the text
   the utterance, settled, when a pause (``reason`` "pause"), the length limit ("limit") or the
   end ("end") closes it; ``segment`` is the first of ``segments`` (language, emotion, events, itn,
   text, start, end, words). After ``end`` every utterance is final and the server closes (1000);
-* ``{"type": "error", "code", "message"}``, then the server closes with the code of
-  :data:`CLOSE_CODES`. Everything received before an idle time-out or the stream-length limit is
-  finalised first.
+* ``{"type": "error", "code", "message"}``, then the server closes with the error's
+  ``close_code`` (``pipeline.domain.errors``). Everything received before an idle time-out or
+  the stream-length limit is finalised first.
 
 Times are seconds from the stream's start.
 
@@ -60,8 +60,8 @@ import orjson
 from fastapi import APIRouter, WebSocket
 
 from pipeline.audio.stream_vad import MAX_RATE, MIN_RATE
-from pipeline.domain.errors import (Busy, FrameTooLarge, IdleTimeout, InvalidMessage, InvalidOption,
-                                    LinkExpired, SenseVoiceError, StreamTooLong, Unauthorized)
+from pipeline.domain.errors import (FrameTooLarge, IdleTimeout, InvalidMessage, InvalidOption,
+                                    LinkExpired, SenseVoiceError, StreamTooLong, Unauthorized, WsClose)
 from pipeline.domain.tags import AUTO_LANGUAGE, REQUEST_LANGUAGES, SAMPLE_RATE_HZ
 from pipeline.domain.types import TranscribeOptions
 from pipeline.serving.live import Caption, LiveHub, LiveSession
@@ -74,27 +74,11 @@ FUNASR_SUBPROTOCOL = "binary"  # what FunASR's clients offer
 BEARER_PREFIX = "bearer."
 MAX_TEXT_FRAME = 4096  # characters; control messages are tiny
 MAX_WAV_NAME = 200  # characters of a FunASR wav_name echoed back
-NORMAL, GOING_AWAY, UNSUPPORTED, POLICY, TOO_BIG, INTERNAL, TRY_LATER = (
-    1000, 1001, 1003, 1008, 1009, 1011, 1013)
-# the WebSocket close code after each error frame (RFC 6455 7.4.1)
-CLOSE_CODES = {
-    "invalid_option": POLICY, "unauthorized": POLICY, "idle_timeout": POLICY,
-    "stream_too_long": POLICY, "invalid_message": UNSUPPORTED, "frame_too_large": TOO_BIG,
-    "too_many_streams": TRY_LATER, "not_ready": TRY_LATER, "live_overloaded": TRY_LATER,
-    "decode_failed": INTERNAL, "link_expired": POLICY,
-}
 TRUE, FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
 
 
 class ClientGone(ConnectionError):
     """The client left or stopped reading."""
-
-
-def close_code(e: SenseVoiceError) -> int:
-    code = CLOSE_CODES.get(e.code)
-    if code is None:
-        code = TRY_LATER if isinstance(e, Busy) else INTERNAL if e.status >= 500 else POLICY
-    return code
 
 
 def _flag(name: str, value: str | None, default: bool) -> bool:
@@ -155,7 +139,7 @@ class Socket:
                 self.closed = True
                 raise ClientGone(f"the client left: {e!r}") from None
 
-    async def close(self, code: int = NORMAL, reason: str = "") -> None:
+    async def close(self, code: int = WsClose.NORMAL, reason: str = "") -> None:
         async with self._lock:
             if self.closed:
                 return
@@ -312,7 +296,7 @@ class NativeStream:
             raise InvalidMessage('expected binary frames of 16-bit PCM or the text frame '
                                  '{"type": "end"}')
         await session.end()
-        await self.sock.close(NORMAL)
+        await self.sock.close(WsClose.NORMAL)
 
     async def emit(self, caption: Caption) -> None:
         body = {"type": "final" if caption.final else "partial", "text": caption.text,
@@ -330,7 +314,7 @@ class NativeStream:
             await self.sock.send({"type": "error", "code": e.code, "message": e.message})
         except ClientGone:
             return
-        await self.sock.close(close_code(e), e.message)
+        await self.sock.close(e.close_code, e.message)
 
 
 # ---------------------------------------------------------------------------- FunASR protocol
@@ -513,7 +497,7 @@ class FunAsrStream:
                                   "is_end": True, "error": e.message, "code": e.code})
         except ClientGone:
             return
-        await self.sock.close(close_code(e), e.message)
+        await self.sock.close(e.close_code, e.message)
 
 
 def build_stream_router(hub: LiveHub) -> APIRouter:

@@ -21,7 +21,7 @@
  *
  * Audio: getUserMedia -> an AudioContext at the device's rate -> the AudioWorklet "sv-pcm16"
  * (static/live-worklet.js: low-pass + downsampling to 16 kHz, 16-bit little-endian, 100 ms chunks)
- * -> binary frames on the WebSocket GET /api/stream?language=..&use_itn=..&sample_rate=16000
+ * -> binary frames on the WebSocket GET /api/stream?language=..&use_itn=..&sample_rate=<SAMPLE_RATE_HZ>
  * (chunks made before the socket opens are held and sent when it does). With an API token the
  * server wants a live link (?exp=..&sig=..): the page asks the UI for a fresh one at each start
  * (config.linkPath, the UI's "live_link" endpoint, behind its login). Stop: the microphone
@@ -49,7 +49,8 @@
   'use strict';
 
   var doc = root.document;
-  var OUT_RATE = 16000; // Hz: what the worklet makes and the server is told
+  var VOCAB = root.SenseVoiceVocab; // the server's vocabulary (pipeline/web/vocab.py), on the page first
+  var OUT_RATE = VOCAB.sampleRateHz; // Hz: what the worklet makes and the server is told
   var CHUNK = 1600; // samples per worklet message (100 ms)
   var PENDING_MAX = 30 * OUT_RATE; // samples held before the socket opens (30 s)
   var STOP_WAIT_MS = 20000; // after "end": the last finals, then the server's close
@@ -220,7 +221,7 @@
   // on this server (else /api/stream); extra: more query (the server's login ticket), if any.
   function streamUrl(loc, path, opts, extra) {
     opts = opts || {};
-    var language = LANG_RE.test(String(opts.language || '')) ? String(opts.language) : 'auto';
+    var language = LANG_RE.test(String(opts.language || '')) ? String(opts.language) : VOCAB.auto;
     path = PATH_RE.test(String(path || '')) && String(path).charAt(1) !== '/' ? String(path) : '/api/stream';
     var q = 'language=' + language + '&use_itn=' + (opts.useItn === false ? 'false' : 'true') +
       '&sample_rate=' + OUT_RATE;
@@ -383,7 +384,7 @@
     submitPath: '/ui/gradio_api/run/submit',
     keepSeconds: 1800
   };
-  var options = { language: 'auto', useItn: true };
+  var options = { language: VOCAB.auto, useItn: true };
   var currentMode = 'file';
   var S = null; // the live session on screen (the last one, once it has ended)
   var sessions = 0;
@@ -1048,7 +1049,7 @@
 
   function setOptions(o) {
     if (!o || typeof o !== 'object') return;
-    if (o.language != null) options.language = LANG_RE.test(String(o.language)) ? String(o.language) : 'auto';
+    if (o.language != null) options.language = LANG_RE.test(String(o.language)) ? String(o.language) : VOCAB.auto;
     if (o.useItn != null) options.useItn = !!o.useItn;
   }
 

@@ -64,7 +64,7 @@
       no_result_failed: 'No result: the job {status}.', unreadable: 'Could not read the job result.',
       seek: 'Timeline: click to seek', all_emotions: 'All emotions', all_events: 'All events',
       all_speakers: 'All speakers', search: 'Search the text', shown: '{n} of {m} segments',
-      rename: 'Name of {speaker}', nospeech: 'No speech', recording: 'Recording'
+      rename: 'Name of {speaker}', no_speech_lang: 'No speech', recording: 'Recording'
     },
     zh: {
       gone: '\u97f3\u9891\u5df2\u4e0d\u518d\u4fdd\u7559\uff1a\u4e0b\u9762\u7684\u65f6\u95f4\u8f74\u548c\u8868\u683c\u4ecd\u53ef\u7528\u3002',
@@ -79,7 +79,7 @@
       no_result_failed: '\u6ca1\u6709\u7ed3\u679c\uff1a\u4efb\u52a1{status}\u3002', unreadable: '\u65e0\u6cd5\u8bfb\u53d6\u4efb\u52a1\u7ed3\u679c\u3002',
       seek: '\u65f6\u95f4\u8f74\uff1a\u70b9\u51fb\u8df3\u8f6c', all_emotions: '\u5168\u90e8\u60c5\u7eea', all_events: '\u5168\u90e8\u4e8b\u4ef6',
       all_speakers: '\u5168\u90e8\u8bf4\u8bdd\u4eba', search: '\u641c\u7d22\u6587\u5b57', shown: '{n} / {m} \u6bb5',
-      rename: '{speaker} \u7684\u540d\u5b57', nospeech: '\u65e0\u8bed\u97f3', recording: '\u5f55\u97f3'
+      rename: '{speaker} \u7684\u540d\u5b57', no_speech_lang: '\u65e0\u8bed\u97f3', recording: '\u5f55\u97f3'
     }
   };
 
@@ -103,6 +103,11 @@
     var T = R && R.TAGS;
     if (!T || !T[kind] || !name || !hasOwn(T[kind], name)) return null;
     return T[kind][name];
+  }
+
+  // The language tag of a segment without speech (the server's vocabulary, pipeline/web/vocab.py).
+  function noSpeech() {
+    return root.SenseVoiceVocab ? root.SenseVoiceVocab.noSpeech : null;
   }
 
   function str(v) {
@@ -193,7 +198,7 @@
   function langName(code) {
     var e = tagEntry('language', code);
     if (!e) return code.toUpperCase();
-    return code === 'nospeech' ? tr('nospeech') : e.name;
+    return code === noSpeech() ? tr('no_speech_lang') : e.name;
   }
 
   function langBadge(code) {
@@ -202,7 +207,7 @@
     b.setAttribute('data-tag', code);
     b.title = e ? e.title + ' (' + code + ')' : 'Language: ' + code;
     b.style.setProperty('--sv-c', e ? e.color : GREY);
-    if (e) b.lang = code === 'yue' ? 'zh-HK' : code === 'nospeech' ? '' : code;
+    if (e) b.lang = e.htmlLang;
     b.appendChild(el('span', 'sv-lang-name', langName(code)));
     return b;
   }
@@ -388,7 +393,7 @@
         if (!(e in evCount)) { evCount[e] = 0; evNames.push(e); }
         evCount[e] += 1;
       });
-      if (s.language && s.language !== 'nospeech') {
+      if (s.language && s.language !== noSpeech()) {
         if (!(s.language in langTime)) { langTime[s.language] = 0; langNames.push(s.language); }
         langTime[s.language] += Math.max(d, 1e-6);
       }

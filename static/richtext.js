@@ -2,7 +2,8 @@
  * SenseVoice rich-text renderer. Plain browser script: no modules, no build step.
  *
  * The server returns the raw model text (tags included); every piece of presentation happens
- * here, from the one table TAGS (emoji, label, CSS class and colour per tag).
+ * here, from the one table TAGS (emoji, label, CSS class and colour per tag), made from the
+ * vocabulary the server puts on the page first (window.SenseVoiceVocab, pipeline/web/vocab.py).
  *
  *   window.SenseVoiceRich = {
  *     TAGS,                          // { language, emotion, event, itn }: tag name -> entry
@@ -38,10 +39,17 @@
     return Object.prototype.hasOwnProperty.call(obj, key);
   }
 
-  function table(rows, make) {
+  // The vocabulary comes from the server (pipeline/domain/tags.py browser_table(), put on the
+  // page as window.SenseVoiceVocab by pipeline/web/vocab.py before this script): no copy here.
+  var VOCAB = root.SenseVoiceVocab;
+  if (!VOCAB || !VOCAB.language) {
+    throw new Error('SenseVoiceVocab is missing: the page must load the server\'s vocabulary first');
+  }
+
+  function table(rows, key, make) {
     var t = Object.create(null); // no prototype: names like "constructor" stay unknown
     rows.forEach(function (r) {
-      t[r[0]] = Object.freeze(make(r));
+      t[r[key]] = Object.freeze(make(r));
     });
     return Object.freeze(t);
   }
@@ -50,58 +58,25 @@
     return name.toLowerCase().replace(/_/g, '-');
   }
 
-  // The one table. color: an "R G B" triple, applied as the CSS custom property --sv-c.
-  // Emoji are \u escapes so the file is pure ASCII and immune to a wrong charset;
-  // tests/test_richtext_js.py spells each one out.
+  // The one table, made from the server's rows. color: an "R G B" triple, applied as the CSS
+  // custom property --sv-c.
   var TAGS = Object.freeze({
-    // name: what its speakers call it (shown); english: the English name (in the title)
-    language: table([
-      ['zh', 'ZH', '\u4e2d\u6587', 'Chinese', '220 38 38'],
-      ['en', 'EN', 'English', 'English', '37 99 235'],
-      ['yue', 'YUE', '\u7cb5\u8a9e', 'Cantonese', '234 88 12'],
-      ['ja', 'JA', '\u65e5\u672c\u8a9e', 'Japanese', '219 39 119'],
-      ['ko', 'KO', '\ud55c\uad6d\uc5b4', 'Korean', '124 58 237'],
-      ['nospeech', '\u2205', 'No speech', 'No speech', '107 114 128']
-    ], function (r) {
-      return { code: r[1], name: r[2], english: r[3], label: r[2], color: r[4],
-        title: 'Language: ' + r[3], cls: 'sv-lang-' + slug(r[0]) };
+    // name: what its speakers call it (shown); english: the English name (in the title);
+    // htmlLang: the BCP 47 tag of its text ('' = none)
+    language: table(VOCAB.language, 'code', function (r) {
+      return { code: r.badge, name: r.native, english: r.english, label: r.native, color: r.color,
+        title: 'Language: ' + r.english, cls: 'sv-lang-' + slug(r.code), htmlLang: r.html_lang };
     }),
-    emotion: table([
-      ['HAPPY', '\ud83d\ude0a', 'happy', '234 179 8'],
-      ['SAD', '\ud83d\ude14', 'sad', '59 130 246'],
-      ['ANGRY', '\ud83d\ude21', 'angry', '239 68 68'],
-      ['NEUTRAL', '\ud83d\ude10', 'neutral', '107 114 128'],
-      ['FEARFUL', '\ud83d\ude30', 'fearful', '139 92 246'],
-      ['DISGUSTED', '\ud83e\udd22', 'disgusted', '101 163 13'],
-      ['SURPRISED', '\ud83d\ude2e', 'surprised', '236 72 153'],
-      ['EMO_UNKNOWN', '\u2753', 'unknown', '148 163 184'],
-      ['EMO_OTHER', '\ud83e\udd14', 'other', '148 163 184']
-    ], function (r) {
-      return { emoji: r[1], label: r[0], title: 'Emotion: ' + r[2], color: r[3],
-        cls: 'sv-emo-' + slug(r[0]) };
+    emotion: table(VOCAB.emotion, 'name', function (r) {
+      return { emoji: r.emoji, label: r.name, title: 'Emotion: ' + r.word, color: r.color,
+        cls: 'sv-emo-' + slug(r.name) };
     }),
-    event: table([
-      ['BGM', '\ud83c\udfbc', 'background music', '168 85 247'],
-      ['Speech', '\ud83d\udde3\ufe0f', 'speech', '14 165 233'],
-      ['Applause', '\ud83d\udc4f', 'applause', '245 158 11'],
-      ['Laughter', '\ud83d\ude00', 'laughter', '234 179 8'],
-      ['Cry', '\ud83d\ude2d', 'crying', '96 165 250'],
-      ['Sneeze', '\ud83e\udd27', 'sneeze', '20 184 166'],
-      ['Breath', '\ud83d\ude2e\u200d\ud83d\udca8', 'breath', '45 212 191'],
-      ['Cough', '\ud83d\ude37', 'cough', '132 204 22'],
-      ['Sing', '\ud83c\udfa4', 'singing', '217 70 239'],
-      ['Speech_Noise', '\ud83d\udd09', 'speech noise', '251 146 60'],
-      ['GBG', '\ud83d\uddd1\ufe0f', 'garbage / noise', '120 113 108'],
-      ['Event_UNK', '\u2754', 'unknown event', '148 163 184']
-    ], function (r) {
-      return { emoji: r[1], label: r[0], title: 'Event: ' + r[2], color: r[3],
-        cls: 'sv-event-' + slug(r[0]) };
+    event: table(VOCAB.event, 'name', function (r) {
+      return { emoji: r.emoji, label: r.name, title: 'Event: ' + r.word, color: r.color,
+        cls: 'sv-event-' + slug(r.name) };
     }),
-    itn: table([
-      ['withitn', 'punctuated', 'Punctuation and numbers as digits (inverse text normalisation, ITN, on)'],
-      ['woitn', 'spoken form', 'As spoken, without punctuation (inverse text normalisation, ITN, off)']
-    ], function (r) {
-      return { label: r[1], title: r[2], cls: 'sv-itn-' + r[0] };
+    itn: table(VOCAB.itn, 'name', function (r) {
+      return { label: r.label, title: r.title, cls: 'sv-itn-' + r.name };
     })
   });
   var UNKNOWN = Object.freeze({

@@ -9,12 +9,14 @@ from pathlib import Path
 
 import pytest
 
+from pipeline.web.vocab import vocab_script
+
 CHROMIUM = Path("/usr/bin/chromium")
 ROOT = Path(__file__).resolve().parent.parent
 STATIC = ROOT / "static"
 APP_JS = (STATIC / "app.js").read_text(encoding="utf-8")
-SCRIPTS = "".join(f"<script>{(STATIC / n).read_text(encoding='utf-8')}</script>"
-                  for n in ("richtext.js", "review.js", "app.js"))
+SCRIPTS = vocab_script() + "".join(f"<script>{(STATIC / n).read_text(encoding='utf-8')}</script>"
+                                   for n in ("richtext.js", "review.js", "app.js"))
 SHEETS = "".join(f"<style>{(STATIC / n).read_text(encoding='utf-8')}</style>"
                  for n in ("style.css", "review.css", "app.css"))
 HOST = "http://app.test"

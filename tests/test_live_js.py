@@ -13,6 +13,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from pipeline.web.vocab import vocab_script
+
 from tests.conftest import CHROMIUM_ARGS
 
 CHROMIUM = Path("/usr/bin/chromium")
@@ -20,8 +22,9 @@ ROOT = Path(__file__).resolve().parent.parent
 STATIC = ROOT / "static"
 LIVE_JS = (STATIC / "live.js").read_text(encoding="utf-8")
 WORKLET_JS = (STATIC / "live-worklet.js").read_text(encoding="utf-8")
-SCRIPTS = "".join(f"<script>{(STATIC / n).read_text(encoding='utf-8')}</script>"
-                  for n in ("richtext.js", "review.js", "app.js", "live-worklet.js", "live.js"))
+SCRIPTS = vocab_script() + "".join(f"<script>{(STATIC / n).read_text(encoding='utf-8')}</script>"
+                                   for n in ("richtext.js", "review.js", "app.js", "live-worklet.js",
+                                             "live.js"))
 SHEETS = "".join(f"<style>{(STATIC / n).read_text(encoding='utf-8')}</style>"
                  for n in ("style.css", "review.css", "app.css", "live.css"))
 HOST = "https://app.test"  # a secure context: the page may ask for the microphone

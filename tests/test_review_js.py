@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from pipeline.web.vocab import vocab_script
+
 CHROMIUM = Path("/usr/bin/chromium")
 ROOT = Path(__file__).resolve().parent.parent
 STATIC = ROOT / "static"
@@ -22,7 +24,7 @@ CSS = (STATIC / "style.css").read_text(encoding="utf-8")
 REVIEW_CSS = (STATIC / "review.css").read_text(encoding="utf-8")
 PAGE = (
     f"<html><head><style>{CSS}</style><style>{REVIEW_CSS}</style>"
-    f"<script>{RICH_JS}</script><script>{REVIEW_JS}</script></head>"
+    f"{vocab_script()}<script>{RICH_JS}</script><script>{REVIEW_JS}</script></head>"
     "<body><div id=out></div></body></html>"
 )
 PAGE_NO_RICH = (

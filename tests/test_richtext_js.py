@@ -9,14 +9,16 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.domain.richtext import EMOTIONS, EVENTS, ITN_TAGS, LANGUAGES, WHITESPACE, parse_rich_text
+from pipeline.domain.richtext import WHITESPACE, parse_rich_text
+from pipeline.domain.tags import EMOTIONS, EVENTS, ITN_TAGS, LANGUAGES
+from pipeline.web.vocab import vocab_script
 
 CHROMIUM = Path("/usr/bin/chromium")
 ROOT = Path(__file__).resolve().parent.parent
 JS = (ROOT / "static" / "richtext.js").read_text(encoding="utf-8")
 CSS = (ROOT / "static" / "style.css").read_text(encoding="utf-8")
 PAGE = (
-    f"<html><head><style>{CSS}</style><script>{JS}</script></head>"
+    f"<html><head><style>{CSS}</style>{vocab_script()}<script>{JS}</script></head>"
     "<body><div id=out></div></body></html>"
 )
 

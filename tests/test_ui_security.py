@@ -25,6 +25,7 @@ import pytest
 
 from pipeline.web.links import job_links, link_key, sign
 from pipeline.web.ui_guard import JSON_BODY_CAP, UPLOAD_DIR_NAME, own_upload, read_own_upload
+from pipeline.web.vocab import vocab_script
 from tests.conftest import LiveServer, make_settings
 from tests.test_api import submit, wait_done
 
@@ -533,7 +534,7 @@ def test_review_js_export_links_use_the_jobs_own_link(browser, result, expected)
     static = Path(__file__).resolve().parent.parent / "static"
     page = browser.new_page()
     try:
-        page.set_content("<html><head><script>" + (static / "richtext.js").read_text() +
+        page.set_content("<html><head>" + vocab_script() + "<script>" + (static / "richtext.js").read_text() +
                          "</script><script>" + (static / "review.js").read_text() +
                          "</script></head><body><div id=out></div></body></html>")
         job = {"id": "j1", "status": "done", "links": {"result": result},

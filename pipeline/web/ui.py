@@ -43,6 +43,7 @@ from pipeline.serving.intake import Intake
 from pipeline.web.links import live_query
 from pipeline.web.views import JobPages
 from pipeline.web.ui_guard import UI_PATH, UploadSweeper, prepare_upload_dir, read_own_upload
+from pipeline.web.vocab import vocab_script
 
 logger = logging.getLogger("sensevoice.ui")
 
@@ -101,8 +102,8 @@ def head_html() -> str:
     container query of the narrow review table (review.css, ``!important`` there for this) work
     from this unrewritten copy."""
     sheets = "\n".join((STATIC / name).read_text(encoding="utf-8") for name in RAW_SHEETS)
-    scripts = "".join(f"<script>{(STATIC / name).read_text(encoding='utf-8')}</script>"
-                      for name in SCRIPTS)
+    scripts = vocab_script() + "".join(f"<script>{(STATIC / name).read_text(encoding='utf-8')}</script>"
+                                       for name in SCRIPTS)
     return f'<link rel="icon" href="/favicon.ico" sizes="any"><style>{sheets}</style>{scripts}'
 
 

@@ -67,7 +67,7 @@ SNIFF_BYTES = 64  # bytes read to name a refused text format in the error messag
 # Every other rate is brought to 16 kHz by FFmpeg's resampler in the decoder (8,001 -> 16,000 Hz:
 # 60 s of audio in 5 ms).
 COMMON_RATES: frozenset[int] = frozenset(
-    {8000, 11025, 16000, 22050, 24000, 32000, 44100, 48000, 96000}
+    {8000, 11025, SAMPLE_RATE_HZ, 22050, 24000, 32000, 44100, 48000, 96000}
 )
 
 # Audio at a common rate up to this long keeps its rate (resampled on the device, like funasr's

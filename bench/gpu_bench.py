@@ -34,7 +34,8 @@ sys.path.insert(0, str(ROOT))
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
-SR = 16000  # Hz
+from pipeline.domain.tags import SAMPLE_RATE_HZ  # noqa: E402
+
 T0 = time.perf_counter()
 R: dict = {"meta": {}, "errors": {}, "sections_s": {}}
 
@@ -58,10 +59,10 @@ def stats_ms(ts: list[float]) -> dict:
 def speechlike(seconds: float, seed: int) -> np.ndarray:
     """Voiced harmonic signal with a pitch contour, a moving formant, syllables, pauses and noise."""
     rng = np.random.default_rng(seed)
-    n = int(seconds * SR)
-    t = np.arange(n) / SR
+    n = int(seconds * SAMPLE_RATE_HZ)
+    t = np.arange(n) / SAMPLE_RATE_HZ
     f0 = 110 + 50 * rng.random() + 40 * np.sin(2 * np.pi * 0.3 * t + rng.uniform(0, 6))
-    phase = 2 * np.pi * np.cumsum(f0) / SR
+    phase = 2 * np.pi * np.cumsum(f0) / SAMPLE_RATE_HZ
     formant = 700 + 500 * np.sin(2 * np.pi * 3.0 * t + rng.uniform(0, 6))
     sig = np.zeros(n)
     for k in range(1, 16):
@@ -433,7 +434,7 @@ class Bench:
         def make_job(wave) -> str:
             counter[0] += 1
             jid = f"bench-{counter[0]}"
-            store.create(Job(jid, JobState.QUEUED, opts, Lane.BULK, time.time(), wave.shape[0] / SR), b"")
+            store.create(Job(jid, JobState.QUEUED, opts, Lane.BULK, time.time(), wave.shape[0] / SAMPLE_RATE_HZ), b"")
             return jid
 
         def submit(wave, jid=None) -> tuple[str, float]:
@@ -598,9 +599,9 @@ class Bench:
         parts = []
         for i in range(minutes * 6):  # 10 s blocks: speech of 4..9 s, then silence
             speech = speechlike(float(rng.uniform(4, 9)), 5000 + i)
-            parts += [speech, np.zeros(int(SR * 10) - len(speech), np.float32)]
+            parts += [speech, np.zeros(int(SAMPLE_RATE_HZ * 10) - len(speech), np.float32)]
         wave = np.concatenate(parts)
-        L["audio_seconds"] = round(len(wave) / SR, 1)
+        L["audio_seconds"] = round(len(wave) / SAMPLE_RATE_HZ, 1)
         seg = Segmenter(max_segment_s=30.0).load()
         t = time.perf_counter()
         cpu_spans = seg.split(torch.from_numpy(wave))
@@ -609,7 +610,7 @@ class Bench:
         spans = cpu_spans
         if self.cuda:
             gseg = Segmenter(max_segment_s=30.0, device=str(self.dev)).load()
-            gseg.split(torch.from_numpy(wave[: SR * 60]))  # warm-up: kernels, allocator
+            gseg.split(torch.from_numpy(wave[: SAMPLE_RATE_HZ * 60]))  # warm-up: kernels, allocator
             ts = []
             for _ in range(3):
                 t = time.perf_counter()
@@ -639,7 +640,7 @@ class Bench:
         finished = threading.Event()
         opts = TranscribeOptions("auto", True)
         jid = "long-1"
-        store.create(Job(jid, JobState.QUEUED, opts, Lane.BULK, time.time(), len(wave) / SR), b"")
+        store.create(Job(jid, JobState.QUEUED, opts, Lane.BULK, time.time(), len(wave) / SAMPLE_RATE_HZ), b"")
         store.feed.on_finished(lambda j: finished.set() if store.get(j).state is JobState.DONE else None)
         worker = Worker("long-worker", eng, sched, store)
         worker.start()
@@ -649,7 +650,7 @@ class Bench:
         t = time.perf_counter()
         for n, sp in enumerate(spans):
             sched.put(WorkItem(jid, Lane.BULK, opts, sp.end - sp.start, audio=gpu_wave[sp.start:sp.end],
-                               piece=n, pieces=len(spans), start_s=sp.start / SR))
+                               piece=n, pieces=len(spans), start_s=sp.start / SAMPLE_RATE_HZ))
         ok = finished.wait(300)
         L["engine_s"] = round(time.perf_counter() - t, 3)
         worker.stop()

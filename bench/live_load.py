@@ -44,10 +44,11 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from pipeline.domain.tags import SAMPLE_RATE_HZ  # noqa: E402
+
 SENTENCES = ("hello world, this is the first sentence of the test",
              "the second sentence comes after a clear pause",
              "and this is the last one")
-RATE = 16000
 LEAD_S, GAP_S = 0.5, 1.2
 FRAME_S = 0.1
 VOICED_RMS = 0.001  # a 10 ms frame above -60 dBFS is voiced (espeak's silence is digital zero)
@@ -55,7 +56,7 @@ VOICED_RMS = 0.001  # a 10 ms frame above -60 dBFS is voiced (espeak's silence i
 
 def speech(work: Path) -> tuple[bytes, list[tuple[float, float]]]:
     """The recording (s16le) and the voiced span of each sentence, seconds."""
-    parts, spans, pos = [np.zeros(int(LEAD_S * RATE), np.int16)], [], int(LEAD_S * RATE)
+    parts, spans, pos = [np.zeros(int(LEAD_S * SAMPLE_RATE_HZ), np.int16)], [], int(LEAD_S * SAMPLE_RATE_HZ)
     for k, text in enumerate(SENTENCES):
         cache = os.environ.get("LIVE_SPEECH_DIR")  # made once, carried where espeak-ng is not
         cached = Path(cache) / f"s{k}.s16le" if cache else None
@@ -64,7 +65,7 @@ def speech(work: Path) -> tuple[bytes, list[tuple[float, float]]]:
         else:
             raw = work / f"s{k}.wav"
             subprocess.run(["espeak-ng", "-w", str(raw), text], check=True)
-            pcm = subprocess.run(["ffmpeg", "-loglevel", "error", "-i", str(raw), "-ar", str(RATE),
+            pcm = subprocess.run(["ffmpeg", "-loglevel", "error", "-i", str(raw), "-ar", str(SAMPLE_RATE_HZ),
                                   "-ac", "1", "-f", "s16le", "-"], check=True,
                                  capture_output=True).stdout
             if cached is not None:
@@ -73,9 +74,9 @@ def speech(work: Path) -> tuple[bytes, list[tuple[float, float]]]:
         x = np.frombuffer(pcm, dtype="<i2")
         frames = x[: len(x) // 160 * 160].astype(np.float64).reshape(-1, 160) / 32768
         loud = np.flatnonzero(np.sqrt((frames ** 2).mean(axis=1)) > VOICED_RMS)
-        spans.append(((pos + loud[0] * 160) / RATE, (pos + (loud[-1] + 1) * 160) / RATE))
-        parts += [x, np.zeros(int(GAP_S * RATE), np.int16)]
-        pos += len(x) + int(GAP_S * RATE)
+        spans.append(((pos + loud[0] * 160) / SAMPLE_RATE_HZ, (pos + (loud[-1] + 1) * 160) / SAMPLE_RATE_HZ))
+        parts += [x, np.zeros(int(GAP_S * SAMPLE_RATE_HZ), np.int16)]
+        pos += len(x) + int(GAP_S * SAMPLE_RATE_HZ)
     return np.concatenate(parts).astype("<i2").tobytes(), spans
 
 
@@ -100,7 +101,7 @@ async def one_stream(url: str, headers: dict, pcm: bytes, spans: list[tuple[floa
 
     res = StreamResult()
     await asyncio.sleep(delay)
-    frame = int(FRAME_S * RATE) * 2
+    frame = int(FRAME_S * SAMPLE_RATE_HZ) * 2
     t0 = 0.0  # when the first sample was "spoken"; a frame is sent once it has been recorded
 
     def spoken(seconds: float) -> float:
@@ -122,7 +123,7 @@ async def one_stream(url: str, headers: dict, pcm: bytes, spans: list[tuple[floa
             t0 = time.monotonic()
             try:
                 for i in range(0, len(pcm), frame):
-                    await asyncio.sleep(max(0.0, t0 + (i + frame) / (2 * RATE) - time.monotonic()))
+                    await asyncio.sleep(max(0.0, t0 + (i + frame) / (2 * SAMPLE_RATE_HZ) - time.monotonic()))
                     await ws.send(pcm[i:i + frame])
                 await ws.send(json.dumps({"type": "end"}))
             except websockets.ConnectionClosed:  # refused or ended by the server: its reason below
@@ -214,7 +215,7 @@ def main() -> int:
     counts = [int(n) for n in args.streams.split(",")]
     with tempfile.TemporaryDirectory() as work:
         pcm, spans = speech(Path(work))
-        one = len(pcm) / 2 / RATE
+        one = len(pcm) / 2 / SAMPLE_RATE_HZ
         pcm = pcm * args.repeat
         spans = [(a + k * one, b + k * one) for k in range(args.repeat) for a, b in spans]
         proc = None
@@ -233,7 +234,7 @@ def main() -> int:
         ws_url = url.replace("http", "ws", 1) + "/api/stream"
         rows = []
         try:
-            print(f"{len(pcm) / 2 / RATE:.1f} s of audio per stream, {len(spans)} utterances")
+            print(f"{len(pcm) / 2 / SAMPLE_RATE_HZ:.1f} s of audio per stream, {len(spans)} utterances")
             print("| streams | admitted | refused | speech start -> first partial p50 / p95 ms | "
                   "pause -> final p50 / p95 ms | speech end -> final p50 / p95 ms | utterances | "
                   "unmatched (admitted) | partials per stream | errors |")

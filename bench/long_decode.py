@@ -22,6 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench.decode_bench import codec_only  # noqa: E402
 from pipeline.audio.decode import Resampler  # noqa: E402
 from pipeline.audio.decoder_pool import Decoder  # noqa: E402
+from pipeline.domain.tags import SAMPLE_RATE_HZ  # noqa: E402
 
 CODECS = {"mp3": ["-c:a", "libmp3lame", "-b:a", "64k", "-ar", "44100"],
           "opus": ["-c:a", "libopus", "-b:a", "32k", "-ar", "48000"],
@@ -60,7 +61,7 @@ def main() -> None:
             t = time.perf_counter()
             wave = resampler(audio)
             resample_s = time.perf_counter() - t
-            rows.append((fmt, len(data) / 2**20, wave.shape[-1] / 16000 / 60, codec_s, decode_s,
+            rows.append((fmt, len(data) / 2**20, wave.shape[-1] / SAMPLE_RATE_HZ / 60, codec_s, decode_s,
                          resample_s))
             print(f"{fmt}: done", flush=True)
     decoder.close()

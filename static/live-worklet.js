@@ -12,9 +12,9 @@
  *   };
  *
  * In the audio thread ``body`` registers the processor "sv-pcm16": processorOptions { inRate
- * (the context's rate), outRate (required: the server's SAMPLE_RATE_HZ), chunk (output samples per message, 1600 = 100 ms) }; it
- * posts { pcm: ArrayBuffer, level: 0..1 (the chunk's peak) } per chunk, and on a { flush: true }
- * message the samples it still holds, then { flushed: true }.
+ * (the context's rate), outRate (required: the server's SAMPLE_RATE_HZ), chunk (output samples
+ * per message, 1600 = 100 ms) }; it posts { pcm: ArrayBuffer, level: 0..1 (the chunk's peak) } per
+ * chunk, and on a { flush: true } message the samples it still holds, then { flushed: true }.
  *
  * Downsampling: a windowed-sinc low-pass (Blackman, cut at 45 % of the output rate) on every input
  * sample, then linear interpolation at the output instants: any input rate (48 kHz, 44.1 kHz, ...)
@@ -102,7 +102,9 @@
           super();
           var o = (options && options.processorOptions) || {};
           var self = this;
-          if (!(Number(o.outRate) > 0)) throw new Error('processorOptions.outRate (the server\'s sample rate) is required');
+          if (!(Number(o.outRate) > 0)) {
+            throw new Error('processorOptions.outRate (the server\'s sample rate) is required');
+          }
           this.resampler = new Resampler(Number(o.inRate) || scope.sampleRate, Number(o.outRate));
           this.chunk = Math.max(128, Number(o.chunk) || 1600);
           this.held = [];

@@ -1049,7 +1049,9 @@
 
   function setOptions(o) {
     if (!o || typeof o !== 'object') return;
-    if (o.language != null) options.language = LANG_RE.test(String(o.language)) ? String(o.language) : VOCAB.auto;
+    if (o.language != null) {
+      options.language = LANG_RE.test(String(o.language)) ? String(o.language) : VOCAB.auto;
+    }
     if (o.useItn != null) options.useItn = !!o.useItn;
   }
 

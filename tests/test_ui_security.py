@@ -534,7 +534,8 @@ def test_review_js_export_links_use_the_jobs_own_link(browser, result, expected)
     static = Path(__file__).resolve().parent.parent / "static"
     page = browser.new_page()
     try:
-        page.set_content("<html><head>" + vocab_script() + "<script>" + (static / "richtext.js").read_text() +
+        page.set_content("<html><head>" + vocab_script() +
+                         "<script>" + (static / "richtext.js").read_text() +
                          "</script><script>" + (static / "review.js").read_text() +
                          "</script></head><body><div id=out></div></body></html>")
         job = {"id": "j1", "status": "done", "links": {"result": result},

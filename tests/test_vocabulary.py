@@ -148,7 +148,8 @@ def test_the_guards_catch_copies(tmp_path):
         "a copy of the tag names ['ja', 'ko', 'zh']"])
     js = tmp_path / "copy.js"
     js.write_text("var R = 16000; // 16000 in a comment is fine\nvar E = ['HAPPY', 'SAD'];\n")
-    assert js_copies(js) == ["copy.js: the sample rate as a literal", "copy.js: names the tags ['HAPPY', 'SAD']"]
+    assert js_copies(js) == ["copy.js: the sample rate as a literal",
+                             "copy.js: names the tags ['HAPPY', 'SAD']"]
     keys = tmp_path / "keys.js"
     keys.write_text("var L = { yue: 1, ja: 2 }; /* 'ko' 'nospeech' */ var ui = { en: 1, zh: 2 };\n")
     assert js_copies(keys) == ["keys.js: names the tags ['ja', 'yue']"]

@@ -474,7 +474,8 @@ class SenseVoiceEngine:
 
     def encoder_inputs(self, feats: torch.Tensor, frames: Sequence[int],
                        options: Sequence[TranscribeOptions]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        rows = self._to_device(torch.tensor([LANGUAGE_QUERY_ROWS[o.language] * 2 + (0 if o.use_itn else 1) for o in options]))
+        rows = self._to_device(torch.tensor([LANGUAGE_QUERY_ROWS[o.language] * 2 + (0 if o.use_itn else 1)
+                                             for o in options]))
         x = torch.cat([self._queries[rows], feats.to(self.dtype)], dim=1)
         lengths = self._to_device(torch.tensor([f + N_QUERIES for f in frames]))
         ban = self._to_device(torch.tensor([o.ban_emo_unk for o in options]))

@@ -68,7 +68,8 @@ MODELS = ("sensevoice-small", "whisper-1")  # the first is the model; the others
 MODEL_CREATED = 1720051200  # unix seconds: SenseVoiceSmall's release (2024-07-04)
 RESPONSE_FORMATS = ("json", "text", "srt", "vtt", "verbose_json")
 GRANULARITIES = ("segment", "word")
-LANGUAGE_NAMES = {lang.code: lang.english.lower() for lang in LANGUAGE_TABLE if lang.code != NO_SPEECH}
+LANGUAGE_NAMES = {lang.code: lang.english.lower()  # as OpenAI names them: "english"
+                  for lang in LANGUAGE_TABLE if lang.code != NO_SPEECH}
 LANGUAGES = {AUTO_LANGUAGE: AUTO_LANGUAGE, "zh-yue": "yue", **{code: code for code in LANGUAGE_NAMES},
              **{name: code for code, name in LANGUAGE_NAMES.items()}}
 

@@ -11,6 +11,7 @@ import re
 from pathlib import Path
 
 from pipeline.domain import tags
+from pipeline.domain.errors import JobFailed
 from pipeline.web.ui import head_html
 from pipeline.web.vocab import VOCAB_GLOBAL, vocab_json, vocab_script
 
@@ -22,6 +23,7 @@ KINDS = {"language": frozenset(tags.REQUEST_LANGUAGES), "emotion": frozenset(tag
          "event": frozenset(tags.EVENTS), "itn": frozenset(tags.ITN_TAGS)}
 NAMES = frozenset().union(*KINDS.values())
 FIXED_IDS = frozenset(tags.TOKEN_IDS.values())
+FAILURE_CODES = frozenset(c.code for c in (JobFailed, *JobFailed.__subclasses__()))
 WRAPPED = re.compile(r"<\|([^<>|]+)\|>")
 # The demo model builder places the tags funasr's code does not fix (guessed positions, demo only):
 # its list of those may name many, never one whose id funasr fixes (those come from tags.TOKEN_IDS).
@@ -70,6 +72,9 @@ def python_copies(path: Path) -> list[str]:
             continue
         if any(len(named & kind) >= min(3, len(kind)) for kind in KINDS.values()):
             found.append(f"{path.name}:{node.lineno}: a copy of the tag names {sorted(named)}")
+        codes = {i.value for i in items if isinstance(i.value, str)} & FAILURE_CODES
+        if len(codes) >= 3:
+            found.append(f"{path.name}:{node.lineno}: a copy of the job failure codes {sorted(codes)}")
     return found
 
 
@@ -138,14 +143,16 @@ def test_the_guards_catch_copies(tmp_path):
                   'OK = ("en", "zh")\nMIXED = {0: "<|en|>", 1: "<|NEUTRAL|>", 2: "<|Speech|>"}\n'
                   'PAIRS = (("Chinese", "zh"), ("Japanese", "ja"), ("Korean", "ko"))\n'
                   'store.fail(job_id, "queue_timeout", "timed out")\n'
-                  'store.fail(job_id, QueueTimeout.code, "timed out")\n')
+                  'store.fail(job_id, QueueTimeout.code, "timed out")\n'
+                  'CODES = ("audio_lost", "queue_timeout", "device_error")\n')
     assert sorted(f.split(": ", 1)[1] for f in python_copies(py)) == sorted([
         "the sample rate as a literal", "a token id of tags.TOKEN_IDS",
         "a copy of the tag names ['en', 'yue', 'zh']",
         "a copy of the tag names ['ANGRY', 'HAPPY', 'SAD']",
         "a copy of the tag names ['withitn', 'woitn']",
         "a job failure code as a loose string (use a pipeline.domain.errors.JobFailed class's code)",
-        "a copy of the tag names ['ja', 'ko', 'zh']"])
+        "a copy of the tag names ['ja', 'ko', 'zh']",
+        "a copy of the job failure codes ['audio_lost', 'device_error', 'queue_timeout']"])
     js = tmp_path / "copy.js"
     js.write_text("var R = 16000; // 16000 in a comment is fine\nvar E = ['HAPPY', 'SAD'];\n")
     assert js_copies(js) == ["copy.js: the sample rate as a literal",

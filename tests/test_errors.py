@@ -35,6 +35,7 @@ CONTRACT = {
     "JobNotFound": ("job_not_found", 404, 1008),
     "LinkExpired": ("link_expired", 410, 1008),
     "LiveDecodeFailed": ("decode_failed", 500, 1011),
+    "LiveAtCapacity": ("live_at_capacity", 503, 1013),
     "LiveOverloaded": ("live_overloaded", 503, 1013),
     "MemoryPressure": ("gpu_memory_low", 503, 1013),
     "ModelUnavailable": ("model_unavailable", 503, 1011),

@@ -311,6 +311,14 @@ class TooManyStreams(Busy):
     retry_after = 5
 
 
+class LiveAtCapacity(TooManyStreams):
+    """The live lane is at the load it keeps its latency under: a new stream must wait (its
+    close code is TooManyStreams': 1013, try again later)."""
+
+    code = "live_at_capacity"
+    retry_after = 5
+
+
 class LiveOverloaded(Busy):
     """A live stream's audio arrives faster than the server transcribes it, for too long."""
 

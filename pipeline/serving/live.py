@@ -51,8 +51,8 @@ import torch
 from pipeline.audio.stream_vad import (Closed, Dropped, Endpointer, EndpointRules, StreamAudio,
                                        StreamScorer, quietest_point)
 from pipeline.audio.vad import WINDOW, Segmenter
-from pipeline.domain.errors import (LiveDecodeFailed, LiveOverloaded, NotReady, SenseVoiceError,
-                                    StreamTooLong, TooManyStreams)
+from pipeline.domain.errors import (LiveAtCapacity, LiveDecodeFailed, LiveOverloaded, NotReady,
+                                    SenseVoiceError, StreamTooLong, TooManyStreams)
 from pipeline.domain.richtext import parse_rich_text
 from pipeline.domain.tags import SAMPLE_RATE_HZ
 from pipeline.domain.types import Segment, TranscribeOptions, Word
@@ -443,14 +443,6 @@ class LiveSession:
                          for k, s in enumerate(parse_rich_text(out.raw_text)))
         text = " ".join(s.text for s in segments if s.text)
         return Caption(final, t0, t1, out.raw_text, text, segments, reason)
-
-
-class LiveAtCapacity(TooManyStreams):
-    """The live lane is at the load it keeps its latency under: a new stream must wait (its
-    close code is TooManyStreams': 1013, try again later)."""
-
-    code = "live_at_capacity"
-    retry_after = 5
 
 
 REFUSAL_CODES = (TooManyStreams.code, LiveAtCapacity.code, NotReady.code)  # why a stream is refused a slot

@@ -1,0 +1,329 @@
+"""What the calls table and the reviewer's desk keep with each job, in both job stores.
+
+Per finished job: its :class:`~pipeline.domain.calls.CallSummary` (written when the job finishes,
+so a listing never parses a transcript), the lower-case text a search looks in, and the reviewer's
+:class:`~pipeline.domain.review.Review` (corrections, flags, reviewed).
+
+* SQLite (:class:`SqliteCalls`): a ``calls`` table beside ``jobs`` in the same database (WAL,
+  synchronous=FULL: a review survives a crash like the job does). The summary is written in the
+  finish transaction; a purge deletes the row with the job's result.
+* Redis (:class:`RedisCalls`): fields of the job's own hash (``summary``, ``search``, ``review``),
+  so they expire with the record (the retention) and can never outlive it; a sorted set
+  ``P:calls`` (id by creation time) lists the jobs of the server (ids whose record expired are
+  dropped from it as a listing meets them).
+
+A job finished before this index existed (or whose summary write was lost) is summarised the first
+time a listing meets it. Writes of a review are read-modify-write under the store's own isolation
+(SQLite ``BEGIN IMMEDIATE``; Redis ``WATCH``), so two reviewers' changes never lose each other.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sqlite3
+import time
+from collections.abc import Callable, Iterable
+
+import orjson
+
+from pipeline.domain.calls import CallRow, CallSummary, search_text, summarize
+from pipeline.domain.errors import ResultNotReady
+from pipeline.domain.review import Review
+from pipeline.domain.types import Job, JobState, Transcript
+from pipeline.serving.job_events import JobEvent
+
+logger = logging.getLogger("sensevoice.calls")
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS calls (
+    job_id TEXT PRIMARY KEY,
+    summary TEXT,
+    search TEXT NOT NULL DEFAULT '',
+    review TEXT
+);
+"""
+REDIS_CHUNK = 2000  # records read per pipeline round trip in a listing
+MAX_LISTED = 100_000  # jobs one listing reads at most (the newest)
+
+Patch = Callable[[Review, Job], Review]
+
+
+def _finished(job: Job) -> Transcript:
+    if job.state is not JobState.DONE or job.result is None:
+        raise ResultNotReady(f"job {job.id} is {job.state.value}: only a finished transcript can "
+                             "be reviewed")
+    return job.result
+
+
+def _summary_json(result: Transcript, audio_seconds: float) -> str:
+    return orjson.dumps(summarize(result, audio_seconds).to_dict()).decode()
+
+
+def _review(raw) -> Review:
+    if not raw:
+        return Review()
+    try:
+        return Review.from_dict(orjson.loads(raw))
+    except orjson.JSONDecodeError:
+        return Review()
+
+
+# ---------------------------------------------------------------------------------- SQLite
+def ensure_schema(conn: sqlite3.Connection) -> None:
+    conn.executescript(SCHEMA)
+
+
+def index_finished(conn: sqlite3.Connection, job_id: str, result: Transcript) -> None:
+    """In the finish transaction: the job's summary and search text."""
+    row = conn.execute("SELECT filename, audio_seconds FROM jobs WHERE id=?", (job_id,)).fetchone()
+    if row is None:
+        return
+    conn.execute(
+        "INSERT INTO calls (job_id, summary, search) VALUES (?, ?, ?) ON CONFLICT(job_id) DO "
+        "UPDATE SET summary=excluded.summary, search=excluded.search",
+        (job_id, _summary_json(result, row[1]), search_text(result, None, row[0])))
+
+
+def forget(conn: sqlite3.Connection, job_id: str) -> None:
+    """With the job's purge: its review and summary go too."""
+    conn.execute("DELETE FROM calls WHERE job_id=?", (job_id,))
+
+
+def with_review(conn: sqlite3.Connection, job: Job) -> Job:
+    """The job with its review in ``meta["review"]`` (finished jobs only)."""
+    if job.state is not JobState.DONE:
+        return job
+    row = conn.execute("SELECT review FROM calls WHERE job_id=?", (job.id,)).fetchone()
+    if row is None or not row[0]:
+        return job
+    job.meta["review"] = _review(row[0])
+    return job
+
+
+class SqliteCalls:
+    """The calls index of the embedded store (pipeline/serving/broker_sqlite.py's JobStore)."""
+
+    def __init__(self, store):
+        self.store = store
+
+    def update_review(self, job_id: str, patch: Patch) -> tuple[Job, Review]:
+        conn = self.store._conn()
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            job = self.store.get(job_id)
+            result = _finished(job)
+            old = job.meta.get("review") or Review()
+            new = patch(old, job)
+            conn.execute(
+                "INSERT INTO calls (job_id, summary, search, review) VALUES (?, ?, ?, ?) "
+                "ON CONFLICT(job_id) DO UPDATE SET review=excluded.review, search=excluded.search",
+                (job_id, _summary_json(result, job.audio_seconds),
+                 search_text(result, new, job.filename), json.dumps(new.to_dict(), ensure_ascii=False)))
+        except BaseException:
+            conn.execute("ROLLBACK")
+            raise
+        conn.execute("COMMIT")
+        job.meta["review"] = new
+        # the service's snapshot (what polls read) is refreshed as after a finish
+        self.store.feed.publish([JobEvent(job_id, JobState.DONE)])
+        return job, new
+
+    def rows(self, ids: list[str] | None, with_search: bool) -> list[CallRow]:
+        conn = self.store._conn()
+        self._backfill(conn, ids)
+        cols = ("j.id, j.state, j.filename, j.created_at, j.audio_seconds, j.finished_at, "
+                "j.error_code, c.summary, c.review" + (", c.search" if with_search else ""))
+        base = f"SELECT {cols} FROM jobs j LEFT JOIN calls c ON c.job_id = j.id WHERE j.state != 'purged'"
+        if ids is None:
+            cur = conn.execute(base + " ORDER BY j.seq DESC LIMIT ?", (MAX_LISTED,))
+        else:
+            cur = conn.execute(base + " AND j.id IN (SELECT value FROM json_each(?))",
+                               (json.dumps(ids),))
+        out = []
+        for r in cur:
+            out.append(CallRow(
+                id=r[0], state=r[1], filename=r[2], created_at=r[3], audio_seconds=r[4],
+                finished_at=r[5], error_code=r[6],
+                summary=CallSummary.from_dict(orjson.loads(r[7])) if r[7] else None,
+                review=_review(r[8]), search=r[9] if with_search else ""))
+        return out
+
+    def _backfill(self, conn: sqlite3.Connection, ids: list[str] | None) -> None:
+        """Summarise finished jobs that have no summary yet (finished before the index existed)."""
+        where = "" if ids is None else " AND j.id IN (SELECT value FROM json_each(?))"
+        missing = conn.execute(
+            "SELECT j.id, j.result, j.audio_seconds, j.filename FROM jobs j LEFT JOIN calls c "
+            "ON c.job_id = j.id WHERE j.state = 'done' AND c.summary IS NULL" + where,
+            () if ids is None else (json.dumps(ids),)).fetchall()
+        for jid, raw, seconds, filename in missing:
+            try:
+                result = Transcript.from_dict(json.loads(raw))
+            except (TypeError, ValueError, KeyError):
+                continue
+            conn.execute(
+                "INSERT INTO calls (job_id, summary, search) VALUES (?, ?, ?) ON CONFLICT(job_id) "
+                "DO UPDATE SET summary=excluded.summary", (jid, _summary_json(result, seconds),
+                                                           search_text(result, None, filename)))
+
+
+# ---------------------------------------------------------------------------------- Redis
+_FIELDS = (b"state", b"filename", b"created_at", b"audio_seconds", b"finished_at",
+           b"error_code", b"summary", b"review")
+
+# KEYS: job, search. ARGV: summary, search. Only on a record that still exists (never a key
+# without TTL); the search text expires with the record
+_SET_SUMMARY = """
+local ttl = redis.call('PTTL', KEYS[1])
+if ttl == -2 then return 0 end
+redis.call('HSET', KEYS[1], 'summary', ARGV[1])
+if ttl > 0 then redis.call('SET', KEYS[2], ARGV[2], 'PX', ttl) else redis.call('SET', KEYS[2], ARGV[2]) end
+return 1
+"""
+
+
+def calls_key(prefix: str) -> str:
+    return f"{prefix}:calls"
+
+
+def redis_on_create(pipe, prefix: str, job: Job) -> None:
+    """In the create transaction: the job joins the server's list."""
+    pipe.zadd(calls_key(prefix), {job.id: float(job.created_at)})
+
+
+def redis_review(h: dict) -> Review | None:
+    raw = h.get(b"review")
+    return _review(raw) if raw else None
+
+
+def redis_index_finished(broker, written: Iterable[str], results: list[tuple[str, Transcript]]) -> None:
+    """After the finish script: each written job's summary (a failure is logged, not raised: a
+    listing summarises a job that has none)."""
+    written = set(written)
+    todo = [(jid, t) for jid, t in results if jid in written]
+    if not todo:
+        return
+    try:
+        pipe = broker._r.pipeline(transaction=False)
+        for jid, _ in todo:
+            pipe.hmget(broker._k("job", jid), "audio_seconds", "filename")
+        meta = pipe.execute()
+        script = broker._r.register_script(_SET_SUMMARY)
+        pipe = broker._r.pipeline(transaction=False)
+        for (jid, t), (seconds, filename) in zip(todo, meta):
+            if seconds is None:
+                continue
+            name = filename.decode("utf-8", "replace") if filename else ""
+            script(keys=[broker._k("job", jid), broker._k("search", jid)],
+                   args=[_summary_json(t, float(seconds)), search_text(t, None, name)], client=pipe)
+        pipe.execute()
+    except Exception as e:  # the finish itself is stored; the listing backfills
+        logger.warning("could not index %d finished job(s): %s", len(todo), e)
+
+
+class RedisCalls:
+    """The calls index of the distributed store (pipeline/serving/broker_redis.py's RedisBroker)."""
+
+    def __init__(self, broker):
+        self.broker = broker
+        self._set_summary = broker._r.register_script(_SET_SUMMARY)
+
+    def _unavailable(self, e: Exception):
+        from pipeline.serving.broker_redis import UNAVAILABLE
+
+        if isinstance(e, UNAVAILABLE):
+            return self.broker._unavailable(e)
+        return None
+
+    def update_review(self, job_id: str, patch: Patch) -> tuple[Job, Review]:
+        import redis
+
+        key = self.broker._k("job", job_id)
+        out: dict = {}
+
+        def attempt(pipe) -> None:
+            job = self.broker.get(job_id)  # JobNotFound / JobGone first
+            result = _finished(job)
+            old = job.meta.get("review") or Review()
+            new = patch(old, job)
+            ttl = pipe.pttl(key)
+            pipe.multi()
+            pipe.hset(key, "review", json.dumps(new.to_dict(), ensure_ascii=False))
+            search = search_text(result, new, job.filename)
+            pipe.set(self.broker._k("search", job_id), search, px=ttl if ttl > 0 else None)
+            out["job"], out["review"] = job, new
+
+        try:
+            self.broker._r.transaction(attempt, key)
+        except redis.RedisError as e:
+            err = self._unavailable(e)
+            if err is None:
+                raise
+            raise err from None
+        job, new = out["job"], out["review"]
+        job.meta["review"] = new
+        return job, new
+
+    def rows(self, ids: list[str] | None, with_search: bool) -> list[CallRow]:
+        import redis
+
+        r = self.broker._r
+        try:
+            if ids is None:
+                ids = [i.decode() for i in r.zrevrange(calls_key(self.broker.prefix), 0, MAX_LISTED - 1)]
+            out, gone = [], []
+            for a in range(0, len(ids), REDIS_CHUNK):
+                chunk = ids[a:a + REDIS_CHUNK]
+                pipe = r.pipeline(transaction=False)
+                for jid in chunk:
+                    pipe.hmget(self.broker._k("job", jid), *_FIELDS)
+                    if with_search:
+                        pipe.get(self.broker._k("search", jid))
+                got = pipe.execute()
+                if with_search:
+                    got = [v + [t] for v, t in zip(got[::2], got[1::2])]
+                for jid, vals in zip(chunk, got):
+                    if vals[0] is None:
+                        gone.append(jid)
+                        continue
+                    out.append(self._row(jid, vals, with_search))
+            if gone:
+                r.zrem(calls_key(self.broker.prefix), *gone)
+            return out
+        except redis.RedisError as e:
+            err = self._unavailable(e)
+            if err is None:
+                raise
+            raise err from None
+
+    def _row(self, jid: str, v: list, with_search: bool) -> CallRow:
+        s = lambda b: b.decode("utf-8", "replace") if b is not None else None  # noqa: E731
+        state = s(v[0])
+        summary = v[6]
+        search = s(v[8]) if with_search and v[8] is not None else ""
+        if summary is None and state == JobState.DONE.value:
+            summary, search = self._backfill(jid)
+        return CallRow(
+            id=jid, state=state, filename=s(v[1]) or "", created_at=float(v[2] or 0),
+            audio_seconds=float(v[3] or 0), finished_at=float(v[4]) if v[4] else None,
+            error_code=s(v[5]), summary=CallSummary.from_dict(orjson.loads(summary)) if summary else None,
+            review=_review(v[7]), search=search if with_search else "")
+
+    def _backfill(self, jid: str) -> tuple[bytes | None, str]:
+        key = self.broker._k("job", jid)
+        raw, seconds, filename = self.broker._r.hmget(key, "result", "audio_seconds", "filename")
+        if raw is None:
+            return None, ""
+        result = Transcript.from_dict(json.loads(raw))
+        summary = _summary_json(result, float(seconds or 0))
+        search = search_text(result, None, filename.decode("utf-8", "replace") if filename else "")
+        self._set_summary(keys=[key, self.broker._k("search", jid)], args=[summary, search])
+        return summary.encode(), search
+
+
+def calls_of(store) -> SqliteCalls | RedisCalls:
+    """The calls index of a job store (either kind)."""
+    from pipeline.serving.broker_sqlite import JobStore
+
+    return SqliteCalls(store) if isinstance(store, JobStore) else RedisCalls(store)
+

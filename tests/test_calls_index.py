@@ -71,7 +71,7 @@ def test_summary_at_finish_and_listing(store):
     finish(store, a)
     calm = Transcript("fine", "", (Segment("en", "HAPPY", ("Laughter",), "", "fine", 0, 3, None),))
     finish(store, b, calm)
-    rows = {r.id: r for r in calls_of(store).rows([a.id, b.id, c.id], with_search=False)}
+    rows = {r.id: r for r in calls_of(store).rows([a.id, b.id, c.id])}
     assert set(rows) == {a.id, b.id, c.id}
     sa = rows[a.id].summary
     assert sa.speakers == ("left", "right") and sa.languages == ("en", "yue")
@@ -101,8 +101,10 @@ def test_review_kept_with_the_job_and_survives_a_reopen(store, tmp_path):
     assert r.reviewed and r.segments[1].text == "My order never arrived."
     assert r.segments[2].note == "<script>alert(1)</script> baby?"  # escaped where it is shown
     assert job2.result.segments[1].text == "My order never came."  # the model's, unchanged
-    rows = calls_of(again).rows([job.id], with_search=True)
+    rows = calls_of(again).rows([job.id], search="arrived")
     assert rows[0].review.flagged == 1 and "arrived" in rows[0].search and "baby" in rows[0].search
+    assert calls_of(again).rows([job.id], search="never came")[0].search  # the model's text too
+    assert calls_of(again).rows([job.id], search="refund")[0].search == ""
     flagged = CallsQuery.from_json({"flagged": True, "reviewed": True, "q": "ARRIVED"})
     assert len(run_query(rows, flagged).rows) == 1
     # back to the model's text, unflagged: nothing left but the reviewed mark
@@ -132,7 +134,8 @@ def test_review_is_deleted_with_the_job(store, tmp_path):
     review(store, job.id, {"segments": [{"index": 0, "text": "Hi, how can I help?"}]})
     if isinstance(store, JobStore):
         assert store.purge(time.time() + 1) == [job.id]
-        assert store._conn().execute("SELECT COUNT(*) FROM calls").fetchone()[0] == 0
+        for table in ("calls", "calls_search"):
+            assert store._conn().execute(f"SELECT COUNT(*) FROM {table}").fetchone()[0] == 0
     else:  # the review lives in the record: it has the record's TTL, the search text too
         r = redis.Redis.from_url(store.url)
         ttl = r.pttl(f"sv:job:{job.id}")
@@ -140,7 +143,7 @@ def test_review_is_deleted_with_the_job(store, tmp_path):
         r.delete(f"sv:job:{job.id}")  # what the TTL does
     with pytest.raises(JobGone):
         store.get(job.id)
-    assert calls_of(store).rows([job.id], with_search=False) == []
+    assert calls_of(store).rows([job.id]) == []
 
 
 def test_listing_summarises_jobs_finished_without_a_summary(store):
@@ -149,8 +152,9 @@ def test_listing_summarises_jobs_finished_without_a_summary(store):
     finish(store, job)
     if isinstance(store, JobStore):  # a job finished before the index existed
         store._conn().execute("DELETE FROM calls")
+        store._conn().execute("DELETE FROM calls_search")
     else:
         redis.Redis.from_url(store.url).hdel(f"sv:job:{job.id}", "summary")
-    rows = calls_of(store).rows(None, with_search=True)
+    rows = calls_of(store).rows(None, search="never came")
     assert [r.id for r in rows] == [job.id] and rows[0].summary.events == {"Cry": 1}
     assert "never came" in rows[0].search

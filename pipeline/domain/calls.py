@@ -116,25 +116,61 @@ def search_text(transcript: Transcript | None, review: Review | None, filename: 
     return "\n".join(p for p in parts if p).lower()
 
 
-@dataclass(frozen=True)
-class CallRow:
-    """One job as the table lists it."""
+_NO_REVIEW = Review()
+SUMMARY_CACHE_SIZE = 50_000  # parsed summaries kept (a job's summary never changes once written)
+_summaries: dict[str, CallSummary] = {}
 
-    id: str
-    state: str
-    filename: str
-    created_at: float
-    audio_seconds: float
-    finished_at: float | None = None
-    error_code: str | None = None
-    summary: CallSummary | None = None  # None until it finished
-    review: Review = field(default_factory=Review)
-    search: str = ""  # lower case (filled only for a text search)
+
+def parsed_summary(job_id: str, raw: bytes | str | None) -> CallSummary | None:
+    """The summary stored as ``raw`` JSON, parsed once per job (listings of 10,000 jobs read the
+    same summaries again and again: parsing them all took most of a listing's time)."""
+    if not raw:
+        return None
+    hit = _summaries.get(job_id)
+    if hit is None:
+        import orjson
+
+        hit = CallSummary.from_dict(orjson.loads(raw))
+        if len(_summaries) >= SUMMARY_CACHE_SIZE:
+            _summaries.pop(next(iter(_summaries)))
+        _summaries[job_id] = hit
+    return hit
+
+
+class CallRow:
+    """One job as the table lists it. Its summary is parsed when first used (a page of 50 sorted
+    by date parses none of the other 9,950)."""
+
+    __slots__ = ("id", "state", "filename", "created_at", "audio_seconds", "finished_at",
+                 "error_code", "review", "search", "_raw", "_summary")
+
+    def __init__(self, id: str, state: str, filename: str, created_at: float, audio_seconds: float,
+                 finished_at: float | None = None, error_code: str | None = None,
+                 summary: CallSummary | None = None, review: Review | None = None,
+                 search: str = "", summary_raw: bytes | str | None = None):
+        self.id, self.state, self.filename = id, state, filename
+        self.created_at, self.audio_seconds = created_at, audio_seconds
+        self.finished_at, self.error_code = finished_at, error_code
+        self.review = review if review is not None else _NO_REVIEW
+        self.search = search  # lower case (filled only for a text search)
+        self._raw, self._summary = summary_raw, summary
+
+    @property
+    def summary(self) -> CallSummary | None:
+        """None until the job finished."""
+        if self._summary is None and self._raw:
+            self._summary = parsed_summary(self.id, self._raw)
+        return self._summary
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, CallRow) and self.to_dict() == other.to_dict()
+
+    def __repr__(self) -> str:
+        return f"CallRow({self.id!r}, {self.state!r}, {self.filename!r})"
 
     def to_dict(self) -> dict:
         s = self.summary or CallSummary()
-        shares = {spk: {e: round(self.summary.share(spk, e), 4) for e in per}
-                  for spk, per in s.emotions.items()} if self.summary else {}
+        shares = {spk: {e: round(s.share(spk, e), 4) for e in per} for spk, per in s.emotions.items()}
         return {
             "id": self.id, "state": self.state, "filename": self.filename,
             "created_at": self.created_at, "finished_at": self.finished_at,
@@ -320,6 +356,8 @@ def matches(row: CallRow, q: CallsQuery) -> bool:
         return False
     if q.reviewed is not None and row.review.reviewed != q.reviewed:
         return False
+    if not (q.languages or q.min_speakers is not None or q.emotions or q.events):
+        return True
     s = row.summary
     if q.languages and (s is None or not set(q.languages) & set(s.languages)):
         return False
@@ -332,7 +370,7 @@ def matches(row: CallRow, q: CallsQuery) -> bool:
         if not (share > f.share if f.op == ">" else share < f.share):
             return False
     for event, n in q.events:
-        if (s.events.get(event, 0) if s is not None else 0) < max(n, 1 if n else 0):
+        if (s.events.get(event, 0) if s is not None else 0) < n:
             return False
     return True
 

@@ -27,7 +27,7 @@ from collections.abc import Callable, Iterable
 
 import orjson
 
-from pipeline.domain.calls import CallRow, CallSummary, search_text, summarize
+from pipeline.domain.calls import CallRow, search_text, summarize
 from pipeline.domain.errors import ResultNotReady
 from pipeline.domain.review import Review
 from pipeline.domain.types import Job, JobState, Transcript
@@ -38,13 +38,21 @@ logger = logging.getLogger("sensevoice.calls")
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS calls (
     job_id TEXT PRIMARY KEY,
-    summary TEXT,
-    search TEXT NOT NULL DEFAULT '',
+    created_at REAL NOT NULL,
+    filename TEXT NOT NULL DEFAULT '',
+    audio_seconds REAL NOT NULL,
+    finished_at REAL,
+    summary TEXT NOT NULL,
     review TEXT
+);
+CREATE TABLE IF NOT EXISTS calls_search (
+    job_id TEXT PRIMARY KEY,
+    text TEXT NOT NULL
 );
 """
 REDIS_CHUNK = 2000  # records read per pipeline round trip in a listing
 MAX_LISTED = 100_000  # jobs one listing reads at most (the newest)
+SCAN_ABOVE = 2_000  # a listing naming more jobs than this reads the table once instead
 
 Patch = Callable[[Review, Job], Review]
 
@@ -60,9 +68,12 @@ def _summary_json(result: Transcript, audio_seconds: float) -> str:
     return orjson.dumps(summarize(result, audio_seconds).to_dict()).decode()
 
 
+NO_REVIEW = Review()  # shared by every row without a review (never mutated: patches copy)
+
+
 def _review(raw) -> Review:
     if not raw:
-        return Review()
+        return NO_REVIEW
     try:
         return Review.from_dict(orjson.loads(raw))
     except orjson.JSONDecodeError:
@@ -70,24 +81,39 @@ def _review(raw) -> Review:
 
 
 # ---------------------------------------------------------------------------------- SQLite
+# A done job's row in ``calls`` holds all the table shows of it, so a listing reads that narrow
+# table and never the jobs rows (each holds a whole transcript: scanning 10,000 of them took
+# longer than the listing may); the unfinished and failed jobs come from ``jobs`` by its state
+# index. The search text sits in its own table, read only by a search (in SQL: instr).
 def ensure_schema(conn: sqlite3.Connection) -> None:
     conn.executescript(SCHEMA)
 
 
-def index_finished(conn: sqlite3.Connection, job_id: str, result: Transcript) -> None:
-    """In the finish transaction: the job's summary and search text."""
-    row = conn.execute("SELECT filename, audio_seconds FROM jobs WHERE id=?", (job_id,)).fetchone()
+def _index(conn: sqlite3.Connection, job_id: str, result: Transcript, review: Review | None,
+           with_summary: bool = True) -> None:
+    row = conn.execute("SELECT created_at, filename, audio_seconds, finished_at FROM jobs WHERE id=?",
+                       (job_id,)).fetchone()
     if row is None:
         return
-    conn.execute(
-        "INSERT INTO calls (job_id, summary, search) VALUES (?, ?, ?) ON CONFLICT(job_id) DO "
-        "UPDATE SET summary=excluded.summary, search=excluded.search",
-        (job_id, _summary_json(result, row[1]), search_text(result, None, row[0])))
+    if with_summary:
+        conn.execute(
+            "INSERT INTO calls (job_id, created_at, filename, audio_seconds, finished_at, summary) "
+            "VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT(job_id) DO UPDATE SET summary=excluded.summary, "
+            "finished_at=excluded.finished_at",
+            (job_id, row[0], row[1], row[2], row[3], _summary_json(result, row[2])))
+    conn.execute("INSERT OR REPLACE INTO calls_search (job_id, text) VALUES (?, ?)",
+                 (job_id, search_text(result, review, row[1])))
+
+
+def index_finished(conn: sqlite3.Connection, job_id: str, result: Transcript) -> None:
+    """In the finish transaction: the job's row of the table and its search text."""
+    _index(conn, job_id, result, None)
 
 
 def forget(conn: sqlite3.Connection, job_id: str) -> None:
-    """With the job's purge: its review and summary go too."""
+    """With the job's purge: its review, summary and search text go too."""
     conn.execute("DELETE FROM calls WHERE job_id=?", (job_id,))
+    conn.execute("DELETE FROM calls_search WHERE job_id=?", (job_id,))
 
 
 def with_review(conn: sqlite3.Connection, job: Job) -> Job:
@@ -101,11 +127,15 @@ def with_review(conn: sqlite3.Connection, job: Job) -> Job:
     return job
 
 
+UNFINISHED = ("queued", "running", "failed")
+
+
 class SqliteCalls:
     """The calls index of the embedded store (pipeline/serving/broker_sqlite.py's JobStore)."""
 
     def __init__(self, store):
         self.store = store
+        self._backfilled = False  # jobs of this store finish through index_finished: once is enough
 
     def update_review(self, job_id: str, patch: Patch) -> tuple[Job, Review]:
         conn = self.store._conn()
@@ -113,13 +143,12 @@ class SqliteCalls:
         try:
             job = self.store.get(job_id)
             result = _finished(job)
-            old = job.meta.get("review") or Review()
-            new = patch(old, job)
-            conn.execute(
-                "INSERT INTO calls (job_id, summary, search, review) VALUES (?, ?, ?, ?) "
-                "ON CONFLICT(job_id) DO UPDATE SET review=excluded.review, search=excluded.search",
-                (job_id, _summary_json(result, job.audio_seconds),
-                 search_text(result, new, job.filename), json.dumps(new.to_dict(), ensure_ascii=False)))
+            new = patch(job.meta.get("review") or Review(), job)
+            _index(conn, job_id, result, new,
+                   with_summary=conn.execute("SELECT 1 FROM calls WHERE job_id=?",
+                                             (job_id,)).fetchone() is None)
+            conn.execute("UPDATE calls SET review=? WHERE job_id=?",
+                         (json.dumps(new.to_dict(), ensure_ascii=False), job_id))
         except BaseException:
             conn.execute("ROLLBACK")
             raise
@@ -129,42 +158,49 @@ class SqliteCalls:
         self.store.feed.publish([JobEvent(job_id, JobState.DONE)])
         return job, new
 
-    def rows(self, ids: list[str] | None, with_search: bool) -> list[CallRow]:
+    def rows(self, ids: list[str] | None, search: str = "") -> list[CallRow]:
+        """The rows of ``ids`` (None: every job of the store); with ``search`` (lower case) each
+        row's ``search`` is its text when it holds ``search``, else empty."""
         conn = self.store._conn()
-        self._backfill(conn, ids)
-        cols = ("j.id, j.state, j.filename, j.created_at, j.audio_seconds, j.finished_at, "
-                "j.error_code, c.summary, c.review" + (", c.search" if with_search else ""))
-        base = f"SELECT {cols} FROM jobs j LEFT JOIN calls c ON c.job_id = j.id WHERE j.state != 'purged'"
-        if ids is None:
-            cur = conn.execute(base + " ORDER BY j.seq DESC LIMIT ?", (MAX_LISTED,))
-        else:
-            cur = conn.execute(base + " AND j.id IN (SELECT value FROM json_each(?))",
-                               (json.dumps(ids),))
+        if not self._backfilled:
+            self._backfill(conn)
+            self._backfilled = True
+        wanted = None
+        many = ids is None or len(ids) > SCAN_ABOVE  # one scan beats as many look-ups
+        where, args = ("", ()) if many else (" WHERE job_id IN (SELECT value FROM json_each(?))",
+                                             (json.dumps(ids),))
+        if ids is not None and many:
+            wanted = set(ids)
+        texts = {}
+        if search:
+            texts = dict(conn.execute(
+                "SELECT job_id, text FROM calls_search WHERE instr(text, ?) > 0", (search,)))
         out = []
-        for r in cur:
-            out.append(CallRow(
-                id=r[0], state=r[1], filename=r[2], created_at=r[3], audio_seconds=r[4],
-                finished_at=r[5], error_code=r[6],
-                summary=CallSummary.from_dict(orjson.loads(r[7])) if r[7] else None,
-                review=_review(r[8]), search=r[9] if with_search else ""))
+        for r in conn.execute("SELECT job_id, created_at, filename, audio_seconds, finished_at, "
+                              "summary, review FROM calls" + where, args):
+            if wanted is None or r[0] in wanted:
+                out.append(CallRow(r[0], "done", r[2], r[1], r[3], r[4], summary_raw=r[5],
+                                   review=_review(r[6]), search=texts.get(r[0], "")))
+        jwhere = "" if many else " AND id IN (SELECT value FROM json_each(?))"
+        for r in conn.execute(
+                "SELECT id, state, filename, created_at, audio_seconds, finished_at FROM jobs "
+                "WHERE state IN (?, ?, ?)" + jwhere, UNFINISHED + args):
+            if wanted is None or r[0] in wanted:
+                out.append(CallRow(r[0], r[1], r[2], r[3], r[4], r[5],
+                                   search=r[2].lower() if search and search in r[2].lower() else ""))
         return out
 
-    def _backfill(self, conn: sqlite3.Connection, ids: list[str] | None) -> None:
-        """Summarise finished jobs that have no summary yet (finished before the index existed)."""
-        where = "" if ids is None else " AND j.id IN (SELECT value FROM json_each(?))"
+    def _backfill(self, conn: sqlite3.Connection) -> None:
+        """Index finished jobs that have no row yet (finished before the index existed)."""
         missing = conn.execute(
-            "SELECT j.id, j.result, j.audio_seconds, j.filename FROM jobs j LEFT JOIN calls c "
-            "ON c.job_id = j.id WHERE j.state = 'done' AND c.summary IS NULL" + where,
-            () if ids is None else (json.dumps(ids),)).fetchall()
-        for jid, raw, seconds, filename in missing:
+            "SELECT j.id, j.result FROM jobs j LEFT JOIN calls c ON c.job_id = j.id "
+            "WHERE j.state = 'done' AND c.job_id IS NULL").fetchall()
+        for jid, raw in missing:
             try:
                 result = Transcript.from_dict(json.loads(raw))
             except (TypeError, ValueError, KeyError):
                 continue
-            conn.execute(
-                "INSERT INTO calls (job_id, summary, search) VALUES (?, ?, ?) ON CONFLICT(job_id) "
-                "DO UPDATE SET summary=excluded.summary", (jid, _summary_json(result, seconds),
-                                                           search_text(result, None, filename)))
+            _index(conn, jid, result, None)
 
 
 # ---------------------------------------------------------------------------------- Redis
@@ -264,8 +300,11 @@ class RedisCalls:
         job.meta["review"] = new
         return job, new
 
-    def rows(self, ids: list[str] | None, with_search: bool) -> list[CallRow]:
+    def rows(self, ids: list[str] | None, search: str = "") -> list[CallRow]:
+        """As :meth:`SqliteCalls.rows`."""
         import redis
+
+        with_search = bool(search)
 
         r = self.broker._r
         try:
@@ -286,7 +325,7 @@ class RedisCalls:
                     if vals[0] is None:
                         gone.append(jid)
                         continue
-                    out.append(self._row(jid, vals, with_search))
+                    out.append(self._row(jid, vals, search))
             if gone:
                 r.zrem(calls_key(self.broker.prefix), *gone)
             return out
@@ -296,18 +335,18 @@ class RedisCalls:
                 raise
             raise err from None
 
-    def _row(self, jid: str, v: list, with_search: bool) -> CallRow:
+    def _row(self, jid: str, v: list, query: str) -> CallRow:
         s = lambda b: b.decode("utf-8", "replace") if b is not None else None  # noqa: E731
         state = s(v[0])
         summary = v[6]
-        search = s(v[8]) if with_search and v[8] is not None else ""
+        search = s(v[8]) if query and v[8] is not None else ""
         if summary is None and state == JobState.DONE.value:
             summary, search = self._backfill(jid)
         return CallRow(
             id=jid, state=state, filename=s(v[1]) or "", created_at=float(v[2] or 0),
             audio_seconds=float(v[3] or 0), finished_at=float(v[4]) if v[4] else None,
-            error_code=s(v[5]), summary=CallSummary.from_dict(orjson.loads(summary)) if summary else None,
-            review=_review(v[7]), search=search if with_search else "")
+            error_code=s(v[5]), summary_raw=summary,
+            review=_review(v[7]), search=search if query and query in search else "")
 
     def _backfill(self, jid: str) -> tuple[bytes | None, str]:
         key = self.broker._k("job", jid)

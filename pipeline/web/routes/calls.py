@@ -130,7 +130,7 @@ def build_calls_router(settings, view, broker) -> APIRouter:
             ids = owned_ids(body.get("jobs") or [], token)
 
         def work():
-            rows = calls.rows(ids, with_search=bool(query.q))
+            rows = calls.rows(ids, search=query.q)
             return run_query(rows, query, paged=fmt == "json")
 
         page = await run_in_threadpool(work)

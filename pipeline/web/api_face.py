@@ -36,6 +36,9 @@ def add_api(app, runtime: Runtime, bodies):
     from pipeline.web.routes.calls import build_calls_router
 
     app.include_router(build_calls_router(settings, view, runtime.broker))  # calls table, reviews
+    from pipeline.web.routes.batches import build_batches_router
+
+    app.include_router(build_batches_router(settings, intake))  # many calls at once (files, zips)
     if settings.ui.enabled:
         from pipeline.web.ui import mount_ui
 

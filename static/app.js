@@ -605,6 +605,7 @@
       setBusy(false);
       stopFollow();
       renderResult(view);
+      announce(view);
       if (stage === 'done') {
         timings.shown = now();
         if (state.clickAt != null) {
@@ -616,6 +617,27 @@
       setBusy(true);
       clearResult();
     }
+  }
+
+  // After a job ends the result is brought into view and focus moves to its state (a phone showed
+  // it below the fold and focus fell to the page top), when this page sent or opened the job.
+  function reveal() {
+    var target = byId('sv-state-view');
+    if (!target || !target.getBoundingClientRect) return;
+    var box = target.getBoundingClientRect();
+    var h = root.innerHeight || 0;
+    if (box.top < 0 || box.top > h * 0.6) {
+      try { target.scrollIntoView({ block: 'start', behavior: 'auto' }); } catch (e) { target.scrollIntoView(); }
+    }
+    if (!target.hasAttribute('tabindex')) target.setAttribute('tabindex', '-1');
+    try { target.focus({ preventScroll: true }); } catch (e) { /* old browser */ }
+  }
+
+  // the review editor (desk.js) follows the job shown
+  function announce(view) {
+    reveal();
+    if (!root.CustomEvent || !doc.dispatchEvent) return;
+    doc.dispatchEvent(new root.CustomEvent('sv-job-shown', { detail: view }));
   }
 
   function failWith(code, extra) {

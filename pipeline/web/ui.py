@@ -46,10 +46,10 @@ from pipeline.web.ui_guard import UI_PATH, UploadSweeper, prepare_upload_dir, re
 logger = logging.getLogger("sensevoice.ui")
 
 STATIC = next(p / "static" for p in Path(__file__).resolve().parents[1:3] if (p / "static").is_dir())  # installed | repo
-SCRIPTS = ("richtext.js", "review.js", "app.js", "live-worklet.js", "live.js")  # inlined into the
+SCRIPTS = ("richtext.js", "review.js", "app.js", "live-worklet.js", "live.js", "desk.js")  # inlined into the
 # page head, in this order
-SHEETS = ("style.css", "review.css", "app.css", "live.css")  # through Gradio's css (scoped to the app)
-RAW_SHEETS = ("review.css", "app.css", "live.css")  # also in the head as written (see head_html)
+SHEETS = ("style.css", "review.css", "app.css", "live.css", "desk.css")  # through Gradio's css (scoped to the app)
+RAW_SHEETS = ("review.css", "app.css", "live.css", "desk.css")  # also in the head as written (see head_html)
 # what the widget accepts besides audio/*: the video containers the decoder opens (the page
 # script hands them to the Audio component as audio; pipeline/audio/decode.py ALLOWED_DEMUXERS)
 VIDEO_TYPES = ("video/*", ".mp4", ".m4v", ".mov", ".mkv", ".webm", ".avi", ".ts", ".mts", ".wmv")
@@ -310,7 +310,9 @@ def layout(i18n: gr.I18n, samples: Samples) -> SimpleNamespace:
             gr.HTML("", elem_id="sv-state-view")  # app.js: the job's state, honestly worded
             gr.HTML("", elem_id="sv-result")  # richtext.js: a short clip's chips
     gr.HTML("", elem_id="sv-review")  # review.js: a timed recording's review view
+    gr.HTML("", elem_id="sv-editor")  # desk.js: the review editor (corrections, flags, keys)
     gr.HTML("", elem_id="sv-recent")  # app.js: this browser's recent jobs
+    gr.HTML("", elem_id="sv-desk")  # desk.js: many calls at once, the calls table
     # the channel from submit to the page script (and the text API clients of submit read)
     c.status = gr.Textbox(elem_id="sv-status", elem_classes=["sv-hidden"], show_label=False,
                           interactive=False)
@@ -373,7 +375,8 @@ ON_SUBMIT = ("(...args) => { window.SenseVoiceApp && window.SenseVoiceApp.submit
 ON_ENDED = "() => { window.SenseVoiceApp && window.SenseVoiceApp.submitEnded(); return []; }"
 ON_VIEW = "(v) => { window.SenseVoiceApp && window.SenseVoiceApp.accepted(v); return []; }"
 ON_NEW = "() => window.SenseVoiceApp ? window.SenseVoiceApp.reset() : [null, '', '']"
-ON_LOAD = "() => { window.SenseVoiceApp && window.SenseVoiceApp.boot(); return []; }"
+ON_LOAD = ("() => { window.SenseVoiceApp && window.SenseVoiceApp.boot(); "
+           "window.SenseVoiceDesk && window.SenseVoiceDesk.boot(); return []; }")
 
 
 def wire(demo: gr.Blocks, c: SimpleNamespace, face: UiFace, submit, samples: Samples) -> None:

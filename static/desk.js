@@ -546,7 +546,9 @@
       return;
     }
     if (!state.current || state.current.id !== view.id) state.current = { id: view.id, q: queryOf(view.links && view.links.result) };
+    var known = owned().some(function (e) { return e.id === String(view.id); });
     remember([view]);
+    if (!known) refresh(); // a job opened from a link: the table lists it from now on
     state.view = view;
     state.segIndex = 0;
     state.loop = false;

@@ -9,7 +9,9 @@ from __future__ import annotations
 import csv
 import io
 import json
+import os
 import shutil
+from pathlib import Path
 
 import httpx
 import pytest
@@ -17,6 +19,7 @@ import pytest
 from tests.conftest import LiveServer, make_settings
 from tests.test_browser import open_ui
 
+ROOT = Path(__file__).resolve().parent.parent
 pytestmark = [pytest.mark.browser,
               pytest.mark.skipif(not shutil.which("chromium"), reason="Debian chromium not installed")]
 
@@ -153,10 +156,11 @@ def test_edit_flag_reviewed_with_the_keyboard_survive_reload_and_restart(
     # a server restart: still there, and in every export
     url = page.url
     server.stop()
-    again = LiveServer(make_settings(demo_dir, data_dir)).start()
+    again = LiveServer(server.settings).start()  # same data, same port: the page's origin
     try:
-        page.goto(url.replace(server.url, again.url), wait_until="load")
+        page.goto(url, wait_until="load")
         page.wait_for_selector("#sv-editor .sv-edit-seg.sv-corrected", timeout=60_000)
+        assert page.locator("#sv-reviewed-box").is_checked()
         base = f"{again.url}/api/jobs/{job_id}/result?format="
         for fmt in ("srt", "vtt", "txt", "json"):
             body = httpx.get(base + fmt, timeout=30).text
@@ -166,6 +170,15 @@ def test_edit_flag_reviewed_with_the_keyboard_survive_reload_and_restart(
         assert seg["text"] == "The reviewer's <b>words</b>" and seg["model_text"] != seg["text"]
         assert doc["review"]["reviewed"] is True
         assert "[FLAGGED: <img src=x onerror=window.__xss=1> check]" in httpx.get(base + "txt").text
+        # the README's picture of the desk, from this run (copied with SENSEVOICE_UPDATE_SCREENSHOT=1)
+        page.wait_for_selector("#sv-desk tr.sv-call-row", timeout=30_000)
+        page.evaluate("document.activeElement && document.activeElement.blur()")
+        page.evaluate("window.scrollTo(0, 0)")
+        page.wait_for_timeout(300)
+        shot = data_dir / "desk.png"
+        page.screenshot(path=str(shot), full_page=True)
+        if os.environ.get("SENSEVOICE_UPDATE_SCREENSHOT") == "1":
+            shutil.copyfile(shot, ROOT / "docs" / "desk.png")
     finally:
         again.stop()
 

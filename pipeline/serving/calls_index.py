@@ -160,7 +160,7 @@ class SqliteCalls:
 
     def rows(self, ids: list[str] | None, search: str = "") -> list[CallRow]:
         """The rows of ``ids`` (None: every job of the store); with ``search`` (lower case) each
-        row's ``search`` is its text when it holds ``search``, else empty."""
+        row's ``search`` is not empty exactly when its text holds ``search``."""
         conn = self.store._conn()
         if not self._backfilled:
             self._backfill(conn)
@@ -218,6 +218,19 @@ return 1
 """
 
 
+# KEYS: search texts. ARGV: the lower-case text searched. Returns the 1-based indices of the keys
+# whose text holds it (plain find: no pattern characters), so a search moves no texts out of Redis
+# (moving 10,000 of them took ~0.6 s)
+_FIND = """
+local out = {}
+for i, k in ipairs(KEYS) do
+  local t = redis.call('GET', k)
+  if t and string.find(t, ARGV[1], 1, true) then out[#out + 1] = i end
+end
+return out
+"""
+
+
 def calls_key(prefix: str) -> str:
     return f"{prefix}:calls"
 
@@ -263,6 +276,7 @@ class RedisCalls:
     def __init__(self, broker):
         self.broker = broker
         self._set_summary = broker._r.register_script(_SET_SUMMARY)
+        self._find = broker._r.register_script(_FIND)
 
     def _unavailable(self, e: Exception):
         from pipeline.serving.broker_redis import UNAVAILABLE
@@ -316,11 +330,12 @@ class RedisCalls:
                 pipe = r.pipeline(transaction=False)
                 for jid in chunk:
                     pipe.hmget(self.broker._k("job", jid), *_FIELDS)
-                    if with_search:
-                        pipe.get(self.broker._k("search", jid))
                 got = pipe.execute()
-                if with_search:
-                    got = [v + [t] for v, t in zip(got[::2], got[1::2])]
+                if with_search:  # inside Redis: only the indices of the texts that hold it come back
+                    hits = set(self._find(keys=[self.broker._k("search", j) for j in chunk],
+                                          args=[search.encode("utf-8")]))
+                    got = [v + [search.encode("utf-8") if k + 1 in hits else None]
+                           for k, v in enumerate(got)]
                 for jid, vals in zip(chunk, got):
                     if vals[0] is None:
                         gone.append(jid)
@@ -342,6 +357,8 @@ class RedisCalls:
         search = s(v[8]) if query and v[8] is not None else ""
         if summary is None and state == JobState.DONE.value:
             summary, search = self._backfill(jid)
+        elif query and not search and query in (s(v[1]) or "").lower():  # unfinished: its name
+            search = (s(v[1]) or "").lower()
         return CallRow(
             id=jid, state=state, filename=s(v[1]) or "", created_at=float(v[2] or 0),
             audio_seconds=float(v[3] or 0), finished_at=float(v[4]) if v[4] else None,

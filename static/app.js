@@ -65,6 +65,8 @@
       reconnecting: 'Connection lost: reconnecting\u2026',
       recent: 'Recent jobs in this browser',
       recent_clear: 'Clear',
+      st_done: 'done', st_failed: 'failed', st_queued: 'queued', st_running: 'transcribing',
+      st_transcribing: 'transcribing', st_segmenting: 'finding speech', st_loading: 'queued',
       no_speech: 'No speech detected',
       lang_switch: 'Interface language',
       e_no_file: ['No recording chosen', 'Choose a file, drop one on the box, or record with the microphone.'],
@@ -104,6 +106,9 @@
       reconnecting: '\u8fde\u63a5\u4e2d\u65ad\uff1a\u6b63\u5728\u91cd\u8fde\u2026',
       recent: '\u672c\u6d4f\u89c8\u5668\u6700\u8fd1\u7684\u4efb\u52a1',
       recent_clear: '\u6e05\u9664',
+      st_done: '\u5b8c\u6210', st_failed: '\u5931\u8d25', st_queued: '\u6392\u961f\u4e2d',
+      st_running: '\u8f6c\u5199\u4e2d', st_transcribing: '\u8f6c\u5199\u4e2d',
+      st_segmenting: '\u6b63\u5728\u67e5\u627e\u8bed\u97f3', st_loading: '\u6392\u961f\u4e2d',
       no_speech: '\u672a\u68c0\u6d4b\u5230\u8bed\u97f3',
       lang_switch: '\u754c\u9762\u8bed\u8a00',
       e_no_file: ['\u8fd8\u6ca1\u6709\u9009\u62e9\u5f55\u97f3', '\u9009\u62e9\u6587\u4ef6\u3001\u62d6\u5230\u6846\u91cc\uff0c\u6216\u7528\u9ea6\u514b\u98ce\u5f55\u97f3\u3002'],
@@ -775,8 +780,9 @@
       b.setAttribute('data-job', e.id);
       b.appendChild(el('span', 'sv-recent-name', e.name || shortId(e.id)));
       var when = '';
-      try { when = new Date(Number(e.at) * 1000).toLocaleString(); } catch (x) { when = ''; }
-      b.appendChild(el('span', 'sv-recent-meta', [when, e.stage].filter(Boolean).join(' \u00b7 ')));
+      try { when = new Date(Number(e.at) * 1000).toLocaleString(currentLang === 'zh' ? 'zh-CN' : 'en'); } catch (x) { when = ''; }
+      var stage = e.stage && WORDS.en['st_' + e.stage] ? t('st_' + e.stage) : '';
+      b.appendChild(el('span', 'sv-recent-meta', [when, stage].filter(Boolean).join(' \u00b7 ')));
       b.title = e.id;
       b.addEventListener('click', function () { open(e.id, e.q); });
       li.appendChild(b);

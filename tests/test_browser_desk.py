@@ -209,10 +209,17 @@ def test_phone_scrolls_to_the_result_and_fits(phone_server, browser, clip_factor
         pg.wait_for_selector("#sv-editor .sv-edit-seg", timeout=30_000)
         width = pg.evaluate("document.documentElement.scrollWidth")
         assert width <= 392, width  # no sideways scrolling of the page
+        detect = pg.locator("#sv-language input").input_value()
+        assert detect == ("自动检测" if lang == "zh" else "Detect"), detect
         if lang == "zh":
             desk = pg.locator("#sv-desk").inner_text() + pg.locator("#sv-editor").inner_text()
             for english in ("Calls", "Choose files", "Search", "Download CSV", "Reviewed", "Edit",
                             "Flag", "Speed", "Next call", "Keys:"):
                 assert english not in desk, english
+            result = pg.locator("#sv-result").inner_text()
+            for english in ("Copy", "Show raw", "punctuated"):
+                assert english not in result, english
+            recent = pg.locator("#sv-recent").inner_text()
+            assert "done" not in recent and "完成" in recent and "AM" not in recent and "PM" not in recent
     finally:
         ctx.close()

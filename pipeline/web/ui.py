@@ -67,6 +67,7 @@ WORDS = {
                 "real speech recognition.",
         "sv_audio": "Audio",  # (the upload widget: audio or video; browser tests find it by this label)
         "sv_language": "Language",
+        "sv_detect": "Detect",
         "sv_itn": "Punctuation and numbers",
         "sv_itn_info": "Adds punctuation and writes numbers as digits (inverse text normalisation, ITN)",
         "sv_split": "Stereo call: one speaker per channel",
@@ -81,6 +82,7 @@ WORDS = {
         "sv_demo": "**演示模型**：用于离线试用的手工权重，转写结果不是真正的语音识别。",
         "sv_audio": "音频（或视频）",
         "sv_language": "语种",
+        "sv_detect": "自动检测",
         "sv_itn": "标点和数字",
         "sv_itn_info": "加标点，数字写成阿拉伯数字（逆文本正则化，ITN）",
         "sv_split": "立体声通话：每个声道一位说话人",
@@ -292,7 +294,8 @@ def layout(i18n: gr.I18n, samples: Samples) -> SimpleNamespace:
                                label=i18n("sv_audio"), elem_id="sv-audio")
             gr.HTML("", elem_id="sv-live")  # live.js: Start/Stop, the state, Save as a job
             with gr.Row(elem_id="sv-options"):
-                c.language = gr.Dropdown(list(LANGUAGE_CHOICES), value="auto",
+                c.language = gr.Dropdown([(i18n("sv_detect"), "auto"), *LANGUAGE_CHOICES[1:]],
+                                         value="auto",
                                          label=i18n("sv_language"), elem_id="sv-language",
                                          min_width=140)
                 c.use_itn = gr.Checkbox(value=True, label=i18n("sv_itn"), info=i18n("sv_itn_info"),

@@ -793,3 +793,19 @@ def test_words_follow_the_page_language(page):
     page.evaluate("delete window.SenseVoiceI18n")
     render(page, JOB)
     assert texts(page, "#out thead th")[0] == "Time"
+
+
+def test_timeline_labels_do_not_overlap_on_a_phone(page):
+    """Issue 23: at 390 px the axis held 8 labels and they ran together ("00:0000:05")."""
+    page.set_viewport_size({"width": 390, "height": 844})
+    page.set_content(PAGE)
+    render(page, JOB)
+    boxes = page.eval_on_selector_all(
+        "#out .sv-tl-tick", "ts => ts.map(t => t.getBoundingClientRect().toJSON())")
+    assert 2 <= len(boxes) <= 5, boxes
+    for a, b in zip(boxes, boxes[1:]):
+        assert a["right"] + 4 <= b["left"], (a, b)
+    page.set_viewport_size({"width": 1280, "height": 800})
+    page.set_content(PAGE)
+    render(page, JOB)
+    assert page.locator("#out .sv-tl-tick").count() == 7  # 0..6 s, one a second, on a desktop

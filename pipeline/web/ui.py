@@ -290,8 +290,9 @@ def layout(i18n: gr.I18n, samples: Samples) -> SimpleNamespace:
     with gr.Row(elem_id="sv-main"):
         with gr.Column(elem_id="sv-input", min_width=300):
             gr.HTML("", elem_id="sv-modes")  # live.js: the File | Live switch
+            # no Share button: it only works on Hugging Face Spaces ("Must be on Spaces to share")
             c.audio = gr.Audio(sources=["upload", "microphone"], type="filepath",
-                               label=i18n("sv_audio"), elem_id="sv-audio")
+                               label=i18n("sv_audio"), elem_id="sv-audio", buttons=["download"])
             gr.HTML("", elem_id="sv-live")  # live.js: Start/Stop, the state, Save as a job
             with gr.Row(elem_id="sv-options"):
                 c.language = gr.Dropdown([(i18n("sv_detect"), "auto"), *LANGUAGE_CHOICES[1:]],

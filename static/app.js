@@ -75,6 +75,7 @@
         'Use a common format: wav, mp3, m4a, ogg, opus, flac, webm, mp4, mov or mkv.'],
       e_empty_audio: ['The recording is empty', 'Record or choose a longer one.'],
       e_audio_too_long: ['The recording is too long', 'Shorten it or split it, then try again.'],
+      e_audio_too_long_limit: ['The recording is too long', 'The limit here is {limit}: shorten it or split it, then try again.'],
       e_upload_too_large: ['The file is too large', 'Use a smaller file (compressed audio is much smaller than video).'],
       e_busy: ['The server is busy', 'Try again in {retry} s.'],
       e_not_ready: ['The service is not available right now', 'Try again in a minute.'],
@@ -117,6 +118,7 @@
         '\u8bf7\u4f7f\u7528\u5e38\u89c1\u683c\u5f0f\uff1awav\u3001mp3\u3001m4a\u3001ogg\u3001opus\u3001flac\u3001webm\u3001mp4\u3001mov \u6216 mkv\u3002'],
       e_empty_audio: ['\u5f55\u97f3\u662f\u7a7a\u7684', '\u8bf7\u5f55\u5236\u6216\u9009\u62e9\u66f4\u957f\u7684\u5f55\u97f3\u3002'],
       e_audio_too_long: ['\u5f55\u97f3\u592a\u957f', '\u8bf7\u526a\u77ed\u6216\u5206\u6bb5\u540e\u518d\u8bd5\u3002'],
+      e_audio_too_long_limit: ['\u5f55\u97f3\u592a\u957f', '\u8fd9\u91cc\u7684\u4e0a\u9650\u662f {limit}\uff1a\u8bf7\u526a\u77ed\u6216\u5206\u6bb5\u540e\u518d\u8bd5\u3002'],
       e_upload_too_large: ['\u6587\u4ef6\u592a\u5927', '\u8bf7\u4f7f\u7528\u66f4\u5c0f\u7684\u6587\u4ef6\uff08\u538b\u7f29\u97f3\u9891\u6bd4\u89c6\u9891\u5c0f\u5f97\u591a\uff09\u3002'],
       e_busy: ['\u670d\u52a1\u5668\u7e41\u5fd9', '\u8bf7 {retry} \u79d2\u540e\u518d\u8bd5\u3002'],
       e_not_ready: ['\u670d\u52a1\u6682\u65f6\u4e0d\u53ef\u7528', '\u8bf7\u7a0d\u540e\u518d\u8bd5\u3002'],
@@ -208,12 +210,25 @@
     return m + ' min ' + (r < 10 ? '0' : '') + r + ' s';
   }
 
+  // a limit in seconds, in the largest whole unit: "4 h", "10 min", "90 s"
+  function formatLimit(s) {
+    if (!isFinite(s) || s <= 0) return '';
+    var zh = currentLang === 'zh';
+    if (s % 3600 === 0) return (s / 3600) + (zh ? ' \u5c0f\u65f6' : ' h');
+    if (s % 60 === 0) return (s / 60) + (zh ? ' \u5206\u949f' : ' min');
+    return s + (zh ? ' \u79d2' : ' s');
+  }
+
   // error code -> [what happened, what to do]
   function errorText(error) {
     var code = error && error.code ? String(error.code) : '';
     code = ERROR_ALIAS[code] || code;
     var key = 'e_' + code;
-    var w = WORDS.en[key] ? t(key, { retry: error && error.retry_after != null ? error.retry_after : 5 })
+    // "too long" says the limit, from the server's message ("... than the 14400 s limit")
+    var limit = code === 'audio_too_long' && error && /([\d.]+) s limit/.exec(String(error.message || ''));
+    if (limit) key = 'e_audio_too_long_limit';
+    var w = WORDS.en[key] ? t(key, { retry: error && error.retry_after != null ? error.retry_after : 5,
+      limit: limit ? formatLimit(Number(limit[1])) : '' })
       : t('e_other');
     return { title: w[0], hint: w[1], code: code || 'other' };
   }

@@ -905,7 +905,8 @@
     var head = el('div', 'sv-review-head');
     var title = str(job.filename) || str(job.id) || tr('recording');
     head.appendChild(el('span', 'sv-review-title', title));
-    var meta = [formatTime(L.unknownDuration ? null : L.duration).replace(/\.\d$/, ''),
+    // whole seconds, rounded as the state line's "9 min 19 s" is (truncated, it said 09:18)
+    var meta = [formatTime(L.unknownDuration ? null : Math.round(L.duration)).replace(/\.\d$/, ''),
       n + ' ' + (n === 1 ? tr('segment') : tr('segments'))];
     var named = L.lanes.filter(function (sp) { return sp !== null; }).length;
     if (named) meta.push(named + ' ' + (named === 1 ? tr('speaker') : tr('speakers_n')));

@@ -809,3 +809,9 @@ def test_timeline_labels_do_not_overlap_on_a_phone(page):
     page.set_content(PAGE)
     render(page, JOB)
     assert page.locator("#out .sv-tl-tick").count() == 7  # 0..6 s, one a second, on a desktop
+
+
+def test_header_length_rounds_as_the_state_line_does(page):
+    """Issue 23: the header said 09:18 where the state said 9 min 19 s (558.6 s)."""
+    render(page, {**JOB, "audio_seconds": 558.6})
+    assert page.locator("#out .sv-review-meta").inner_text().startswith("09:19")

@@ -564,7 +564,9 @@
     var wrap = el('div', 'sv-table-wrap');
     // review.css lays rows out as grids (fast with thousands of rows): the roles keep the
     // table semantics for assistive technology
-    var table = el('table', 'sv-segments');
+    // one unnamed speaker: no Speaker column (a column of dashes said nothing)
+    var oneSpeaker = !L.segs.some(function (s) { return s.speaker !== null; });
+    var table = el('table', 'sv-segments' + (oneSpeaker ? ' sv-one-speaker' : ''));
     table.setAttribute('role', 'table');
     table.setAttribute('aria-label', 'Segments');
     table.setAttribute('aria-rowcount', String(L.segs.length + 1));

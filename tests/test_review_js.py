@@ -815,3 +815,18 @@ def test_header_length_rounds_as_the_state_line_does(page):
     """Issue 23: the header said 09:18 where the state said 9 min 19 s (558.6 s)."""
     render(page, {**JOB, "audio_seconds": 558.6})
     assert page.locator("#out .sv-review-meta").inner_text().startswith("09:19")
+
+
+def test_no_speaker_column_for_one_unnamed_speaker(page):
+    """Issue 23: a one-speaker file showed a Speaker column of dashes."""
+    mono = [{**seg, "speaker": None} for seg in SEGMENTS]
+    render(page, {**JOB, "result": {**JOB["result"], "segments": mono}})
+    assert page.locator("#out th.sv-col-speaker").is_hidden()
+    assert all(page.locator("#out td.sv-col-speaker").nth(i).is_hidden()
+               for i in range(page.locator("#out td.sv-col-speaker").count()))
+    text = page.locator("#out tr.sv-row td.sv-col-text").first.bounding_box()
+    time = page.locator("#out tr.sv-row td.sv-col-time").first.bounding_box()
+    assert text["width"] > 100 and time["width"] > 50  # the grid has no empty column
+    page.set_content(PAGE)
+    render(page, JOB)
+    assert page.locator("#out th.sv-col-speaker").is_visible()

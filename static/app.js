@@ -39,6 +39,7 @@
   var RECENT_MAX = 8;
   var QUERY_RE = /^exp=\d{1,12}&sig=[A-Za-z0-9_-]{1,64}$/;
   var ID_RE = /^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$/;
+  var AUDIO_EXT = /\.(wav|mp3|m4a|aac|ogg|oga|opus|flac|wma|amr|aif|aiff|caf|spx|weba)$/i;
   var MEDIA_EXT = /\.(mp4|m4v|mov|mkv|webm|avi|ts|mts|m2ts|wmv|3gp|ogv|flv|mpg|mpeg)$/i;
   var FINAL = { done: 1, failed: 1, purged: 1, refused: 1 };
   var RETRY_MS = [250, 500, 1000, 2000, 4000];
@@ -863,12 +864,33 @@
     }
   }
 
+  // A file the browser types as something other than audio or video (a .txt, a PDF, a picture):
+  // Gradio's check answered it with a 200-character toast in English; the page says it itself.
+  function notMedia(file) {
+    var type = String(file && file.type || '');
+    if (!type || /^(audio|video)\//i.test(type)) return false;
+    var name = String(file.name || '');
+    return !MEDIA_EXT.test(name) && !AUDIO_EXT.test(name);
+  }
+
+  function refuseFile() {
+    stopFollow();
+    state.id = '';
+    show({ id: null, stage: 'refused', error: { code: 'unsupported_media' } });
+  }
+
   function installMediaIntake() {
     // a video chosen in the file dialog: re-typed before Gradio's check sees it
     doc.addEventListener('change', function (ev) {
       var input = ev.target;
       if (!input || input.type !== 'file' || !inAudioWidget(input) || !input.files || !input.files.length) return;
       var files = Array.prototype.slice.call(input.files);
+      if (files.some(notMedia)) {
+        ev.stopImmediatePropagation();
+        try { input.value = ''; } catch (e) { /* read-only */ }
+        refuseFile();
+        return;
+      }
       var typed = files.map(asAudioFile);
       if (typed.every(function (f, i) { return f === files[i]; })) return;
       ev.stopImmediatePropagation();
@@ -881,6 +903,12 @@
     doc.addEventListener('drop', function (ev) {
       if (!inAudioWidget(ev.target) || !ev.dataTransfer || !ev.dataTransfer.files.length) return;
       var files = Array.prototype.slice.call(ev.dataTransfer.files);
+      if (files.some(notMedia)) {
+        ev.preventDefault();
+        ev.stopImmediatePropagation();
+        refuseFile();
+        return;
+      }
       if (files.every(function (f) { return asAudioFile(f) === f; })) return;
       var input = doc.querySelector('#sv-audio input[type=file]');
       if (!input) return;

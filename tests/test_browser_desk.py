@@ -197,6 +197,15 @@ def test_phone_scrolls_to_the_result_and_fits(phone_server, browser, clip_factor
     try:
         pg.add_init_script(f"localStorage.setItem('sv-lang', '{lang}')")
         open_ui(pg, phone_server)
+        # a text file: the app's own error box in the page's language, not Gradio's toast
+        pg.locator("input[type=file]").first.set_input_files(
+            {"name": "notes.txt", "mimeType": "text/plain", "buffer": b"not audio"})
+        pg.wait_for_function("() => document.querySelector('#sv-state-view').textContent.trim().length > 0",
+                             timeout=10_000)
+        said = pg.locator("#sv-state-view").inner_text()
+        assert ("无法读取" if lang == "zh" else "cannot be read as audio or video") in said, said
+        pg.wait_for_timeout(500)
+        assert pg.locator(".toast-body, .toast-wrap .toast").count() == 0
         pg.locator("input[type=file]").first.set_input_files(str(clip_factory("wav", 16000, 1)))
         pg.wait_for_selector("#sv-audio [data-testid^='waveform-']", timeout=30_000)
         # no Share button on the player (it only works on Hugging Face Spaces)

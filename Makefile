@@ -2,7 +2,9 @@
 PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
-ARGS ?= --demo
+ARGS ?=
+# the offline demo model unless ARGS names a model (ARGS="--port 8000" keeps the demo)
+DEMO = $(if $(filter --model% --demo,$(ARGS)),,--demo)
 
 .PHONY: run test venv dev clean
 
@@ -22,7 +24,7 @@ venv: $(VENV)/.installed
 
 ## make run: set up .venv and start the app (ARGS="--model DIR" for a real model; default --demo)
 run: $(VENV)/.installed
-	$(BIN)/python app_sensevoice.py $(ARGS)
+	$(BIN)/python app_sensevoice.py $(DEMO) $(ARGS)
 
 ## make test: set up .venv (with test tools) and run every test
 test: $(VENV)/.installed-dev

@@ -39,6 +39,7 @@
   var RECENT_MAX = 8;
   var QUERY_RE = /^exp=\d{1,12}&sig=[A-Za-z0-9_-]{1,64}$/;
   var ID_RE = /^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$/;
+  var AUDIO_EXT = /\.(wav|mp3|m4a|aac|ogg|oga|opus|flac|wma|amr|aif|aiff|caf|spx|weba)$/i;
   var MEDIA_EXT = /\.(mp4|m4v|mov|mkv|webm|avi|ts|mts|m2ts|wmv|3gp|ogv|flv|mpg|mpeg)$/i;
   var FINAL = { done: 1, failed: 1, purged: 1, refused: 1 };
   var RETRY_MS = [250, 500, 1000, 2000, 4000];
@@ -65,6 +66,8 @@
       reconnecting: 'Connection lost: reconnecting\u2026',
       recent: 'Recent jobs in this browser',
       recent_clear: 'Clear',
+      st_done: 'done', st_failed: 'failed', st_queued: 'queued', st_running: 'transcribing',
+      st_transcribing: 'transcribing', st_segmenting: 'finding speech', st_loading: 'queued',
       no_speech: 'No speech detected',
       lang_switch: 'Interface language',
       e_no_file: ['No recording chosen', 'Choose a file, drop one on the box, or record with the microphone.'],
@@ -73,6 +76,7 @@
         'Use a common format: wav, mp3, m4a, ogg, opus, flac, webm, mp4, mov or mkv.'],
       e_empty_audio: ['The recording is empty', 'Record or choose a longer one.'],
       e_audio_too_long: ['The recording is too long', 'Shorten it or split it, then try again.'],
+      e_audio_too_long_limit: ['The recording is too long', 'The limit here is {limit}: shorten it or split it, then try again.'],
       e_upload_too_large: ['The file is too large', 'Use a smaller file (compressed audio is much smaller than video).'],
       e_busy: ['The server is busy', 'Try again in {retry} s.'],
       e_not_ready: ['The service is not available right now', 'Try again in a minute.'],
@@ -104,6 +108,9 @@
       reconnecting: '\u8fde\u63a5\u4e2d\u65ad\uff1a\u6b63\u5728\u91cd\u8fde\u2026',
       recent: '\u672c\u6d4f\u89c8\u5668\u6700\u8fd1\u7684\u4efb\u52a1',
       recent_clear: '\u6e05\u9664',
+      st_done: '\u5b8c\u6210', st_failed: '\u5931\u8d25', st_queued: '\u6392\u961f\u4e2d',
+      st_running: '\u8f6c\u5199\u4e2d', st_transcribing: '\u8f6c\u5199\u4e2d',
+      st_segmenting: '\u6b63\u5728\u67e5\u627e\u8bed\u97f3', st_loading: '\u6392\u961f\u4e2d',
       no_speech: '\u672a\u68c0\u6d4b\u5230\u8bed\u97f3',
       lang_switch: '\u754c\u9762\u8bed\u8a00',
       e_no_file: ['\u8fd8\u6ca1\u6709\u9009\u62e9\u5f55\u97f3', '\u9009\u62e9\u6587\u4ef6\u3001\u62d6\u5230\u6846\u91cc\uff0c\u6216\u7528\u9ea6\u514b\u98ce\u5f55\u97f3\u3002'],
@@ -112,6 +119,7 @@
         '\u8bf7\u4f7f\u7528\u5e38\u89c1\u683c\u5f0f\uff1awav\u3001mp3\u3001m4a\u3001ogg\u3001opus\u3001flac\u3001webm\u3001mp4\u3001mov \u6216 mkv\u3002'],
       e_empty_audio: ['\u5f55\u97f3\u662f\u7a7a\u7684', '\u8bf7\u5f55\u5236\u6216\u9009\u62e9\u66f4\u957f\u7684\u5f55\u97f3\u3002'],
       e_audio_too_long: ['\u5f55\u97f3\u592a\u957f', '\u8bf7\u526a\u77ed\u6216\u5206\u6bb5\u540e\u518d\u8bd5\u3002'],
+      e_audio_too_long_limit: ['\u5f55\u97f3\u592a\u957f', '\u8fd9\u91cc\u7684\u4e0a\u9650\u662f {limit}\uff1a\u8bf7\u526a\u77ed\u6216\u5206\u6bb5\u540e\u518d\u8bd5\u3002'],
       e_upload_too_large: ['\u6587\u4ef6\u592a\u5927', '\u8bf7\u4f7f\u7528\u66f4\u5c0f\u7684\u6587\u4ef6\uff08\u538b\u7f29\u97f3\u9891\u6bd4\u89c6\u9891\u5c0f\u5f97\u591a\uff09\u3002'],
       e_busy: ['\u670d\u52a1\u5668\u7e41\u5fd9', '\u8bf7 {retry} \u79d2\u540e\u518d\u8bd5\u3002'],
       e_not_ready: ['\u670d\u52a1\u6682\u65f6\u4e0d\u53ef\u7528', '\u8bf7\u7a0d\u540e\u518d\u8bd5\u3002'],
@@ -203,12 +211,25 @@
     return m + ' min ' + (r < 10 ? '0' : '') + r + ' s';
   }
 
+  // a limit in seconds, in the largest whole unit: "4 h", "10 min", "90 s"
+  function formatLimit(s) {
+    if (!isFinite(s) || s <= 0) return '';
+    var zh = currentLang === 'zh';
+    if (s % 3600 === 0) return (s / 3600) + (zh ? ' \u5c0f\u65f6' : ' h');
+    if (s % 60 === 0) return (s / 60) + (zh ? ' \u5206\u949f' : ' min');
+    return s + (zh ? ' \u79d2' : ' s');
+  }
+
   // error code -> [what happened, what to do]
   function errorText(error) {
     var code = error && error.code ? String(error.code) : '';
     code = ERROR_ALIAS[code] || code;
     var key = 'e_' + code;
-    var w = WORDS.en[key] ? t(key, { retry: error && error.retry_after != null ? error.retry_after : 5 })
+    // "too long" says the limit, from the server's message ("... than the 14400 s limit")
+    var limit = code === 'audio_too_long' && error && /([\d.]+) s limit/.exec(String(error.message || ''));
+    if (limit) key = 'e_audio_too_long_limit';
+    var w = WORDS.en[key] ? t(key, { retry: error && error.retry_after != null ? error.retry_after : 5,
+      limit: limit ? formatLimit(Number(limit[1])) : '' })
       : t('e_other');
     return { title: w[0], hint: w[1], code: code || 'other' };
   }
@@ -605,6 +626,7 @@
       setBusy(false);
       stopFollow();
       renderResult(view);
+      announce(view);
       if (stage === 'done') {
         timings.shown = now();
         if (state.clickAt != null) {
@@ -616,6 +638,27 @@
       setBusy(true);
       clearResult();
     }
+  }
+
+  // After a job ends the result is brought into view and focus moves to its state (a phone showed
+  // it below the fold and focus fell to the page top), when this page sent or opened the job.
+  function reveal() {
+    var target = byId('sv-state-view');
+    if (!target || !target.getBoundingClientRect) return;
+    var box = target.getBoundingClientRect();
+    var h = root.innerHeight || 0;
+    if (box.top < 0 || box.top > h * 0.6) {
+      try { target.scrollIntoView({ block: 'start', behavior: 'auto' }); } catch (e) { target.scrollIntoView(); }
+    }
+    if (!target.hasAttribute('tabindex')) target.setAttribute('tabindex', '-1');
+    try { target.focus({ preventScroll: true }); } catch (e) { /* old browser */ }
+  }
+
+  // the review editor (desk.js) follows the job shown
+  function announce(view) {
+    reveal();
+    if (!root.CustomEvent || !doc.dispatchEvent) return;
+    doc.dispatchEvent(new root.CustomEvent('sv-job-shown', { detail: view }));
   }
 
   function failWith(code, extra) {
@@ -753,8 +796,9 @@
       b.setAttribute('data-job', e.id);
       b.appendChild(el('span', 'sv-recent-name', e.name || shortId(e.id)));
       var when = '';
-      try { when = new Date(Number(e.at) * 1000).toLocaleString(); } catch (x) { when = ''; }
-      b.appendChild(el('span', 'sv-recent-meta', [when, e.stage].filter(Boolean).join(' \u00b7 ')));
+      try { when = new Date(Number(e.at) * 1000).toLocaleString(currentLang === 'zh' ? 'zh-CN' : 'en'); } catch (x) { when = ''; }
+      var stage = e.stage && WORDS.en['st_' + e.stage] ? t('st_' + e.stage) : '';
+      b.appendChild(el('span', 'sv-recent-meta', [when, stage].filter(Boolean).join(' \u00b7 ')));
       b.title = e.id;
       b.addEventListener('click', function () { open(e.id, e.q); });
       li.appendChild(b);
@@ -820,12 +864,33 @@
     }
   }
 
+  // A file the browser types as something other than audio or video (a .txt, a PDF, a picture):
+  // Gradio's check answered it with a 200-character toast in English; the page says it itself.
+  function notMedia(file) {
+    var type = String(file && file.type || '');
+    if (!type || /^(audio|video)\//i.test(type)) return false;
+    var name = String(file.name || '');
+    return !MEDIA_EXT.test(name) && !AUDIO_EXT.test(name);
+  }
+
+  function refuseFile() {
+    stopFollow();
+    state.id = '';
+    show({ id: null, stage: 'refused', error: { code: 'unsupported_media' } });
+  }
+
   function installMediaIntake() {
     // a video chosen in the file dialog: re-typed before Gradio's check sees it
     doc.addEventListener('change', function (ev) {
       var input = ev.target;
       if (!input || input.type !== 'file' || !inAudioWidget(input) || !input.files || !input.files.length) return;
       var files = Array.prototype.slice.call(input.files);
+      if (files.some(notMedia)) {
+        ev.stopImmediatePropagation();
+        try { input.value = ''; } catch (e) { /* read-only */ }
+        refuseFile();
+        return;
+      }
       var typed = files.map(asAudioFile);
       if (typed.every(function (f, i) { return f === files[i]; })) return;
       ev.stopImmediatePropagation();
@@ -838,6 +903,12 @@
     doc.addEventListener('drop', function (ev) {
       if (!inAudioWidget(ev.target) || !ev.dataTransfer || !ev.dataTransfer.files.length) return;
       var files = Array.prototype.slice.call(ev.dataTransfer.files);
+      if (files.some(notMedia)) {
+        ev.preventDefault();
+        ev.stopImmediatePropagation();
+        refuseFile();
+        return;
+      }
       if (files.every(function (f) { return asAudioFile(f) === f; })) return;
       var input = doc.querySelector('#sv-audio input[type=file]');
       if (!input) return;

@@ -826,11 +826,21 @@
     } catch (e) { /* sandboxed */ }
   }
 
+  // While the microphone is on, the captions come first and the controls are compact (live.css):
+  // on a phone the captions grew out of sight under the controls. The page goes to its top once.
+  function recordingLayout(on) {
+    if (!doc.body) return;
+    var was = doc.body.classList.contains('sv-live-recording');
+    doc.body.classList.toggle('sv-live-recording', !!on);
+    if (on && !was && root.scrollTo) root.scrollTo(0, 0);
+  }
+
   function renderPanel() {
     var host = mount('sv-live', 'sv-live-host', 'sv-live-panel');
     if (!host) return;
     clear(host);
     var s = S || { phase: 'idle' };
+    recordingLayout(active(s));
     var panel = el('div', 'sv-live-panel sv-live-' + s.phase);
     panel.setAttribute('data-phase', s.phase);
     var row = el('div', 'sv-live-controls');

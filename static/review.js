@@ -443,12 +443,21 @@
 
   // ---- timeline ----
 
-  function niceStep(duration) {
+  // The tick step: at most maxTicks labels (default 8) over the axis.
+  function niceStep(duration, maxTicks) {
+    var most = maxTicks || 8;
     var steps = [1, 2, 5, 10, 15, 30, 60, 120, 300, 600, 900, 1800, 3600, 7200];
     for (var i = 0; i < steps.length; i++) {
-      if (duration / steps[i] <= 8) return steps[i];
+      if (duration / steps[i] <= most) return steps[i];
     }
-    return Math.ceil(duration / 8 / 3600) * 3600;
+    return Math.ceil(duration / most / 3600) * 3600;
+  }
+
+  // How many time labels the axis has room for: one per ~64 px of the track (a phone's track
+  // of ~300 px held 8 and their labels ran together, "00:0000:05").
+  function tickRoom(node) {
+    var w = (node && node.clientWidth) || (root.innerWidth ? Math.min(root.innerWidth, 1400) - 100 : 700);
+    return Math.max(2, Math.min(8, Math.floor(w / 64)));
   }
 
   function laneName(speaker, single, names) {
@@ -542,7 +551,7 @@
     track.appendChild(s);
 
     var axis = el('div', 'sv-tl-axis');
-    var step = niceStep(D);
+    var step = niceStep(D, tickRoom(wrap.parentNode ? wrap : null));
     for (var t = 0; t <= D + 1e-9; t += step) {
       var tick = el('span', 'sv-tl-tick', formatTime(t).replace(/\.\d$/, ''));
       tick.style.left = (t / D * 100) + '%';
@@ -560,7 +569,9 @@
     var wrap = el('div', 'sv-table-wrap');
     // review.css lays rows out as grids (fast with thousands of rows): the roles keep the
     // table semantics for assistive technology
-    var table = el('table', 'sv-segments');
+    // one unnamed speaker: no Speaker column (a column of dashes said nothing)
+    var oneSpeaker = !L.segs.some(function (s) { return s.speaker !== null; });
+    var table = el('table', 'sv-segments' + (oneSpeaker ? ' sv-one-speaker' : ''));
     table.setAttribute('role', 'table');
     table.setAttribute('aria-label', 'Segments');
     table.setAttribute('aria-rowcount', String(L.segs.length + 1));
@@ -901,7 +912,8 @@
     var head = el('div', 'sv-review-head');
     var title = str(job.filename) || str(job.id) || tr('recording');
     head.appendChild(el('span', 'sv-review-title', title));
-    var meta = [formatTime(L.unknownDuration ? null : L.duration).replace(/\.\d$/, ''),
+    // whole seconds, rounded as the state line's "9 min 19 s" is (truncated, it said 09:18)
+    var meta = [formatTime(L.unknownDuration ? null : Math.round(L.duration)).replace(/\.\d$/, ''),
       n + ' ' + (n === 1 ? tr('segment') : tr('segments'))];
     var named = L.lanes.filter(function (sp) { return sp !== null; }).length;
     if (named) meta.push(named + ' ' + (named === 1 ? tr('speaker') : tr('speakers_n')));

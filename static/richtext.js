@@ -33,6 +33,19 @@
   var WS = '[ \t\n\r\f\v\u00a0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000\ufeff]';
   var TRIM_RE = new RegExp('^' + WS + '+|' + WS + '+$', 'g');
   var NO_SPEECH = 'No speech detected';
+  // the few words this file draws itself, in Chinese when the page is (SenseVoiceI18n, app.js)
+  var UI_ZH = {
+    'Copy': '\u590d\u5236', 'Copy the plain text': '\u590d\u5236\u7eaf\u6587\u672c',
+    'Show raw': '\u663e\u793a\u539f\u59cb\u8f93\u51fa', 'Hide raw': '\u9690\u85cf\u539f\u59cb\u8f93\u51fa',
+    'Copied': '\u5df2\u590d\u5236', 'Copy failed': '\u590d\u5236\u5931\u8d25',
+    'No speech detected': '\u672a\u68c0\u6d4b\u5230\u8bed\u97f3',
+    'punctuated': '\u5e26\u6807\u70b9', 'spoken form': '\u53e3\u8bed\u5f62\u5f0f'
+  };
+
+  function word(s) {
+    var I = root.SenseVoiceI18n;
+    return I && I.lang && I.lang() === 'zh' && UI_ZH[s] ? UI_ZH[s] : s;
+  }
   var SLOT_OF_KIND = { language: 'language', emotion: 'emotion', itn: 'itn' };
 
   function hasOwn(obj, key) {
@@ -225,7 +238,7 @@
     });
     if (seg.itn && hasOwn(TAGS.itn, seg.itn)) {
       var I = TAGS.itn[seg.itn];
-      var itn = el('span', 'sv-itn ' + I.cls, I.label);
+      var itn = el('span', 'sv-itn ' + I.cls, word(I.label));
       itn.title = I.title;
       itn.setAttribute('data-tag', seg.itn);
       tags.appendChild(itn);
@@ -289,7 +302,7 @@
     var rich = el('div', 'sv-rich');
     container.appendChild(rich);
     if (trim(raw) === '') {
-      var empty = opts.emptyText == null ? NO_SPEECH : String(opts.emptyText);
+      var empty = opts.emptyText == null ? word(NO_SPEECH) : String(opts.emptyText);
       if (empty !== '') rich.appendChild(el('div', 'sv-empty', empty));
       return rich;
     }
@@ -298,11 +311,11 @@
 
     var bar = el('div', 'sv-toolbar');
     var toggle = el('button', 'sv-btn sv-toggle-raw');
-    var copy = el('button', 'sv-btn sv-copy', 'Copy');
+    var copy = el('button', 'sv-btn sv-copy', word('Copy'));
     var status = el('span', 'sv-copy-status');
     toggle.type = 'button';
     copy.type = 'button';
-    copy.title = 'Copy the plain text';
+    copy.title = word('Copy the plain text');
     status.setAttribute('role', 'status');
     status.setAttribute('aria-live', 'polite');
     bar.appendChild(toggle);
@@ -313,7 +326,7 @@
     var list = el('div', 'sv-segments');
     segments.forEach(function (seg, i) { list.appendChild(renderSegment(seg, i)); });
     rich.appendChild(list);
-    if (plain === '') rich.appendChild(el('div', 'sv-empty', NO_SPEECH));
+    if (plain === '') rich.appendChild(el('div', 'sv-empty', word(NO_SPEECH)));
 
     var pre = el('pre', 'sv-raw', raw);
     pre.id = 'sv-raw-' + (++uid);
@@ -322,7 +335,7 @@
 
     function setRaw(show) {
       pre.hidden = !show;
-      toggle.textContent = show ? 'Hide raw' : 'Show raw';
+      toggle.textContent = word(show ? 'Hide raw' : 'Show raw');
       toggle.setAttribute('aria-expanded', show ? 'true' : 'false');
     }
     setRaw(!!opts.showRaw);
@@ -330,8 +343,8 @@
     copy.addEventListener('click', function () {
       status.textContent = '';
       copyText(plain).then(
-        function () { status.textContent = 'Copied'; },
-        function () { status.textContent = 'Copy failed'; }
+        function () { status.textContent = word('Copied'); },
+        function () { status.textContent = word('Copy failed'); }
       );
     });
     return rich;

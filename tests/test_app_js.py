@@ -166,6 +166,14 @@ def test_words_helpers(page):
     assert app(page, "errorText(a[0])", {"code": "decode_timeout"})["code"] == "unsupported_media"
     other = app(page, "errorText(a[0])", {"code": "weird", "message": "Traceback: libfoo said no"})
     assert other["title"] == "The transcription failed" and "libfoo" not in other["hint"]
+    # "too long" says the limit (issue 23), from the server's message
+    long = app(page, "errorText(a[0])", {"code": "audio_too_long",
+                                         "message": "the audio is longer than the 14400 s limit"})
+    assert long["hint"] == "The limit here is 4 h: shorten it or split it, then try again."
+    assert "90 s" in app(page, "errorText(a[0])", {"code": "audio_too_long",
+                                                   "message": "longer than the 90 s limit"})["hint"]
+    assert app(page, "errorText(a[0])", {"code": "audio_too_long"})["hint"] == (
+        "Shorten it or split it, then try again.")
 
 
 @pytest.mark.parametrize("v,title", [

@@ -288,3 +288,29 @@ def test_the_page_sends_16k_audio_at_real_time(page, server):
     rate = (last[1] - first[1]) / ((last[0] - first[0]) / 1000)
     assert 14000 < rate < 18000, (rate, device_rate)  # (the device's own rate: downsampled)
     stop(page)
+
+
+@pytest.mark.parametrize("lang", ["en", "zh"])
+def test_phone_live_captions_on_top_while_recording(server, browser, lang):
+    """Issue 23: on a 390 x 844 phone the captions grew out of sight under the controls. While the
+    microphone is on they come first (top of the screen) and the controls are compact."""
+    ctx = browser.new_context(viewport={"width": 390, "height": 844}, is_mobile=True, has_touch=True)
+    pg = ctx.new_page()
+    try:
+        pg.add_init_script(f"localStorage.setItem('sv-lang', '{lang}')")
+        open_live(pg, server.url)
+        pg.evaluate("window.scrollTo(0, document.body.scrollHeight)")
+        pg.locator("#sv-live .sv-live-start").click()
+        pg.wait_for_selector("#sv-live [data-phase=listening]", timeout=30_000)
+        pg.wait_for_selector("#sv-live-transcript .sv-live-utt", timeout=60_000)
+        assert pg.evaluate("document.body.classList.contains('sv-live-recording')")
+        box = pg.evaluate("document.querySelector('#sv-live-transcript').getBoundingClientRect().toJSON()")
+        controls = pg.evaluate("document.querySelector('#sv-live').getBoundingClientRect().toJSON()")
+        assert 0 <= box["top"] < 844 / 2, box  # the captions on screen, in its upper half
+        assert box["top"] < controls["top"], (box, controls)  # above the controls
+        assert not pg.locator("#sv-options").is_visible()  # compact
+        assert pg.evaluate("document.documentElement.scrollWidth") <= 392
+        stop(pg)
+        assert not pg.evaluate("document.body.classList.contains('sv-live-recording')")
+    finally:
+        ctx.close()

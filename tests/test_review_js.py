@@ -795,3 +795,40 @@ def test_words_follow_the_page_language(page):
     page.evaluate("delete window.SenseVoiceI18n")
     render(page, JOB)
     assert texts(page, "#out thead th")[0] == "Time"
+
+
+def test_timeline_labels_do_not_overlap_on_a_phone(page):
+    """Issue 23: at 390 px the axis held 8 labels and they ran together ("00:0000:05")."""
+    page.set_viewport_size({"width": 390, "height": 844})
+    page.set_content(PAGE)
+    render(page, JOB)
+    boxes = page.eval_on_selector_all(
+        "#out .sv-tl-tick", "ts => ts.map(t => t.getBoundingClientRect().toJSON())")
+    assert 2 <= len(boxes) <= 5, boxes
+    for a, b in zip(boxes, boxes[1:]):
+        assert a["right"] + 4 <= b["left"], (a, b)
+    page.set_viewport_size({"width": 1280, "height": 800})
+    page.set_content(PAGE)
+    render(page, JOB)
+    assert page.locator("#out .sv-tl-tick").count() == 7  # 0..6 s, one a second, on a desktop
+
+
+def test_header_length_rounds_as_the_state_line_does(page):
+    """Issue 23: the header said 09:18 where the state said 9 min 19 s (558.6 s)."""
+    render(page, {**JOB, "audio_seconds": 558.6})
+    assert page.locator("#out .sv-review-meta").inner_text().startswith("09:19")
+
+
+def test_no_speaker_column_for_one_unnamed_speaker(page):
+    """Issue 23: a one-speaker file showed a Speaker column of dashes."""
+    mono = [{**seg, "speaker": None} for seg in SEGMENTS]
+    render(page, {**JOB, "result": {**JOB["result"], "segments": mono}})
+    assert page.locator("#out th.sv-col-speaker").is_hidden()
+    assert all(page.locator("#out td.sv-col-speaker").nth(i).is_hidden()
+               for i in range(page.locator("#out td.sv-col-speaker").count()))
+    text = page.locator("#out tr.sv-row td.sv-col-text").first.bounding_box()
+    time = page.locator("#out tr.sv-row td.sv-col-time").first.bounding_box()
+    assert text["width"] > 100 and time["width"] > 50  # the grid has no empty column
+    page.set_content(PAGE)
+    render(page, JOB)
+    assert page.locator("#out th.sv-col-speaker").is_visible()

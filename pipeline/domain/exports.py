@@ -13,6 +13,12 @@
 * **vtt**: ``WEBVTT`` header, ``HH:MM:SS.mmm --> HH:MM:SS.mmm`` cues; the speaker as a voice span
   on each line, ``<v agent>text</v>``.
 
+A reviewed job (``review``, pipeline/domain/review.py): every format carries the reviewer's
+corrected text; json keeps both (each segment's ``text``, ``model_text``, ``corrected``,
+``flagged``, ``note``; the document's ``review``); txt ends a flagged segment's line with
+``[FLAGGED: note]``; vtt lists the review and each flag (with its time) in ``NOTE`` blocks after the
+header, which players do not show; srt, which has no comments, carries the corrected text only.
+
 Tags (language, emotion, events) are shown in txt and hidden in subtitles unless
 ``ExportOptions.tags`` says otherwise. Shown in a subtitle, they are a prefix of each cue
 (``[en] [HAPPY] text``), or with ``tag_style="class"`` a WebVTT class span on each line
@@ -67,6 +73,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from pipeline.domain.errors import InvalidOption
+from pipeline.domain.review import Review, corrected_transcript, result_with_review
 from pipeline.domain.types import Segment, Transcript, Word
 
 FORMATS = ("txt", "json", "srt", "vtt")
@@ -145,19 +152,23 @@ def export(
     fmt: str,
     options: ExportOptions = ExportOptions(),
     job_meta: dict | None = None,
+    review: Review | None = None,
 ) -> tuple[bytes, str]:
-    """``(body, media_type)`` of ``transcript`` as ``fmt`` (one of :data:`FORMATS`)."""
+    """``(body, media_type)`` of ``transcript`` as ``fmt`` (one of :data:`FORMATS`), with the
+    reviewer's corrections and flags when ``review`` is given."""
     if fmt not in FORMATS:
         raise InvalidOption(f"unknown export format {fmt!r}; choose one of {', '.join(FORMATS)}")
     if options.tags is None:
         options = dataclasses.replace(options, tags=fmt not in SUBTITLE_FORMATS)
+    model, transcript = transcript, corrected_transcript(transcript, review)
     if fmt == "json":
-        body = _json(transcript, job_meta)
+        body = _json(transcript, job_meta, model if review is not None else None, review)
     elif fmt == "txt":
-        body = _txt(_segments(transcript), options)
+        body = _txt(_segments(transcript), options, review)
     else:
         cues = _cues(_segments(transcript), options, _audio_seconds(job_meta))
-        body = _srt(cues) if fmt == "srt" else _vtt(cues)
+        body = _srt(cues) if fmt == "srt" else _vtt(cues, _review_notes(
+            transcript, review, _audio_seconds(job_meta)))
     return body.encode("utf-8"), MEDIA_TYPES[fmt]
 
 
@@ -223,9 +234,10 @@ def _ms(seconds: float) -> int:
     return max(0, round(seconds * 1000))
 
 
-def _txt(segments: Sequence[Segment], options: ExportOptions) -> str:
+def _txt(segments: Sequence[Segment], options: ExportOptions, review: Review | None = None) -> str:
     lines = []
-    for seg in segments:
+    flags = {i: r for i, r in (review.segments.items() if review else ()) if r.flagged}
+    for i, seg in enumerate(segments):
         text = clean_line(tag_prefix(seg, options) + seg.text)
         speaker = _speaker(seg, options)
         line = f"{speaker}: {text}".strip() if speaker else text
@@ -233,6 +245,9 @@ def _txt(segments: Sequence[Segment], options: ExportOptions) -> str:
         if times is not None:
             a, b = _ms(times[0]), _ms(times[1])
             line = f"[{_clock(a, '.')} - {_clock(max(a, b), '.')}] {line}".strip()
+        if i in flags:
+            note = clean_line(flags[i].note)
+            line = f"{line} [FLAGGED{': ' + note if note else ''}]".strip()
         if line:
             lines.append(line)
     return "".join(line + "\n" for line in lines)
@@ -248,8 +263,12 @@ def _json_default(value: object) -> object:
     return str(value)
 
 
-def _json(transcript: Transcript, job_meta: dict | None) -> str:
+def _json(transcript: Transcript, job_meta: dict | None, model: Transcript | None = None,
+          review: Review | None = None) -> str:
     doc = {**(job_meta or {}), "result": dataclasses.asdict(transcript)}
+    if model is not None:  # reviewed: both texts, the marks, and the review itself
+        doc["result"] = result_with_review(model, review)
+        doc["review"] = review.to_dict()
     return json.dumps(doc, ensure_ascii=False, indent=2, default=_json_default) + "\n"
 
 
@@ -640,8 +659,28 @@ def _vtt_line(line: _Line) -> str:
     return f"<v {vtt_escape(line.speaker)}>{text}</v>" if line.speaker else text
 
 
-def _vtt(cues: Sequence[_Cue]) -> str:
-    blocks = ["WEBVTT\n"]
+def _review_notes(transcript: Transcript, review: Review | None,
+                  duration: float | None) -> list[str]:
+    """The vtt NOTE blocks of a review: whether it was reviewed, then each flag with its time."""
+    if review is None or review.empty:
+        return []
+    import time as _time
+
+    head = (f"reviewed {_time.strftime('%Y-%m-%d %H:%M UTC', _time.gmtime(review.reviewed_at))}"
+            if review.reviewed and review.reviewed_at else "not marked reviewed")
+    notes = [f"NOTE {head}; {review.corrected} corrected, {review.flagged} flagged\n"]
+    spans = segment_spans(transcript, duration) if review.flagged else []
+    for i, r in sorted(review.segments.items()):
+        if r.flagged and i < len(spans):
+            a, b = spans[i]
+            note = clean_line(r.note)
+            notes.append(f"NOTE flagged {_clock(_ms(a), '.')} - {_clock(_ms(b), '.')}"
+                         f"{': ' + note if note else ''}\n")
+    return notes
+
+
+def _vtt(cues: Sequence[_Cue], notes: Sequence[str] = ()) -> str:
+    blocks = ["WEBVTT\n", *notes]
     for cue in cues:
         # (a first line that holds only the speaker label in srt has nothing to show in vtt)
         lines = "\n".join(_vtt_line(ln) for ln in cue.lines if (ln.prefix + ln.text).strip())

@@ -77,8 +77,10 @@ class Transcript:
 
     @classmethod
     def from_dict(cls, d: dict) -> "Transcript":
+        known = Segment.__dataclass_fields__  # a reviewed result's extra keys (corrected, ...) are not
         segs = tuple(
-            Segment(**{**s, "events": tuple(s.get("events", ())),
+            Segment(**{**{k: v for k, v in s.items() if k in known},
+                       "events": tuple(s.get("events", ())),
                        "words": tuple(Word(**w) for w in s.get("words", ()))})
             for s in d.get("segments", ())
         )

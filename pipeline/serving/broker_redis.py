@@ -91,6 +91,7 @@ from redis.retry import Retry
 
 from pipeline.domain.errors import (AudioGone, AudioLost, BrokerUnavailable, JobGone, JobNotFound, NotReady,
                                     QueueFull, TooManyAttempts)
+from pipeline.serving import calls_index
 from pipeline.serving.job_events import Feed, JobEvent
 from pipeline.serving.payloads import Payloads
 from pipeline.serving.records import SegmentResult, dump_options, load_options
@@ -395,6 +396,8 @@ def _job_from_hash(h: dict, job_id: str) -> Job:
     if state in (JobState.QUEUED, JobState.RUNNING):
         progress = g("progress")
         meta["progress"] = _s(progress) if progress else None
+    elif h.get(b"review"):
+        meta["review"] = calls_index.redis_review(h)
     return Job(
         id=job_id, state=state, options=load_options(g("options")),
         lane=Lane(int(g("lane"))), created_at=float(g("created_at")),
@@ -622,6 +625,7 @@ class RedisBroker:
         pipe.set(self._k("upload", job.id), self.payloads.upload(job.id, upload), px=ttl)
         pipe.set(self._k("tomb", job.id), b"1", px=ttl + _ms(self.tombstone_s))
         pipe.hincrby(self._counts, JobState.QUEUED.value, 1)
+        calls_index.redis_on_create(pipe, self.prefix, job)  # the server's calls table lists it
         pipe.execute()
 
     @_translated
@@ -710,6 +714,7 @@ class RedisBroker:
             self._reclaimed.difference_update(jid for jid, _ in results)
         self._release(jid for jid, _ in results)
         self.payloads.delete_audio(written)
+        calls_index.redis_index_finished(self, written, results)
         self.feed.publish([JobEvent(jid, JobState.DONE) for jid in written])
         return written
 

@@ -22,6 +22,7 @@ import numpy as np
 
 from pipeline.domain.errors import JobGone, JobNotFound, TooManyAttempts
 from pipeline.domain.types import Job, JobError, JobState, Lane, Transcript, Word
+from pipeline.serving import calls_index
 from pipeline.serving.job_events import Feed, JobEvent
 from pipeline.serving.records import SegmentResult, dump_options, load_options, storage_error
 
@@ -76,6 +77,7 @@ class JobStore:
         self.feed = Feed()
         with self._conn() as c:
             c.executescript(SCHEMA)
+            calls_index.ensure_schema(c)  # the calls table's summaries and reviews
 
     # ------------------------------------------------------------------ plumbing
     def _conn(self) -> sqlite3.Connection:
@@ -197,6 +199,7 @@ class JobStore:
                 if cur.rowcount:
                     written.add(jid)
                     conn.execute("DELETE FROM segments WHERE job_id=?", (jid,))
+                    calls_index.index_finished(conn, jid, result)
         self.feed.publish([JobEvent(jid, JobState.DONE) for jid in written])
         return written
 
@@ -254,6 +257,7 @@ class JobStore:
                 c.execute("UPDATE jobs SET state=?, result=NULL, filename='' WHERE id=? AND state IN (?, ?)",
                           (JobState.PURGED.value, jid, JobState.DONE.value, JobState.FAILED.value))
                 c.execute("DELETE FROM segments WHERE job_id=?", (jid,))
+                calls_index.forget(c, jid)
         for jid in ids:
             self.delete_spool(jid)
         return ids
@@ -269,7 +273,7 @@ class JobStore:
         if row["state"] == JobState.PURGED.value:
             raise JobGone(f"job {job_id} finished more than the retention period ago; its result "
                           "and audio were deleted")
-        return _row_to_job(row)
+        return calls_index.with_review(self._conn(), _row_to_job(row))
 
     def load_upload(self, job_id: str) -> bytes:
         return self.spool_path(job_id).read_bytes()

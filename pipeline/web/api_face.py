@@ -33,6 +33,12 @@ def add_api(app, runtime: Runtime, bodies):
                   speech_device=pool.speech_device if pool is not None else "cpu")
     app.state.live_hub = hub
     app.include_router(build_stream_router(hub))  # live captions (WebSocket), FunASR's too
+    from pipeline.web.routes.calls import build_calls_router
+
+    app.include_router(build_calls_router(settings, view, runtime.broker))  # calls table, reviews
+    from pipeline.web.routes.batches import build_batches_router
+
+    app.include_router(build_batches_router(settings, intake))  # many calls at once (files, zips)
     if settings.ui.enabled:
         from pipeline.web.ui import mount_ui
 

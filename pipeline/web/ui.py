@@ -48,10 +48,10 @@ from pipeline.web.vocab import vocab_script
 logger = logging.getLogger("sensevoice.ui")
 
 STATIC = next(p / "static" for p in Path(__file__).resolve().parents[1:3] if (p / "static").is_dir())  # installed | repo
-SCRIPTS = ("richtext.js", "review.js", "app.js", "live-worklet.js", "live.js")  # inlined into the
+SCRIPTS = ("richtext.js", "review.js", "app.js", "live-worklet.js", "live.js", "desk.js")  # inlined into the
 # page head, in this order
-SHEETS = ("style.css", "review.css", "app.css", "live.css")  # through Gradio's css (scoped to the app)
-RAW_SHEETS = ("review.css", "app.css", "live.css")  # also in the head as written (see head_html)
+SHEETS = ("style.css", "review.css", "app.css", "live.css", "desk.css")  # through Gradio's css (scoped to the app)
+RAW_SHEETS = ("review.css", "app.css", "live.css", "desk.css")  # also in the head as written (see head_html)
 # what the widget accepts besides audio/*: the video containers the decoder opens (the page
 # script hands them to the Audio component as audio; pipeline/audio/decode.py ALLOWED_DEMUXERS)
 VIDEO_TYPES = ("video/*", ".mp4", ".m4v", ".mov", ".mkv", ".webm", ".avi", ".ts", ".mts", ".wmv")
@@ -69,6 +69,7 @@ WORDS = {
                 "real speech recognition.",
         "sv_audio": "Audio",  # (the upload widget: audio or video; browser tests find it by this label)
         "sv_language": "Language",
+        "sv_detect": "Detect",
         "sv_itn": "Punctuation and numbers",
         "sv_itn_info": "Adds punctuation and writes numbers as digits (inverse text normalisation, ITN)",
         "sv_split": "Stereo call: one speaker per channel",
@@ -83,6 +84,7 @@ WORDS = {
         "sv_demo": "**演示模型**：用于离线试用的手工权重，转写结果不是真正的语音识别。",
         "sv_audio": "音频（或视频）",
         "sv_language": "语种",
+        "sv_detect": "自动检测",
         "sv_itn": "标点和数字",
         "sv_itn_info": "加标点，数字写成阿拉伯数字（逆文本正则化，ITN）",
         "sv_split": "立体声通话：每个声道一位说话人",
@@ -290,11 +292,13 @@ def layout(i18n: gr.I18n, samples: Samples) -> SimpleNamespace:
     with gr.Row(elem_id="sv-main"):
         with gr.Column(elem_id="sv-input", min_width=300):
             gr.HTML("", elem_id="sv-modes")  # live.js: the File | Live switch
+            # no Share button: it only works on Hugging Face Spaces ("Must be on Spaces to share")
             c.audio = gr.Audio(sources=["upload", "microphone"], type="filepath",
-                               label=i18n("sv_audio"), elem_id="sv-audio")
+                               label=i18n("sv_audio"), elem_id="sv-audio", buttons=["download"])
             gr.HTML("", elem_id="sv-live")  # live.js: Start/Stop, the state, Save as a job
             with gr.Row(elem_id="sv-options"):
-                c.language = gr.Dropdown(list(LANGUAGE_CHOICES), value=AUTO_LANGUAGE,
+                c.language = gr.Dropdown([(i18n("sv_detect"), AUTO_LANGUAGE), *LANGUAGE_CHOICES[1:]],
+                                         value=AUTO_LANGUAGE,
                                          label=i18n("sv_language"), elem_id="sv-language",
                                          min_width=140)
                 c.use_itn = gr.Checkbox(value=True, label=i18n("sv_itn"), info=i18n("sv_itn_info"),
@@ -312,7 +316,9 @@ def layout(i18n: gr.I18n, samples: Samples) -> SimpleNamespace:
             gr.HTML("", elem_id="sv-state-view")  # app.js: the job's state, honestly worded
             gr.HTML("", elem_id="sv-result")  # richtext.js: a short clip's chips
     gr.HTML("", elem_id="sv-review")  # review.js: a timed recording's review view
+    gr.HTML("", elem_id="sv-editor")  # desk.js: the review editor (corrections, flags, keys)
     gr.HTML("", elem_id="sv-recent")  # app.js: this browser's recent jobs
+    gr.HTML("", elem_id="sv-desk")  # desk.js: many calls at once, the calls table
     # the channel from submit to the page script (and the text API clients of submit read)
     c.status = gr.Textbox(elem_id="sv-status", elem_classes=["sv-hidden"], show_label=False,
                           interactive=False)
@@ -375,7 +381,8 @@ ON_SUBMIT = ("(...args) => { window.SenseVoiceApp && window.SenseVoiceApp.submit
 ON_ENDED = "() => { window.SenseVoiceApp && window.SenseVoiceApp.submitEnded(); return []; }"
 ON_VIEW = "(v) => { window.SenseVoiceApp && window.SenseVoiceApp.accepted(v); return []; }"
 ON_NEW = "() => window.SenseVoiceApp ? window.SenseVoiceApp.reset() : [null, '', '']"
-ON_LOAD = "() => { window.SenseVoiceApp && window.SenseVoiceApp.boot(); return []; }"
+ON_LOAD = ("() => { window.SenseVoiceApp && window.SenseVoiceApp.boot(); "
+           "window.SenseVoiceDesk && window.SenseVoiceDesk.boot(); return []; }")
 
 
 def wire(demo: gr.Blocks, c: SimpleNamespace, face: UiFace, submit, samples: Samples) -> None:

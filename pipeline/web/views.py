@@ -11,6 +11,7 @@ from dataclasses import dataclass, replace
 import orjson
 
 from pipeline.config import Settings
+from pipeline.domain.review import result_with_review, review_json
 from pipeline.domain.types import Job, JobState
 from pipeline.serving.health import Health
 from pipeline.serving.job_view import JobView
@@ -37,7 +38,9 @@ def job_json(job: Job) -> dict:
                     "split_channels": job.options.split_channels,
                     "word_timestamps": job.options.word_timestamps},
         "progress": job.meta.get("progress"),
-        "result": job.result.to_dict() if job.result else None,
+        # the reviewer's text where corrected, the model's kept beside it (pipeline/domain/review.py)
+        "result": result_with_review(job.result, job.meta.get("review")) if job.result else None,
+        "review": review_json(job.meta.get("review")) if job.result else None,
         "error": {"code": job.error.code, "message": job.error.message} if job.error else None,
     }
 

@@ -105,6 +105,7 @@ def build_jobs_router(settings, intake: Intake, view: JobView, bodies: PollBodie
         language/emotion/event tags (default: in txt yes, in srt/vtt no); ``tag_style=class``
         writes them as WebVTT classes instead of a prefix."""
         from pipeline.domain.exports import FORMATS, ExportOptions, export
+        from pipeline.domain.review import Review
 
         if format not in FORMATS:
             raise InvalidOption(f"unknown format {format!r}; choose one of {', '.join(FORMATS)}")
@@ -116,7 +117,8 @@ def build_jobs_router(settings, intake: Intake, view: JobView, bodies: PollBodie
                                  f"job {job_id} failed: {job.error.message if job.error else ''}")
         body, media = export(job.result, format, options,
                              job_meta={"id": job.id, "audio_seconds": job.audio_seconds,
-                                       "created_at": job.created_at, "finished_at": job.finished_at})
+                                       "created_at": job.created_at, "finished_at": job.finished_at},
+                             review=job.meta.get("review") or Review())  # as the job's JSON
         return Response(body, media_type=media, headers={
             "Content-Disposition": f'attachment; filename="transcript-{job.id}.{format}"'})
 

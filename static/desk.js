@@ -197,13 +197,9 @@
   };
   var nodes = {};
 
-  var QUICK = [
-    ['f_angry', { emotions: [{ speaker: '*', emotion: 'ANGRY', op: '>', share: 0.2 }] }],
-    ['f_cry', { events: [{ event: 'Cry', min: 1 }] }],
-    ['f_laugh', { events: [{ event: 'Laughter', min: 1 }] }],
-    ['f_flagged', { flagged: true }],
-    ['f_unreviewed', { reviewed: false }]
-  ];
+  // the quick filters and the tag columns' sort keys: the server's (pipeline/domain/calls.py)
+  var DESK = (root.SenseVoiceVocab && root.SenseVoiceVocab.desk) || { quick: [], columns: {} };
+  var QUICK = DESK.quick;
 
   function query() {
     var q = { sort: state.sort, desc: state.desc, page: state.page, per_page: state.per_page };
@@ -278,7 +274,7 @@
     langSel.appendChild(opt);
     var L = root.SenseVoiceRich && root.SenseVoiceRich.TAGS ? root.SenseVoiceRich.TAGS.language : {};
     Object.keys(L).forEach(function (code) {
-      if (code === 'nospeech') return;
+      if (root.SenseVoiceVocab && code === root.SenseVoiceVocab.noSpeech) return;
       var o = el('option', '', L[code].name);
       o.value = code;
       langSel.appendChild(o);
@@ -309,7 +305,7 @@
 
   var COLUMNS = [
     ['c_name', 'name'], ['c_date', 'created_at'], ['c_dur', 'audio_seconds'], ['c_langs', 'languages'],
-    ['c_spk', 'speakers'], ['c_emo', 'emotion:*:ANGRY'], ['c_events', 'event:Cry'], ['c_flags', 'flags'],
+    ['c_spk', 'speakers'], ['c_emo', DESK.columns.emotion], ['c_events', DESK.columns.event], ['c_flags', 'flags'],
     ['c_rev', 'reviewed']
   ];
 

@@ -159,3 +159,15 @@ def test_listing_summarises_jobs_finished_without_a_summary(store):
     rows = calls_of(store).rows(None, search="never came")
     assert [r.id for r in rows] == [job.id] and rows[0].summary.events == {"Cry": 1}
     assert rows[0].search
+
+
+def test_the_desks_quick_filters_and_tag_columns_are_queries_the_server_takes():
+    """static/desk.js sends these as they are: each must parse, and each column must sort."""
+    from pipeline.domain.calls import QUICK_FILTERS, TAG_COLUMNS, desk_table
+
+    for _key, fragment in QUICK_FILTERS:
+        q = CallsQuery.from_json(fragment)
+        assert q != CallsQuery(), fragment  # it filters something
+    for sort in TAG_COLUMNS.values():
+        assert CallsQuery.from_json({"sort": sort}).sort == sort
+    assert desk_table()["quick"][0][0] == QUICK_FILTERS[0][0]

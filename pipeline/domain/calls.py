@@ -24,8 +24,8 @@ from typing import Any
 
 from pipeline.domain.errors import InvalidOption
 from pipeline.domain.review import Review
-from pipeline.domain.richtext import EMOTIONS, EVENTS
-from pipeline.domain.types import LANGUAGES, JobState, Transcript
+from pipeline.domain.tags import EMOTIONS, EVENTS, LANGUAGES
+from pipeline.domain.types import JobState, Transcript
 
 MAX_PER_PAGE = 500
 MAX_FILTERS = 16  # emotion or event conditions in one query
@@ -245,6 +245,24 @@ class CallsQuery:
             min_speakers=None if d.get("min_speakers") is None else _int(d["min_speakers"], 0, 64, "min_speakers"),
             sort=sort, desc=_bool(d.get("desc", True), "desc") is not False,
             page=_int(d.get("page", 1), 1, 1_000_000, "page"), per_page=per_page)
+
+
+# The desk's one-click filters and its two tag columns (static/desk.js draws them from the page's
+# vocabulary, window.SenseVoiceVocab.desk): what a QA reviewer looks for first in a day's calls.
+QUICK_FILTERS = (
+    ("f_angry", {"emotions": [{"speaker": "*", "emotion": "ANGRY", "op": ">", "share": 0.2}]}),
+    ("f_cry", {"events": [{"event": "Cry", "min": 1}]}),
+    ("f_laugh", {"events": [{"event": "Laughter", "min": 1}]}),
+    ("f_flagged", {"flagged": True}),
+    ("f_unreviewed", {"reviewed": False}),
+)
+TAG_COLUMNS = {"emotion": "emotion:*:ANGRY", "event": "event:Cry"}  # sort keys of the two tag columns
+
+
+def desk_table() -> dict:
+    """What static/desk.js needs beside the tags: its quick filters (each a CallsQuery fragment)
+    and the sort keys of its emotion and event columns (JSON-ready)."""
+    return {"quick": [[key, query] for key, query in QUICK_FILTERS], "columns": dict(TAG_COLUMNS)}
 
 
 def _text(v: Any, limit: int, what: str) -> str:

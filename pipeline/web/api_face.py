@@ -10,20 +10,19 @@ from pipeline.web.middleware import install_guards
 from pipeline.web.routes.events import build_events_router, event_fanout
 from pipeline.web.routes.jobs import build_jobs_router
 from pipeline.web.routes.openai import build_openai_router
+from pipeline.web.routes.desk import build_desk_router
 from pipeline.web.routes.stream import build_stream_router
-from pipeline.web.views import JobPages
 
 if TYPE_CHECKING:
     from pipeline.serving.runtime import Runtime
+    from pipeline.web.views import JobPages
 
 
-def add_api(app, runtime: Runtime, bodies):
+def add_api(app, runtime: Runtime, bodies, pages: JobPages):
     """The job routes, the UI and the request guards inside the Host/Origin check. Each router
     gets the parts it uses: the intake and the job view (jobs, OpenAI), the pages (events, UI),
     the live lane (stream)."""
     settings, intake, view, pool = runtime.settings, runtime.intake, runtime.view, runtime.pool
-    pages = JobPages(settings, view, runtime.health)
-    app.state.pages = pages
     app.include_router(build_jobs_router(settings, intake, view, bodies))
     app.include_router(build_openai_router(settings, intake, view))  # /v1: OpenAI-compatible
     app.state.event_fanout = event_fanout(settings)  # a job's events, built once, shared
@@ -33,12 +32,7 @@ def add_api(app, runtime: Runtime, bodies):
                   speech_device=pool.speech_device if pool is not None else "cpu")
     app.state.live_hub = hub
     app.include_router(build_stream_router(hub))  # live captions (WebSocket), FunASR's too
-    from pipeline.web.routes.calls import build_calls_router
-
-    app.include_router(build_calls_router(settings, view, runtime.broker))  # calls table, reviews
-    from pipeline.web.routes.batches import build_batches_router
-
-    app.include_router(build_batches_router(settings, intake))  # many calls at once (files, zips)
+    app.include_router(build_desk_router(settings, intake, view, runtime.broker))  # the desk
     if settings.ui.enabled:
         from pipeline.web.ui import mount_ui
 

@@ -25,7 +25,7 @@ def create_app(settings: Settings | None = None, start: bool = True, runtime: Ru
     from pipeline.web.edge import HostOriginGuard, allowed_hosts
     from pipeline.web.errors import install_error_handlers
     from pipeline.web.routes.health import build_health_router
-    from pipeline.web.views import PollBodies
+    from pipeline.web.views import JobPages, PollBodies
 
     runtime = runtime or build_runtime(settings or Settings())
     settings, health = runtime.settings, runtime.health
@@ -56,7 +56,9 @@ def create_app(settings: Settings | None = None, start: bool = True, runtime: Ru
     if runtime.intake is not None:  # a worker process serves probes and metrics only
         from pipeline.web.api_face import add_api
 
-        app = add_api(app, runtime, bodies)
+        pages = JobPages(settings, runtime.view, runtime.health)  # what the page's routes read
+        app.state.pages = pages
+        app = add_api(app, runtime, bodies, pages)
     # outermost (inside only Starlette's error handler): a Host this server does not answer for or
     # a cross-site browser request is refused before anything else runs, FastPolls included
     app.add_middleware(HostOriginGuard, allowed=allowed_hosts(settings))

@@ -58,12 +58,22 @@ echo "## 3. batch CLI local mode (bench/cli_local.py --files 1000)" | tee -a "$O
 $PIN python3 bench/cli_local.py --files ${FILES:-1000} 2>&1 | grep -v "torch_complex" | tail -7 | tee -a "$OUT/summary.txt"
 fi
 if [[ " $SECTIONS " == *" 4 "* ]]; then
-echo "## 4. live captions, demo model on 2 cores (bench/live_load.py --spread-s ${SPREAD:-10})" | tee -a "$OUT/summary.txt"
-SENSEVOICE_MAX_LIVE_STREAMS=1000 SENSEVOICE_MAX_LIVE_STREAMS_PER_CLIENT=0 $PIN python3 app_sensevoice.py --demo \
-  --device cpu --api-only --port 7950 --data-dir "$(mktemp -d)" >"$OUT/live-server.log" 2>&1 &
-for _ in $(seq 600); do python3 -c "import sys,urllib.request; urllib.request.urlopen(sys.argv[1], timeout=2)" \
-  http://127.0.0.1:7950/readyz 2>/dev/null && break; sleep 0.5; done
-LIVE_SPEECH_DIR=$PWD/.gpu-media/live $GEN python3 bench/live_load.py --url http://127.0.0.1:7950 --streams ${STREAMS:-24,48,96} --repeat 2 \
-  --spread-s ${SPREAD:-10} 2>&1 | grep "^|" | tee -a "$OUT/summary.txt"
-pkill -f "port 7950"
+# the server of each tree in LIVE_TREES (".base ." = before and after), the client always this tree's
+port=7950
+for tree in ${LIVE_TREES:-.}; do
+  port=$((port + 1))
+  echo "## 4. live captions, demo model on 2 cores, server from $tree (bench/live_load.py --spread-s ${SPREAD:-10})" \
+    | tee -a "$OUT/summary.txt"
+  (cd $tree && SENSEVOICE_MAX_LIVE_STREAMS=1000 SENSEVOICE_MAX_LIVE_STREAMS_PER_CLIENT=0 PYTHONPATH=$(pp $tree) \
+    $PIN python3 app_sensevoice.py --demo --device cpu --api-only --port $port --data-dir "$(mktemp -d)" \
+    >"$OUT/live-server-$port.log" 2>&1) &
+  for _ in $(seq 600); do python3 -c "import sys,urllib.request; urllib.request.urlopen(sys.argv[1], timeout=2)" \
+    http://127.0.0.1:$port/readyz 2>/dev/null && break; sleep 0.5; done
+  LIVE_SPEECH_DIR=$PWD/.gpu-media/live $GEN python3 bench/live_load.py --url http://127.0.0.1:$port \
+    --streams ${STREAMS:-24,48,96} --repeat ${REPEAT:-2} --spread-s ${SPREAD:-10} 2>&1 | grep "^|" \
+    | tee -a "$OUT/summary.txt"
+  curl -s http://127.0.0.1:$port/metrics 2>/dev/null | grep -E "^sensevoice_live_(streams_refused|partial_interval|decode_latency)" \
+    >"$OUT/live-metrics-$port.txt"
+  pkill -f "port $port"; sleep 2
+done
 fi

@@ -644,9 +644,14 @@ def test_the_lane_load_stretches_the_cadence_and_refuses_past_its_budget():
     assert load.cadence() == 0.4 and load.refusal(0) is None  # idle: as configured, admitted
     load.observe(0.05)
     assert load.cadence() == 0.4  # a quick lane keeps the configured cadence
-    load.observe(0.35)  # the lane slows: the latency rises at once
-    assert load.latency() == pytest.approx(0.35)
-    assert load.cadence() == pytest.approx(0.7)  # each stream asks for at most half the lane
+    load.observe(0.15)
+    assert load.cadence() == 0.4  # up to half the budget: as configured
+    load.observe(0.225)  # the lane slows (three quarters of the budget): the latency rises at once
+    assert load.latency() == pytest.approx(0.225)
+    assert load.cadence() == pytest.approx(1.0)  # stretched in proportion: 0.4 * (1 + 3 * 0.5)
+    assert load.refusal(10) is None  # under the budget: still admitted
+    load.observe(0.35)
+    assert load.cadence() == pytest.approx(1.6)  # at the budget: 4x
     assert "at capacity" in load.refusal(10)  # over the 300 ms budget: no new stream
     load.observe(5.0)
     assert load.cadence() == pytest.approx(1.6)  # stretched at most 4x
@@ -685,3 +690,29 @@ def test_partials_say_the_cadence_in_use(server, speech):
     assert partials and all(m["interval"] >= server.runtime.settings.live.partial_interval_s
                             for m in partials)
     assert all("interval" not in m for m in run.of("final"))
+
+
+def test_a_stretched_cadence_thins_the_partials_after_an_utterances_first():
+    """The stretch applies once the utterance has shown a partial: its first one waits only the
+    configured interval, however busy the lane (speech start -> first partial is the target)."""
+    import asyncio
+    from types import SimpleNamespace
+
+    from pipeline.audio.vad import WINDOW
+    from pipeline.serving.live import LaneLoad, LiveSession
+
+    load = LaneLoad(interval_s=0.4, budget_s=0.3)
+    load.observe(0.3)  # at the budget: 4x
+    assert load.cadence() == pytest.approx(1.6, rel=0.01)
+
+    async def due(last_partial):
+        now = asyncio.get_running_loop().time()
+        fake = SimpleNamespace(endpointer=SimpleNamespace(start=0, triggered=True),
+                               buffer=SimpleNamespace(end=10 * WINDOW), _partial_upto=0,
+                               _partial_started=now - 0.5, _last_partial=last_partial,
+                               limits=SimpleNamespace(partial_interval_s=0.4),
+                               hub=SimpleNamespace(load=load))
+        return LiveSession._partial_due_in(fake)
+
+    assert asyncio.run(due(None)) == 0.0  # no partial shown yet: 0.5 s > 0.4 s, due now
+    assert asyncio.run(due("<|en|>hello")) == pytest.approx(1.1, abs=0.05)  # then the stretch

@@ -82,7 +82,7 @@ class LiveLimits:
     max_buffered_s: float = 60.0
     burst_s: float = 10.0  # audio a stream may send ahead of real time
     decode_timeout_s: float = 60.0  # a decode not answered by then: the workers are gone or hung
-    latency_budget_s: float = 0.3  # re-decodes slower than this (recently): no new stream
+    latency_budget_s: float = 0.15  # re-decodes slower than this (recently): no new stream
 
     @classmethod
     def from_settings(cls, settings) -> LiveLimits:
@@ -375,7 +375,10 @@ class LiveSession:
         if ep.start is None or not ep.triggered or self.buffer.end - self._partial_upto < WINDOW:
             return None
         now = asyncio.get_running_loop().time()
-        left = self._partial_started + self.hub.load.cadence() - now
+        # until the utterance shows a first partial, the configured interval: a stretch delays
+        # only the partials after it
+        every = self.limits.partial_interval_s if self._last_partial is None else self.hub.load.cadence()
+        left = self._partial_started + every - now
         return 0.0 if left <= 0 else left
 
     async def _run_partial(self) -> None:
@@ -454,9 +457,11 @@ class LaneLoad:
     * ``latency()``: how long re-decodes take now (queue + batch + compute), a time-decayed
       average (half-life ``HALF_LIFE_S``: it falls back to zero when the lane goes quiet);
     * ``cadence()``: how often a stream re-decodes its utterance in progress -- the configured
-      interval while the lane is quick, stretched up to ``MAX_STRETCH`` times when a re-decode
-      takes more than half of it (each stream then asks for at most half of the lane's time);
-      finals are never delayed (they go first, whatever the cadence);
+      interval while re-decodes take under half the budget, stretched from there in proportion
+      up to ``MAX_STRETCH`` times at the budget (and never under twice the latency: each stream
+      asks for at most half of the lane's time); an utterance's first partial keeps the
+      configured interval (the stretch thins the partials after it); finals are never delayed
+      (they go first, whatever the cadence);
     * ``refusal(open)``: why a new stream must wait (None: admit it) -- the lane over its latency
       budget, or streams arriving faster than the lane has shown it absorbs them: new streams are
       admitted at ``RAMP_PER_S`` a second plus half the open streams times the latency headroom
@@ -486,7 +491,12 @@ class LaneLoad:
         return self._latency * 0.5 ** ((self.clock() - self._at) / self.HALF_LIFE_S)
 
     def cadence(self) -> float:
-        return min(max(self.interval_s, 2.0 * self.latency()), self.MAX_STRETCH * self.interval_s)
+        """The configured interval up to half the budget; from there stretched in proportion to
+        the latency, to ``MAX_STRETCH`` times at the budget (fewer partials make room before the
+        lane is full, not after); never under twice the latency (half the lane per stream)."""
+        over_half = min(max(self.latency() / self.budget_s - 0.5, 0.0) / 0.5, 1.0)
+        stretched = self.interval_s * (1.0 + (self.MAX_STRETCH - 1.0) * over_half)
+        return min(max(stretched, 2.0 * self.latency()), self.MAX_STRETCH * self.interval_s)
 
     def refusal(self, open_streams: int) -> str | None:
         latency = self.latency()

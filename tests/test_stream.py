@@ -659,16 +659,44 @@ def test_the_lane_load_stretches_the_cadence_and_refuses_past_its_budget():
     assert load.latency() < 0.01 and load.cadence() == 0.4 and load.refusal(10) is None
 
 
-def test_a_burst_of_new_streams_is_admitted_at_a_bounded_rate():
+def test_a_burst_of_new_streams_is_admitted_as_their_load_is_measured():
     from pipeline.serving.live import LaneLoad
 
     clock = _Clock()
     load = LaneLoad(interval_s=0.4, budget_s=0.3, clock=clock)
-    admitted = sum(load.refusal(n) is None for n in range(1000))  # 1,000 at the same instant
-    assert admitted == LaneLoad.RAMP_PER_S
-    clock.t += 1.0  # a second later: more, at most the ramp plus half the open streams
-    more = sum(load.refusal(admitted) is None for _ in range(1000))
-    assert 0 < more <= LaneLoad.RAMP_PER_S + 0.5 * admitted
+
+    def offer(n: int, open_streams: int) -> int:
+        taken = 0
+        for _ in range(n):
+            if load.refusal(open_streams + taken) is None:
+                load.admitted()
+                taken += 1
+        return taken
+
+    first = offer(1000, 0)  # 1,000 at the same instant: only a few before any load is seen
+    assert first == LaneLoad.NEW_STREAMS
+    clock.t += 10.0
+    assert offer(1000, first) == 0  # time alone lets no more in: their load is still unknown
+    for _ in range(first):
+        load.measured()  # their first decodes came back, the lane idle: half of them more
+    assert offer(1000, first) == LaneLoad.NEW_STREAMS + first // 2
+    load.observe(0.15)  # half the budget: half the headroom
+    for _ in range(LaneLoad.NEW_STREAMS + first // 2):
+        load.measured()
+    assert first == 4  # then: 10 measured, while fewer than 4 + 0.5 * 10 * 0.5 = 6.5 are new
+    assert offer(1000, 10) == 7
+
+
+def test_streams_that_come_and_go_do_not_hold_admission_back(server, speech):
+    """A stream that ended before a decode of its own no longer counts as unmeasured: a client
+    reconnecting often on a quiet server is never refused for it."""
+    from pipeline.serving.live import LaneLoad
+
+    hub = server.app.state.live_hub
+    for _ in range(LaneLoad.NEW_STREAMS + 3):
+        run = stream(ws_url(server), b"\0" * 3200, speed=None)
+        assert run.error is None, run.error
+    assert hub.load.new == 0
 
 
 def test_a_stream_refused_for_capacity_hears_it_and_the_refusal_is_counted(server, speech):

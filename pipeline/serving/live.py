@@ -82,7 +82,7 @@ class LiveLimits:
     max_buffered_s: float = 60.0
     burst_s: float = 10.0  # audio a stream may send ahead of real time
     decode_timeout_s: float = 60.0  # a decode not answered by then: the workers are gone or hung
-    latency_budget_s: float = 0.15  # re-decodes slower than this (recently): no new stream
+    latency_budget_s: float = 0.25  # captions later than this (recently): no new stream
 
     @classmethod
     def from_settings(cls, settings) -> LiveLimits:
@@ -142,6 +142,7 @@ class _Job:
     start: int  # samples
     end: int
     reason: str | None = None
+    since: float = 0.0  # monotonic: when the audio that closed the utterance was taken in
 
 
 class AudioBuffer:
@@ -222,6 +223,8 @@ class LiveSession:
         self.audio = StreamAudio(sample_rate)
         self._min_feed = max(2, int(MIN_FEED_S * sample_rate) * 2)  # bytes
         self._gathered = bytearray()  # short frames not yet handed to the scorer
+        self._fed_at = time.monotonic()  # when the latest audio was taken in
+        self._measured = False  # a decode of this stream has come back (LaneLoad.measured)
         self.buffer = AudioBuffer()
         self.endpointer = Endpointer(hub.rules, self._quietest)
         self.stats = LiveStats()
@@ -244,6 +247,7 @@ class LiveSession:
         gathered first: a client sending tiny frames costs the speech scorer no more calls."""
         self._check()
         await self.pace.admit(len(data))  # never faster than real time plus the burst
+        self._fed_at = time.monotonic()  # a final's lag counts from here (LaneLoad)
         if len(self._gathered) + len(data) < self._min_feed:
             self._gathered += data
             return
@@ -259,6 +263,7 @@ class LiveSession:
         """The client stopped: close every utterance, wait until each final is emitted."""
         self._check()
         data, self._gathered = bytes(self._gathered), bytearray()
+        self._fed_at = time.monotonic()
         scored = await asyncio.wrap_future(self.hub.scorer.score(self.audio, data, flush=True))
         self._take(scored)
         for event in self.endpointer.finish(self.buffer.end):
@@ -273,6 +278,13 @@ class LiveSession:
         self._driver.cancel()
         if self._inflight is not None:
             self._inflight[1].cancel()
+
+    def settle(self) -> None:
+        """This stream's load is measured (its first decode came back, or it ended): it no longer
+        counts among the new streams that hold admission back."""
+        if not self._measured:
+            self._measured = True
+            self.hub.load.measured()
 
     def _check(self) -> None:
         if self.failed.done():
@@ -289,7 +301,8 @@ class LiveSession:
 
     def _on_event(self, event: Closed | Dropped) -> None:
         if isinstance(event, Closed):
-            self._queue.append(_Job("final", self._generation, event.start, event.end, event.reason))
+            self._queue.append(_Job("final", self._generation, event.start, event.end, event.reason,
+                                    self._fed_at))
             if self._inflight is not None and self._inflight[0] == "partial":
                 self._inflight[1].cancel()  # still queued: withdrawn; running: its result is dropped
         elif self._last_partial is not None:  # a partial of it was shown: take it back
@@ -407,6 +420,9 @@ class LiveSession:
         out = await self._decode(job.start, job.end, self.options, "final")
         if out is None:  # cancelled by abort()
             raise asyncio.CancelledError
+        # what the user waits for after a pause: the speech scorer, a partial still running, the
+        # queue and the decode, all in the lane's load (a slow reader's emit is its own)
+        self.hub.load.observe(time.monotonic() - job.since)
         await self.emit(self._caption(out, job.start, job.end, final=True, reason=job.reason))
         self.stats.finals += 1
         self.hub.metrics.captions.labels("final").inc()
@@ -434,6 +450,7 @@ class LiveSession:
             raise LiveDecodeFailed(f"the model failed on this stream's audio: {e}") from e
         seconds = time.monotonic() - t0
         self.hub.load.observe(seconds)
+        self.settle()
         self.stats.decode_s_max = max(self.stats.decode_s_max, seconds)
         self.hub.metrics.decode_seconds.labels(kind).observe(seconds)
         return waiter.result()
@@ -454,8 +471,11 @@ REFUSAL_CODES = (TooManyStreams.code, LiveAtCapacity.code, NotReady.code)  # why
 class LaneLoad:
     """The live lane's load as its streams measure it, and what follows from it.
 
-    * ``latency()``: how long re-decodes take now (queue + batch + compute), a time-decayed
-      average (half-life ``HALF_LIFE_S``: it falls back to zero when the lane goes quiet);
+    * ``latency()``: how long the lane makes captions wait now, a time-decayed average (half-life
+      ``HALF_LIFE_S``: it falls back to zero when the lane goes quiet) of each re-decode (queue +
+      batch + compute) and of each final's lag from the audio that closed its utterance to its
+      caption (the speech scorer, a partial still running, the queue and the decode: what a
+      user waits for after a pause);
     * ``cadence()``: how often a stream re-decodes its utterance in progress -- the configured
       interval while re-decodes take under half the budget, stretched from there in proportion
       up to ``MAX_STRETCH`` times at the budget (and never under twice the latency: each stream
@@ -463,21 +483,22 @@ class LaneLoad:
       configured interval (the stretch thins the partials after it); finals are never delayed
       (they go first, whatever the cadence);
     * ``refusal(open)``: why a new stream must wait (None: admit it) -- the lane over its latency
-      budget, or streams arriving faster than the lane has shown it absorbs them: new streams are
-      admitted at ``RAMP_PER_S`` a second plus half the open streams times the latency headroom
-      (1 - latency / budget), so a burst never gets in before its load has been measured, growth
-      slows as the lane nears its budget, and stops at it."""
+      budget, or too many streams admitted whose load has not been measured yet (no decode of
+      theirs has come back): at most ``NEW_STREAMS`` plus half the measured ones times the latency
+      headroom (1 - latency / budget), so a burst never gets in before its load has been seen,
+      growth slows as the lane nears its budget, and stops at it. The hub calls ``admitted()``
+      for each stream it lets in and ``measured()`` once per stream, at its first decode or at
+      its end without one."""
 
     HALF_LIFE_S = 2.0
     MAX_STRETCH = 4.0
-    RAMP_PER_S = 4.0
+    NEW_STREAMS = 4  # streams admitted before any load is measured
 
     def __init__(self, interval_s: float, budget_s: float, clock: Callable[[], float] = time.monotonic):
         self.interval_s, self.budget_s, self.clock = interval_s, budget_s, clock
         self._latency = 0.0
         self._at = clock()
-        self._tokens = self.RAMP_PER_S
-        self._tokens_at = clock()
+        self.new = 0  # streams admitted whose load is not measured yet
 
     def observe(self, seconds: float) -> None:
         """One re-decode took ``seconds``."""
@@ -504,15 +525,17 @@ class LaneLoad:
             return (f"live captions are at capacity: re-decodes take {latency * 1e3:.0f} ms now, "
                     f"over the {self.budget_s * 1e3:.0f} ms they are kept under; try again in a few "
                     "seconds")
-        now = self.clock()
-        rate = self.RAMP_PER_S + 0.5 * open_streams * (1.0 - latency / self.budget_s)
-        self._tokens = min(rate, self._tokens + (now - self._tokens_at) * rate)
-        self._tokens_at = now
-        if self._tokens < 1.0:
+        measured = max(open_streams - self.new, 0)
+        if self.new >= self.NEW_STREAMS + 0.5 * measured * (1.0 - latency / self.budget_s):
             return ("live streams are arriving faster than they can be taken on; try again in a "
                     "few seconds")
-        self._tokens -= 1.0
         return None
+
+    def admitted(self) -> None:
+        self.new += 1
+
+    def measured(self) -> None:
+        self.new = max(self.new - 1, 0)
 
 
 class LiveMetrics:
@@ -612,6 +635,7 @@ class LiveHub:
             self.metrics.refused.labels(e.code).inc()
             raise
         self.metrics.admitted.inc()
+        self.load.admitted()
         self.open += 1
         self._by_client[client] = held + 1
         self.metrics.streams.inc()
@@ -627,6 +651,7 @@ class LiveHub:
             raise
         finally:
             session.abort()
+            session.settle()
             self.open -= 1
             if self._by_client[client] <= 1:
                 del self._by_client[client]

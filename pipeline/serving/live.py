@@ -82,7 +82,7 @@ class LiveLimits:
     max_buffered_s: float = 60.0
     burst_s: float = 10.0  # audio a stream may send ahead of real time
     decode_timeout_s: float = 60.0  # a decode not answered by then: the workers are gone or hung
-    latency_budget_s: float = 0.25  # captions later than this (recently): no new stream
+    latency_budget_s: float = 0.15  # re-decodes slower than this (recently): no new stream
 
     @classmethod
     def from_settings(cls, settings) -> LiveLimits:
@@ -142,7 +142,6 @@ class _Job:
     start: int  # samples
     end: int
     reason: str | None = None
-    since: float = 0.0  # monotonic: when the audio that closed the utterance was taken in
 
 
 class AudioBuffer:
@@ -223,7 +222,6 @@ class LiveSession:
         self.audio = StreamAudio(sample_rate)
         self._min_feed = max(2, int(MIN_FEED_S * sample_rate) * 2)  # bytes
         self._gathered = bytearray()  # short frames not yet handed to the scorer
-        self._fed_at = time.monotonic()  # when the latest audio was taken in
         self._measured = False  # a decode of this stream has come back (LaneLoad.measured)
         self.buffer = AudioBuffer()
         self.endpointer = Endpointer(hub.rules, self._quietest)
@@ -247,7 +245,6 @@ class LiveSession:
         gathered first: a client sending tiny frames costs the speech scorer no more calls."""
         self._check()
         await self.pace.admit(len(data))  # never faster than real time plus the burst
-        self._fed_at = time.monotonic()  # a final's lag counts from here (LaneLoad)
         if len(self._gathered) + len(data) < self._min_feed:
             self._gathered += data
             return
@@ -263,7 +260,6 @@ class LiveSession:
         """The client stopped: close every utterance, wait until each final is emitted."""
         self._check()
         data, self._gathered = bytes(self._gathered), bytearray()
-        self._fed_at = time.monotonic()
         scored = await asyncio.wrap_future(self.hub.scorer.score(self.audio, data, flush=True))
         self._take(scored)
         for event in self.endpointer.finish(self.buffer.end):
@@ -301,8 +297,7 @@ class LiveSession:
 
     def _on_event(self, event: Closed | Dropped) -> None:
         if isinstance(event, Closed):
-            self._queue.append(_Job("final", self._generation, event.start, event.end, event.reason,
-                                    self._fed_at))
+            self._queue.append(_Job("final", self._generation, event.start, event.end, event.reason))
             if self._inflight is not None and self._inflight[0] == "partial":
                 self._inflight[1].cancel()  # still queued: withdrawn; running: its result is dropped
         elif self._last_partial is not None:  # a partial of it was shown: take it back
@@ -420,9 +415,6 @@ class LiveSession:
         out = await self._decode(job.start, job.end, self.options, "final")
         if out is None:  # cancelled by abort()
             raise asyncio.CancelledError
-        # what the user waits for after a pause: the speech scorer, a partial still running, the
-        # queue and the decode, all in the lane's load (a slow reader's emit is its own)
-        self.hub.load.observe(time.monotonic() - job.since)
         await self.emit(self._caption(out, job.start, job.end, final=True, reason=job.reason))
         self.stats.finals += 1
         self.hub.metrics.captions.labels("final").inc()
@@ -471,11 +463,8 @@ REFUSAL_CODES = (TooManyStreams.code, LiveAtCapacity.code, NotReady.code)  # why
 class LaneLoad:
     """The live lane's load as its streams measure it, and what follows from it.
 
-    * ``latency()``: how long the lane makes captions wait now, a time-decayed average (half-life
-      ``HALF_LIFE_S``: it falls back to zero when the lane goes quiet) of each re-decode (queue +
-      batch + compute) and of each final's lag from the audio that closed its utterance to its
-      caption (the speech scorer, a partial still running, the queue and the decode: what a
-      user waits for after a pause);
+    * ``latency()``: how long re-decodes take now (queue + batch + compute), a time-decayed
+      average (half-life ``HALF_LIFE_S``: it falls back to zero when the lane goes quiet);
     * ``cadence()``: how often a stream re-decodes its utterance in progress -- the configured
       interval while re-decodes take under half the budget, stretched from there in proportion
       up to ``MAX_STRETCH`` times at the budget (and never under twice the latency: each stream

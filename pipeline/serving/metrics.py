@@ -211,6 +211,16 @@ class Metrics:
         self._success.labels(key).inc()
         self._audio.labels(key).inc(_seconds(audio_seconds))
 
+    def jobs_done(self, lane: str, audio_seconds: float, job_seconds: list[float]) -> None:
+        """Jobs of one lane finished with a transcript, counted at once (a worker's batch): their
+        audio in all, and each one's time from queue entry to stored result."""
+        key = _text(lane)
+        self._success.labels(key).inc(len(job_seconds))
+        self._audio.labels(key).inc(_seconds(audio_seconds))
+        hist = self._job_time.labels(key)
+        for t in job_seconds:
+            hist.observe(_seconds(t))
+
     def request_failure(self, lane: str, code: str) -> None:
         self._failure.labels(_text(lane), _text(code)).inc()
 

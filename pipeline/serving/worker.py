@@ -294,20 +294,26 @@ class Worker(threading.Thread):
             for jid in written:
                 self.store.delete_spool(jid)
         counted = set()  # a long job's last pieces may share this batch: count and log it once
+        by_lane: dict[str, tuple[float, list[float]]] = {}  # lane -> (audio s, each job's time)
+        now, debug = time.monotonic(), logger.isEnabledFor(logging.DEBUG)
         for item, wave in zip(batch, waves):
             queue_ms = (t_start - item.enqueued_at) * 1e3
-            if item.pieces > 1:
+            if debug and item.pieces > 1:
                 logger.debug("piece done id=%s piece=%d/%d audio_s=%.2f queue_ms=%.1f",
                              item.job_id, item.piece + 1, item.pieces, wave.shape[0] / SAMPLE_RATE_HZ,
                              queue_ms)
             if item.job_id in written and item.job_id not in counted:
                 counted.add(item.job_id)
-                self.metrics.request_success(item.lane, audio_s[item.job_id])
-                self.metrics.observe_job(time.monotonic() - item.enqueued_at, item.lane)
-                logger.debug(  # not INFO: at thousands of jobs a second the log would be the work
-                    "job done id=%s audio_s=%.2f pieces=%d queue_ms=%.1f compute_ms=%.1f batch=%d",
-                    item.job_id, audio_s[item.job_id], item.pieces, queue_ms, compute_ms,
-                    len(batch))
+                audio, times = by_lane.get(item.lane, (0.0, []))
+                times.append(now - item.enqueued_at)
+                by_lane[item.lane] = (audio + audio_s[item.job_id], times)
+                if debug:  # not INFO: at thousands of jobs a second the log would be the work
+                    logger.debug(
+                        "job done id=%s audio_s=%.2f pieces=%d queue_ms=%.1f compute_ms=%.1f "
+                        "batch=%d", item.job_id, audio_s[item.job_id], item.pieces, queue_ms,
+                        compute_ms, len(batch))
+        for lane, (audio, times) in by_lane.items():  # the series touched once per lane
+            self.metrics.jobs_done(lane, audio, times)
 
     def _save_pieces(self, parts) -> list[tuple[str, Transcript, float]]:
         """Store the pieces of long jobs; return (job id, transcript, audio seconds of the

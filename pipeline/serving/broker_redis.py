@@ -284,6 +284,20 @@ end
 return out
 """
 
+# ARGV: L, then the piece of each claimed entry. KEYS: counts, streams..., then the job key and
+# the audio key of each entry. Returns {seconds, microseconds (Redis's clock), then per entry the
+# job's state and the piece's audio value (false where missing)}: one command for a whole claim.
+_LOAD = _PRELUDE + """
+local t = redis.call('TIME')
+local out = {t[1], t[2]}
+for i = 2, #ARGV do
+  local k = L + 2 * i - 2
+  out[#out + 1] = redis.call('HGET', KEYS[k], 'state')
+  out[#out + 1] = redis.call('HGET', KEYS[k + 1], ARGV[i])
+end
+return out
+"""
+
 # ARGV: L, group, cap. KEYS: counts, streams..., entries. The 1-based place of the job's earliest
 # entry among the entries not yet delivered to any worker, or 0 when none is waiting undelivered.
 _POSITION = _PRELUDE + """
@@ -486,7 +500,7 @@ class RedisBroker:
             ("enqueue", _ENQUEUE), ("mark_running", _MARK_RUNNING), ("finish", _FINISH),
             ("fail", _FAIL), ("save_segments", _SAVE_SEGMENTS), ("heartbeat", _HEARTBEAT),
             ("position", _POSITION), ("discard", _DISCARD), ("set_progress", _SET_PROGRESS),
-            ("requeue", _REQUEUE))}
+            ("requeue", _REQUEUE), ("load", _LOAD))}
         self._groups_ready = False
         self._lock = threading.Lock()
         self._reclaimed: set[str] = set()  # job ids this broker reclaimed: running is fine for them
@@ -1080,14 +1094,13 @@ class RedisBroker:
         """Entries -> WorkItems with their audio; entries of ended jobs are acked and dropped."""
         if not entries:
             return []
-        pipe = self._r.pipeline(transaction=False)
-        pipe.time()  # ages from Redis's own clock (entry ids are its milliseconds): no host skew
-        for _, _, f in entries:
+        keys = []
+        for _, _, f in entries:  # one script for the claim: no per-entry command in Python
             jid = _s(f[b"job"])
-            pipe.hget(self._k("job", jid), "state")
-            pipe.hget(self._k("audio", jid), f[b"piece"])
-        (sec, usec), *answers = pipe.execute()
-        redis_now_ms = sec * 1000 + usec / 1000
+            keys += (self._k("job", jid), self._k("audio", jid))
+        # ages from Redis's own clock (entry ids are its milliseconds): no host skew
+        sec, usec, *answers = self._run("load", keys, [f[b"piece"] for _, _, f in entries])
+        redis_now_ms = int(sec) * 1000 + int(usec) / 1000
         items, stale, lost, kept = [], [], {}, []
         now_mono = time.monotonic()
         for k, (s, eid, f) in enumerate(entries):

@@ -485,3 +485,29 @@ def test_limits_are_options_and_a_word_wider_than_a_line_stands_alone():
     assert all(len(lines) == 1 and len(lines[0]) <= 32 and b - a <= 3.0005 for a, b, lines in cues)
     one = Transcript("Hi.", "Hi.", (seg("Hi.", 0.0, 30.0),))
     assert [c[:2] for c in parse_srt(body(one, "srt"))] == [(0.0, 7.0)]  # at most 7 s
+
+
+def test_segment_spans_shortcut_gives_what_the_timeline_gives():
+    """segment_spans answers a transcript whose segments are all timed, none sharing a piece,
+    without the text units (the worker summarises every finished job with it): the same spans
+    as the full timeline, on random transcripts of every kind (shared pieces, speakers, untimed)."""
+    from pipeline.domain.exports import _items, _timeline
+
+    rng = random.Random(7)
+    for _ in range(300):
+        segs, t = [], 0.0
+        for _k in range(rng.randint(1, 6)):
+            a = round(t + rng.random(), 3)
+            b = round(a + rng.random() * 3, 3)
+            same = segs and rng.random() < 0.3  # another segment of the previous piece
+            s = seg("word " * rng.randint(0, 4), *(segs[-1].start, segs[-1].end) if same else (a, b))
+            if rng.random() < 0.2:
+                s = dataclasses.replace(s, speaker=rng.choice(["A", "B"]))
+            if rng.random() < 0.05:
+                s = dataclasses.replace(s, end=None)
+            segs.append(s)
+            t = b
+        tr = Transcript("", "", tuple(segs))
+        full = [(round(a, 3), round(max(a, b), 3)) for _, (a, b) in
+                _timeline(_items(tr.segments, ExportOptions(tags=False, speaker=True)), 30.0)]
+        assert segment_spans(tr, 30.0) == full

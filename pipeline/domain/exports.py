@@ -592,7 +592,14 @@ def segment_spans(transcript: Transcript, duration: float | None = None,
     the rich-text segments of one VAD piece (which share the piece's span) each get their share
     of it (by their words' times when there are some, else by characters); untimed segments are
     laid out end to end over ``duration``."""
-    items = _items(transcript.segments, ExportOptions(tags=False, speaker=True))
+    segs = transcript.segments
+    own = [_times(s) for s in segs]
+    if all(t is not None for t in own) and not any(
+            own[k] == own[k - 1] and segs[k].speaker == segs[k - 1].speaker for k in range(1, len(segs))):
+        # every segment timed and none sharing a piece: each keeps its own span, as _timeline
+        # would give it (the worker summarises every finished job with this: no text units)
+        return [(round(a, 3), round(max(a, b), 3)) for a, b in own]
+    items = _items(segs, ExportOptions(tags=False, speaker=True))
     return [(round(a, 3), round(max(a, b), 3)) for _, (a, b) in _timeline(items, duration)]
 
 

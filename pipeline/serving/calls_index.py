@@ -296,11 +296,11 @@ class RedisCalls:
             result = _finished(job)
             old = job.meta.get("review") or Review()
             new = patch(old, job)
-            ttl = pipe.pttl(key)
+            expires = pipe.pexpiretime(key)  # absolute (ms): the text never outlives the record
             pipe.multi()
             pipe.hset(key, "review", json.dumps(new.to_dict(), ensure_ascii=False))
             search = search_text(result, new, job.filename)
-            pipe.set(self.broker._k("search", job_id), search, px=ttl if ttl > 0 else None)
+            pipe.set(self.broker._k("search", job_id), search, pxat=expires if expires > 0 else None)
             out["job"], out["review"] = job, new
 
         try:

@@ -71,6 +71,12 @@ def test_summary_at_finish_and_listing(store):
     finish(store, a)
     calm = Transcript("fine", "", (Segment("en", "HAPPY", ("Laughter",), "", "fine", 0, 3, None),))
     finish(store, b, calm)
+    if not isinstance(store, JobStore):  # written by the finish itself (a listing would backfill)
+        r = redis.Redis.from_url(store.url)
+        for j in (a, b):
+            assert r.hget(f"sv:job:{j.id}", "summary") and r.get(f"sv:search:{j.id}")
+            assert 0 < r.pexpiretime(f"sv:search:{j.id}") <= r.pexpiretime(f"sv:job:{j.id}")
+        assert r.hget(f"sv:job:{c.id}", "summary") is None
     rows = {r.id: r for r in calls_of(store).rows([a.id, b.id, c.id])}
     assert set(rows) == {a.id, b.id, c.id}
     sa = rows[a.id].summary

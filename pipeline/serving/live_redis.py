@@ -349,6 +349,7 @@ class LiveClient:
             pipe.execute()
             return
         self.lost += 1
+        self._r.hdel(self.keys.claims, p.item.job_id)  # nobody will answer it
         _resolve(p.item.reply, error=LiveWorkerLost(
             f"the worker decoding this stream stopped ({why}) and no other worker took it over; "
             "start the stream again"))

@@ -6,6 +6,9 @@ hang; a withdrawn request is not decoded; a request past its deadline is skipped
 
 from __future__ import annotations
 
+import asyncio
+import functools
+import threading
 import time
 import uuid
 from concurrent.futures import Future
@@ -21,6 +24,7 @@ from pipeline.serving.broker_redis import RedisBroker
 from pipeline.serving.live_redis import CHECK_S, LiveServer, _Keys
 from pipeline.serving.scheduler import Scheduler, WorkItem
 from tests.redis_server import running_redis
+from tests.test_stream import speech  # noqa: F401  (fixture)
 
 LOST_AFTER_S = 0.5
 OPTS = TranscribeOptions(language="en")
@@ -175,4 +179,52 @@ def test_a_withdrawn_request_is_not_decoded_and_a_stale_one_is_skipped(broker, r
         assert reply.result(timeout=5).raw_text == "kept"
         assert not scheduler.live_depth() and not r.hgetall(keys.claims)
     finally:
+        server.stop()
+
+
+def test_admission_measures_the_round_trip_through_the_broker(broker, speech):
+    """An api-side hub (no model: its re-decodes go through Redis) measures each re-decode from
+    its submit to the reply coming back, so a slow worker pushes its latency over the budget and
+    a new stream is refused at once (live_at_capacity), as in one process."""
+    from pipeline.config import Settings
+    from pipeline.domain.errors import LiveAtCapacity
+    from pipeline.serving.broker import live_decode_via
+    from pipeline.serving.live import LiveHub, LiveLimits
+    from tests.test_stream import RATE, health
+
+    delay = 0.5  # the worker's answer time: over the 0.3 s budget
+    server, scheduler = worker(broker, "slow")
+    stop = threading.Event()
+
+    def slow_worker():
+        while not stop.is_set():
+            for item in scheduler.next_batch(0.05):
+                time.sleep(delay)
+                answer(item, "<|en|><|NEUTRAL|><|Speech|><|withitn|>words")
+
+    threading.Thread(target=slow_worker, daemon=True).start()
+    hub = LiveHub(Settings(), functools.partial(live_decode_via, broker, lambda: None), health(),
+                  limits=LiveLimits(latency_budget_s=0.3))
+
+    async def go():
+        async def emit(caption):
+            pass
+
+        async with hub.stream(TranscribeOptions(), RATE, emit) as session:
+            third = int(len(speech.pcm) / 3) // 2 * 2
+            for i in range(0, third, 3200):  # fast: the pace lets 10 s of burst in
+                await session.feed(speech.pcm[i:i + 3200])
+            deadline = time.monotonic() + 20
+            while hub.load.latency() < delay and time.monotonic() < deadline:
+                await asyncio.sleep(0.05)
+            assert hub.load.latency() >= delay  # the round trip, measured
+            with pytest.raises(LiveAtCapacity, match="over the 300 ms"):
+                async with hub.stream(TranscribeOptions(), RATE, emit):
+                    pass
+            session.abort()
+
+    try:
+        asyncio.run(go())
+    finally:
+        stop.set()
         server.stop()

@@ -31,6 +31,7 @@ from tests.test_stream import (FRAME, RATE, Run, assert_finals_cover, assert_fin
 LOST_AFTER_S = 0.5  # the test cluster's live_lost_after_s
 MOVE_LIMIT_S = 2.0  # the bound: a dead worker's stream moves on or ends within this
 CLAIMS = "sv:live:claims"
+PAUSE_S = 0.7  # live_pause_s (default): silence that closes an utterance
 ENV = {"SENSEVOICE_LIVE_LOST_AFTER_S": str(LOST_AFTER_S), "SENSEVOICE_SEGMENT_THRESHOLD_S": "1.0"}
 
 
@@ -123,6 +124,18 @@ def test_live_captions_through_two_apis_and_two_workers_survive_a_worker_kill(cl
         assert run.of("partial")
         assert_finals_cover(run.of("final"), speech)
         assert_finals_match_offline(run.of("final"), offline)
+        # (the client's clock: each 100 ms frame is sent when it starts, as test_stream's client)
+        print("per utterance, voiced start -> first partial, pause over -> final (s):", *(
+            (round(min(t for t, m in run.messages if m["type"] == "partial"
+                       and m["start"] == f["start"]) - a, 2),
+             round(next(t for t, m in run.messages if m is f) - b - PAUSE_S, 2))
+            for f, (a, b) in zip(run.of("final"), speech.spans)))
+
+    from funasr_client import async_file_asr  # FunASR's protocol, on an api process too
+
+    funasr_url = api2.url.replace("http://", "ws://") + "/api/stream/funasr"
+    merged = asyncio.run(async_file_asr(speech.path, funasr_url, mode="2pass", svs_lang="en"))
+    assert merged["text"] == " ".join(f["text"] for f in run.of("final"))
 
     # kill -9 the worker holding this stream's re-decode, inside the first sentence
     inside = speech.spans[0][0] + 1.0

@@ -301,7 +301,8 @@ class LiveClient:
     def _answer(self, msg: dict) -> None:
         with self._lock:
             pending = self._pending.get(msg.get("req"))
-        if pending is None:  # answered already (a moved request's first worker was only slow)
+        if pending is None:  # answered already (a moved request's first worker was only slow),
+            self._r.hdel(self.keys.claims, msg.get("req", ""))  # or withdrawn as it was answered
             return
         if "error" not in msg:
             _resolve(pending.item.reply, result=decode_reply(msg))

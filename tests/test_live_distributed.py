@@ -150,6 +150,10 @@ def test_live_captions_through_two_apis_and_two_workers_survive_a_worker_kill(cl
     assert_finals_cover(run.of("final"), speech)
     assert_finals_match_offline(run.of("final"), offline)  # ... to the same finals
     survivor = w2 if assassin.victim is w1 else w1
+    metrics = dict(ln.rsplit(" ", 1) for ln in httpx.get(api1.url + "/metrics").text.splitlines()
+                   if ln.startswith("sensevoice_live_"))
+    assert float(metrics["sensevoice_live_redecodes_moved_total"]) >= 1, metrics
+    assert float(metrics["sensevoice_live_lane_workers"]) >= 1, metrics
 
     # kill -9 the last worker mid-utterance: a named error, at once
     assassin = Assassin(redis_server.url, [survivor], after_s=inside)

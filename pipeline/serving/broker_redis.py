@@ -858,6 +858,14 @@ class RedisBroker:
                 self._live = LiveClient(self._r, self.prefix, self.live_lost_after_s)
         return self._live.submit(item)
 
+    def live_lane_stats(self) -> tuple[int, int, int] | None:
+        """(workers beating on the live lane, re-decodes moved, re-decodes lost) as this api
+        process saw them; None before its first live re-decode."""
+        live = self._live
+        if live is None or live.workers_alive is None:
+            return None
+        return live.workers_alive, live.moved, live.lost
+
     def serve_live(self, scheduler: Scheduler, consumer: str, *, max_waiting: int,
                    ready: Callable[[], str | None]) -> LiveServer:
         """A worker process's end of the live lane: claims re-decodes into ``scheduler``."""

@@ -178,6 +178,7 @@ def build_runtime(settings: Settings | None = None, role: str | None = None, *, 
     if broker.shared:
         metrics.set_workers_fn(broker.live_workers)
         metrics.set_broker_up_fn(lambda: not health.broker_error)
+        metrics.set_live_lane_fn(broker.live_lane_stats)
     elif pool is not None:  # embedded: this process's worker threads
         metrics.set_workers_fn(lambda: sum(w.is_alive() for w in pool.workers))
     health.on_loop_lag = metrics.observe_loop_lag

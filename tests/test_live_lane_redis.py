@@ -228,3 +228,28 @@ def test_admission_measures_the_round_trip_through_the_broker(broker, speech):
     finally:
         stop.set()
         server.stop()
+
+
+def test_a_redis_outage_ends_the_waiting_streams_by_name(tmp_path):
+    """Redis killed while a re-decode waits: its stream hears broker_unavailable within seconds
+    (the receiver's read fails), never waits out the 60 s decode time-out."""
+    from pipeline.domain.errors import BrokerUnavailable
+    from tests.redis_server import RedisServer
+
+    server = RedisServer(tmp_path / "redis").start()
+    b = RedisBroker(server.url, retention_s=60, queue_size=8, live_lost_after_s=LOST_AFTER_S)
+    a, sched_a = worker(b, "a")
+    try:
+        reply = b.submit_live(live_item())
+        wait_for_live(sched_a)  # held, never answered
+        killed = time.monotonic()
+        server.kill()
+        with pytest.raises(BrokerUnavailable):
+            reply.result(timeout=20)
+        took = time.monotonic() - killed
+        assert took < 10, took
+        print(f"redis killed -> broker_unavailable in {took:.2f} s")
+    finally:
+        die(a)
+        b.close()
+        server.stop()

@@ -36,10 +36,11 @@ Keys (``P`` = prefix)::
                               per stream; each reply names its request; expires with A
 
 Measured (tests/test_live_distributed.py: loopback, demo model, 2 api + 2 worker processes on a
-loaded 2-core machine, live_lost_after_s 0.5, 2026-12-02): kill -9 of the worker holding a
-re-decode -> moved to the other in 0.54-0.58 s, the stream's finals unchanged; kill -9 of the last
-worker -> the stream's live_worker_lost frame 0.41-0.60 s after the kill. Pause over -> final
-about 0.1 s, as in one process.
+loaded 2-core machine, live_lost_after_s 0.5, 4 runs, 2026-12-02): kill -9 of the worker holding
+a re-decode -> moved to the other in 0.36-0.58 s, the stream's finals unchanged; kill -9 of the
+last worker -> the stream's live_worker_lost frame 0.41-0.60 s after the kill. Pause over ->
+final 0.06-0.16 s, voiced start -> first partial 0.2-0.5 s (two streams through two api
+processes at once).
 """
 
 from __future__ import annotations

@@ -193,8 +193,8 @@ class LiveClient:
                                               daemon=True),
                              threading.Thread(target=self._receive_loop,
                                               name="sensevoice-live-receive", daemon=True)]
-        for t in self._threads:
-            t.start()
+            for t in self._threads:
+                t.start()
 
     def submit(self, item: WorkItem) -> Future:
         """Queue one re-decode; its Future gets the engine's output (or the stream's error).

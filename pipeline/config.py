@@ -239,6 +239,10 @@ class BrokerSettings(BaseModel):
     visibility_timeout_s: float = Field(
         60.0, gt=0, description="Distributed topology: a job claimed by a worker and not finished in "
         "this long (the worker died) is claimed again by another; after 3 claims it fails.")
+    live_lost_after_s: float = Field(
+        1.0, gt=0, le=30.0, description="Distributed topology: a worker whose live-lane beat (4 a "
+        "period) is this late is taken as gone by the live streams it decodes for: their re-decode "
+        "moves to another worker, or (none left) the stream ends with live_worker_lost.")
 
 class LiveSettings(BaseModel):
     """Live captions (WebSocket /api/stream and /api/stream/funasr; pipeline/serving/live.py)."""
@@ -363,6 +367,7 @@ GROUP_OF = {
     'broker': ('broker', 'url'),
     'shared_dir': ('broker', 'shared_dir'),
     'visibility_timeout_s': ('broker', 'visibility_timeout_s'),
+    'live_lost_after_s': ('broker', 'live_lost_after_s'),
     'max_live_streams': ('live', 'max_streams'),
     'max_live_streams_per_client': ('live', 'max_streams_per_client'),
     'live_partial_interval_s': ('live', 'partial_interval_s'),

@@ -13,9 +13,9 @@ from concurrent.futures import Future
 import pytest
 import torch
 
-from pipeline.domain.errors import JobNotFound, NotReady, QueueFull
+from pipeline.domain.errors import JobNotFound, QueueFull
 from pipeline.domain.types import Job, JobState, Lane, TranscribeOptions, Transcript, Word
-from pipeline.model.engine import as_float_wave
+from pipeline.model.engine import EngineOutput, as_float_wave
 from pipeline.serving.broker import Broker, EmbeddedBroker
 from pipeline.serving.job_events import JobEvent
 from pipeline.serving.records import SegmentResult
@@ -164,15 +164,32 @@ def test_piece_results_of_a_long_job(broker):
 
 
 def test_the_live_lane(broker):
-    """The embedded broker carries live re-decodes above every job lane, the reply a future; the
-    Redis broker refuses them by name (live captions there run in a process holding the model)."""
-    item = WorkItem(f"live-{uuid.uuid4().hex}", Lane.INTERACTIVE, OPTS, 1600, audio=pcm_like(1600),
-                    reply=Future())
-    if broker.shared:
-        with pytest.raises(NotReady, match="live"):
-            broker.submit_live(item)
-        return
-    submit(broker)
-    reply = broker.submit_live(item)
-    batch = claim_all(broker, 2)
-    assert batch[0].reply is reply  # first, whatever waited before it
+    """Both brokers carry a live re-decode to a worker's scheduler, above every job lane, and its
+    output back to the future the stream holds: in-process (embedded: the future itself), or
+    through Redis (a stream held by any api process; the worker process's live server puts it in
+    its local scheduler and sends the engine's output back). The audio arrives exactly."""
+    scheduler = Scheduler(QUEUE_SIZE, max_batch=8, max_wait_s=0.0) if broker.shared else broker.queue
+    job, _ = submit(broker)
+    if broker.shared:  # the worker's local queue already holds a job
+        scheduler.put_many(claim_all(broker, 1))
+    server = broker.serve_live(scheduler, "w1", max_waiting=4, ready=lambda: None)
+    server.start()
+    try:
+        wave = pcm_like(1600)
+        item = WorkItem(f"live-{uuid.uuid4().hex}", Lane.INTERACTIVE, OPTS, 1600, audio=wave,
+                        reply=Future())
+        reply = broker.submit_live(item)
+        deadline = time.monotonic() + 10
+        while not scheduler.live_depth():
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        batch = scheduler.next_batch(1.0)
+        live = batch[0]  # first, whatever waited before it
+        assert live.reply is not None and [i.job_id for i in batch[1:]] == [job.id]
+        assert live.options == OPTS and torch.equal(as_float_wave(live.audio), wave)
+        assert live.reply.set_running_or_notify_cancel()
+        live.reply.set_result(EngineOutput((7, 8), "<|en|>hi there", (Word("hi", 0.0, 0.12),)))
+        out = reply.result(timeout=10)
+        assert out.raw_text == "<|en|>hi there" and out.words == (Word("hi", 0.0, 0.12),)
+    finally:
+        server.stop()

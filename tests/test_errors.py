@@ -37,6 +37,7 @@ CONTRACT = {
     "LiveDecodeFailed": ("decode_failed", 500, 1011),
     "LiveAtCapacity": ("live_at_capacity", 503, 1013),
     "LiveOverloaded": ("live_overloaded", 503, 1013),
+    "LiveWorkerLost": ("live_worker_lost", 503, 1013),
     "MemoryPressure": ("gpu_memory_low", 503, 1013),
     "ModelUnavailable": ("model_unavailable", 503, 1011),
     "NoAudioStream": ("no_audio_stream", 400, 1008),

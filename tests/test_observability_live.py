@@ -245,13 +245,14 @@ def test_prometheus_scrapes_the_distributed_topology(demo_dir, clip_factory, spe
                                                  "worker": [f"127.0.0.1:{worker.port}"]}))
         wait_for(prom, "count(up == 1)", 2)
         ids, live = traffic(api.url, clip, speech.pcm)
-        assert live["error"]["code"] == "not_ready", live  # an api process holds no model
+        assert live["close"] == 1000, live  # an api process serves live captions (issue 22)
         failed = httpx.get(f"{api.url}/api/jobs/{early.json()['id']}", headers=AUTH).json()
         assert (failed["status"], failed["error"]["code"]) == ("failed", "queue_timeout"), failed
         ids.append(failed["id"])
         wait_for(prom, 'sum(sensevoice_request_failure_total{code="queue_timeout",lane="bulk"})', 1)
         wait_for(prom, "sum(sensevoice_request_success_total)", JOBS)
-        wait_for(prom, 'sum(sensevoice_live_streams_refused_total{code="not_ready"})', 1)
+        wait_for(prom, "sum(sensevoice_live_streams_admitted_total)", 1)
+        wait_for(prom, 'sum(sensevoice_live_captions_total{kind="final"})', 1)
         wait_for(prom, "min(sensevoice_broker_up)", 1)
         wait_for(prom, "max(sensevoice_workers_alive)", 1)
         up = prom.api("query", query="up")["result"]

@@ -357,6 +357,15 @@ class InvalidMessage(SenseVoiceError):
     close_code = WsClose.UNSUPPORTED_DATA
 
 
+class LiveWorkerLost(SenseVoiceError):
+    """Distributed topology: the worker decoding a live stream's audio stopped (killed, crashed)
+    and no other worker could take the re-decode over; a new stream is served by a live one."""
+
+    status = 503
+    code = "live_worker_lost"
+    close_code = WsClose.TRY_AGAIN_LATER
+
+
 class LiveDecodeFailed(SenseVoiceError):
     """The model failed on a live stream's audio (the worker logged why)."""
 

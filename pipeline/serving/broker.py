@@ -14,21 +14,46 @@ run them). Two implementations:
 from __future__ import annotations
 
 import asyncio
+import uuid
 from collections.abc import Callable, Iterable
 from concurrent.futures import Future
 from pathlib import Path
 from typing import Protocol, runtime_checkable
 
-from pipeline.domain.types import Job, Lane, Transcript
+import torch
+
+from pipeline.domain.errors import NotReady
+from pipeline.domain.types import Job, Lane, TranscribeOptions, Transcript
 from pipeline.serving.broker_sqlite import JobStore
 from pipeline.serving.job_events import Feed
 from pipeline.serving.records import SegmentResult
 from pipeline.serving.scheduler import Scheduler, WorkItem
 
 
+class LiveServing(Protocol):
+    """A worker process's end of the live lane: takes live re-decodes into its scheduler (the top
+    lane) and answers them, between ``start`` and ``stop``."""
+
+    def start(self) -> None: ...
+    def stop(self) -> None: ...
+
+
+class _InProcess:
+    """The embedded broker's live lane needs no server: ``submit_live`` puts into the scheduler
+    the workers read, and the worker answers the future itself."""
+
+    def start(self) -> None:
+        pass
+
+    def stop(self) -> None:
+        pass
+
+
 @runtime_checkable
 class Broker(Protocol):
-    """Submit, claim, finish, fail, get, subscribe -- and the live lane."""
+    """Submit, claim, finish, fail, get, subscribe -- and the live lane: ``submit_live`` on the
+    side of the stream (any api process), ``serve_live`` on the side of the model (each worker
+    process), the reply a future."""
 
     shared: bool  # other processes read and write it too (no local event for their changes)
     feed: Feed  # this process's committed writes (subscribe)
@@ -38,7 +63,7 @@ class Broker(Protocol):
     def discard(self, job_id: str) -> None: ...
     def check_capacity(self) -> None: ...
     def put(self, item: WorkItem, force: bool = False) -> None: ...
-    def submit_live(self, item: WorkItem) -> Future: ...
+    def submit_live(self, item: WorkItem) -> Future: ...  # the live lane: the reply is the future
 
     # -- run (worker side)
     def claim(self, consumer: str, max_items: int, block_ms: int = 0) -> list[WorkItem]: ...
@@ -53,6 +78,8 @@ class Broker(Protocol):
     def release(self, job_ids: Iterable[str]) -> None: ...
     def requeue(self, job_id: str) -> bool: ...
     def delete_spool(self, job_id: str) -> None: ...
+    def serve_live(self, scheduler: Scheduler, consumer: str, *, max_waiting: int,
+                   ready: Callable[[], str | None]) -> LiveServing: ...
 
     # -- read
     def get(self, job_id: str) -> Job: ...
@@ -95,6 +122,10 @@ class EmbeddedBroker(JobStore):
         self.queue.put(item)
         return item.reply
 
+    def serve_live(self, scheduler: Scheduler, consumer: str, *, max_waiting: int,
+                   ready: Callable[[], str | None]) -> LiveServing:
+        return _InProcess()
+
     def claim(self, consumer: str, max_items: int, block_ms: int = 0) -> list[WorkItem]:
         """The scheduler's next batch (its batching policy; at most its ``max_batch``)."""
         return self.queue.next_batch(block_ms / 1e3)[:max(max_items, 1)]
@@ -131,7 +162,20 @@ def connect_broker(settings, queue: Scheduler) -> Broker:
 
     return RedisBroker(settings.broker.url, settings.limits.retention_hours * 3600, settings.limits.queue_size,
                        settings.broker.visibility_timeout_s, retry_after_s=settings.limits.retry_after_s,
-                       shared_dir=settings.broker.shared_dir or None)
+                       shared_dir=settings.broker.shared_dir or None,
+                       live_lost_after_s=settings.broker.live_lost_after_s)
+
+
+def live_decode_via(broker: Broker, not_serving: Callable[[], str | None], wave: torch.Tensor,
+                    options: TranscribeOptions) -> Future:
+    """One re-decode of a live stream's utterance (16 kHz mono) through the broker's live lane,
+    answered by whichever worker takes it (an api-only process's live captions); NotReady while
+    this process cannot serve (the broker does not answer, no worker reports)."""
+    reason = not_serving()
+    if reason is not None:
+        raise NotReady(reason)
+    return broker.submit_live(WorkItem(f"live-{uuid.uuid4().hex}", Lane.INTERACTIVE, options,
+                                       int(wave.shape[-1]), audio=wave, reply=Future()))
 
 
 FreeMemory = Callable[[], list[float]]

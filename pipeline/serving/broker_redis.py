@@ -75,6 +75,7 @@ import logging
 import os
 import threading
 import time
+from concurrent.futures import Future
 from dataclasses import replace
 from typing import Callable, Iterable
 from urllib.parse import urlsplit, urlunsplit
@@ -89,10 +90,11 @@ from redis.asyncio.retry import Retry as AsyncRetry
 from redis.retry import Retry
 
 
-from pipeline.domain.errors import (AudioGone, AudioLost, BrokerUnavailable, JobGone, JobNotFound, NotReady,
+from pipeline.domain.errors import (AudioGone, AudioLost, BrokerUnavailable, JobGone, JobNotFound,
                                     QueueFull, TooManyAttempts)
 from pipeline.serving import calls_index
 from pipeline.serving.job_events import Feed, JobEvent
+from pipeline.serving.live_redis import LiveClient, LiveServer
 from pipeline.serving.payloads import Payloads
 from pipeline.serving.records import SegmentResult, dump_options, load_options
 from pipeline.serving.scheduler import Scheduler, WorkItem
@@ -465,7 +467,8 @@ class RedisBroker:
                  visibility_timeout_s: float = 60.0, max_attempts: int = 3, retry_after_s: int = 2,
                  prefix: str = "sv", *, pending_margin_s: float = PENDING_MARGIN_S,
                  tombstone_s: float = TOMBSTONE_S, socket_timeout_s: float = 5.0,
-                 max_hold_s: float = 900.0, shared_dir: str | os.PathLike | None = None):
+                 max_hold_s: float = 900.0, shared_dir: str | os.PathLike | None = None,
+                 live_lost_after_s: float = 1.0):
         self.url = url
         self.feed = Feed()  # this process's writes (other processes' are read from Redis)
         # audio and uploads: inline in Redis, or files in a directory all processes share
@@ -483,6 +486,8 @@ class RedisBroker:
         self.tombstone_s = tombstone_s
         self.socket_timeout_s = socket_timeout_s
         self.max_hold_s = max_hold_s
+        self.live_lost_after_s = live_lost_after_s
+        self._live: LiveClient | None = None  # the api side of the live lane, made on first use
         self._client_kw = dict(decode_responses=False, socket_timeout=socket_timeout_s,
                                socket_connect_timeout=min(socket_timeout_s, 2.0),
                                health_check_interval=30)
@@ -594,6 +599,8 @@ class RedisBroker:
             return fn()
 
     def close(self) -> None:
+        if self._live is not None:
+            self._live.close()
         self._r.close()
 
     # ------------------------------------------------------------------ health
@@ -843,11 +850,27 @@ class RedisBroker:
         """No file on this host to serve: the upload is read from the broker (:meth:`load_upload`)."""
         return None
 
-    def submit_live(self, item: WorkItem):
-        """Live re-decodes are not carried by this broker (yet): a process that holds the model
-        serves them from its own scheduler."""
-        raise NotReady("live captions need a process that holds the model (role all or worker); "
-                       "this broker does not carry live re-decodes")
+    def submit_live(self, item: WorkItem) -> Future:
+        """One live re-decode through Redis to whichever worker takes it first (the live lane,
+        pipeline/serving/live_redis.py); the future gets the engine's output."""
+        with self._lock:
+            if self._live is None:
+                self._live = LiveClient(self._r, self.prefix, self.live_lost_after_s)
+        return self._live.submit(item)
+
+    def live_lane_stats(self) -> tuple[int, int, int] | None:
+        """(workers beating on the live lane, re-decodes moved, re-decodes lost) as this api
+        process saw them; None before its first live re-decode."""
+        live = self._live
+        if live is None or live.workers_alive is None:
+            return None
+        return live.workers_alive, live.moved, live.lost
+
+    def serve_live(self, scheduler: Scheduler, consumer: str, *, max_waiting: int,
+                   ready: Callable[[], str | None]) -> LiveServer:
+        """A worker process's end of the live lane: claims re-decodes into ``scheduler``."""
+        return LiveServer(self._r, self.prefix, scheduler, consumer, self.live_lost_after_s,
+                          max_waiting, ready)
 
     @_translated
     def load_upload(self, job_id: str) -> bytes:

@@ -25,7 +25,9 @@ Bounded per stream whatever the client sends: its pace (real time plus ``burst_s
 waits, :class:`RealTimePace`), the frame size (the route checks it), the audio held
 while it waits for the model (``max_buffered_s``: beyond it :meth:`feed` waits for the decodes,
 which stops reading the socket; after ``idle_timeout_s`` of that, ``live_overloaded``), a decode's
-wait (``decode_timeout_s``: a worker that died or hangs ends the stream with ``not_ready``), the audio
+wait (``decode_timeout_s``: a worker that hangs ends the stream with ``not_ready``; in the
+distributed topology one that died is noticed within ``live_lost_after_s`` and its re-decode moved
+to another worker, or the stream ends with ``live_worker_lost``), the audio
 of one stream in all (``max_stream_s``), an utterance's length (``max_utterance_s``, cut at its
 quietest point). :class:`LiveHub` bounds the streams of a process (``max_streams``) and counts them
 in the service's Prometheus registry.
@@ -51,8 +53,9 @@ import torch
 from pipeline.audio.stream_vad import (Closed, Dropped, Endpointer, EndpointRules, StreamAudio,
                                        StreamScorer, quietest_point)
 from pipeline.audio.vad import WINDOW, Segmenter
-from pipeline.domain.errors import (LiveAtCapacity, LiveDecodeFailed, LiveOverloaded, NotReady,
-                                    SenseVoiceError, StreamTooLong, TooManyStreams)
+from pipeline.domain.errors import (BrokerUnavailable, LiveAtCapacity, LiveDecodeFailed,
+                                    LiveOverloaded, LiveWorkerLost, NotReady, SenseVoiceError,
+                                    StreamTooLong, TooManyStreams)
 from pipeline.domain.richtext import parse_rich_text
 from pipeline.domain.tags import SAMPLE_RATE_HZ
 from pipeline.domain.types import Segment, TranscribeOptions, Word
@@ -439,6 +442,8 @@ class LiveSession:
             return None
         if waiter.exception() is not None:
             e = waiter.exception()
+            if isinstance(e, (LiveWorkerLost, BrokerUnavailable)):  # the lane failed, not the audio
+                raise e
             raise LiveDecodeFailed(f"the model failed on this stream's audio: {e}") from e
         seconds = time.monotonic() - t0
         self.hub.load.observe(seconds)
@@ -590,8 +595,8 @@ class LiveHub:
     def check_ready(self) -> None:
         """NotReady unless this process can decode live audio now."""
         if self.decode is None:
-            raise NotReady("live captions need a process that holds the model (role all); this "
-                           "one has the api role")
+            raise NotReady("live captions need a process that holds the model (role all) or a "
+                           "shared broker with workers (role api with --broker redis://...)")
         reason = self.health.not_serving()
         if reason is not None:
             raise NotReady(reason)

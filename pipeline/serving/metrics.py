@@ -37,7 +37,7 @@ from typing import Any, Callable, Iterable, Iterator
 import prometheus_client
 from prometheus_client import (CollectorRegistry, Counter, Gauge, GCCollector, Histogram,
                                PlatformCollector, ProcessCollector, generate_latest)
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
 
 from pipeline.domain.errors import JobFailed
@@ -200,6 +200,7 @@ class Metrics:
         self._lanes_fn: Callable[[], dict] | None = None
         self._workers_fn: Callable[[], int] | None = None
         self._broker_up_fn: Callable[[], bool] | None = None
+        self._live_lane_fn: Callable[[], tuple[int, int, int] | None] | None = None
         r.register(_CallbackCollector(self))
         self._gpus = GpuSampler(self.devices, nvml_interval_s, nvml=nvml)
         r.register(self._gpus)
@@ -275,6 +276,11 @@ class Metrics:
         """``fn() -> whether the broker (Redis) answered the last check`` (distributed only)."""
         self._broker_up_fn = fn
 
+    def set_live_lane_fn(self, fn: Callable[[], tuple[int, int, int] | None]) -> None:
+        """``fn() -> (workers beating on the live lane, re-decodes moved, re-decodes lost)`` as an
+        api process of the distributed topology sees them (None before its first live stream)."""
+        self._live_lane_fn = fn
+
     def set_backlog_fn(self, fn: Callable[[], tuple[int, float]]) -> None:
         """``fn() -> (jobs, audio seconds)`` of long recordings accepted and not yet finished."""
         self._backlog_fn = fn
@@ -322,6 +328,17 @@ class _CallbackCollector:
         if up is not None:
             yield GaugeMetricFamily(f"{p}broker_up", "1 while the broker (Redis) answers this "
                                     "process, else 0.", value=1 if up else 0)
+        lane = _call(m._live_lane_fn, "live lane")
+        if lane is not None:
+            workers, moved, lost = lane
+            yield GaugeMetricFamily(f"{p}live_lane_workers", "Worker processes beating on the live "
+                                    "lane, as this api process last saw them.", value=int(workers))
+            yield CounterMetricFamily(f"{p}live_redecodes_moved", "Live re-decodes moved to another "
+                                      "worker because the one holding them stopped beating.",
+                                      value=int(moved))
+            yield CounterMetricFamily(f"{p}live_redecodes_lost", "Live re-decodes whose worker "
+                                      "stopped with no other to take them (live_worker_lost).",
+                                      value=int(lost))
         backlog = _call(m._backlog_fn, "backlog")
         if backlog is not None:
             yield GaugeMetricFamily(f"{p}backlog_jobs", "Long recordings accepted and not yet "

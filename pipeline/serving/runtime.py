@@ -10,11 +10,13 @@ alone; no caller wires a broker, a queue, a worker and a model by hand. The part
 * ``all``    -- both, in one process (``make run``: over the embedded broker).
 
 Each face takes only the part it uses: REST, OpenAI and the UI the intake and the view, the live
-captions the pool's live lane, the probes the health.
+captions the live lane (``Runtime.live_decode``: the pool's, or in an api-only process the shared
+broker's, answered by the worker processes), the probes the health.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 import time
@@ -23,7 +25,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from pipeline.config import Settings
-from pipeline.serving.broker import Broker, connect_broker
+from pipeline.serving.broker import Broker, connect_broker, live_decode_via
 from pipeline.serving.health import Health, Janitor
 from pipeline.serving.intake import Intake
 from pipeline.serving.job_view import JobView
@@ -33,6 +35,7 @@ from pipeline.serving.worker_pool import WorkerPool, visible_devices
 
 if TYPE_CHECKING:
     from pipeline.model.loading import ModelSource
+    from pipeline.serving.live import LiveDecode
 
 logger = logging.getLogger("sensevoice.runtime")
 
@@ -68,6 +71,16 @@ class Runtime:
         if self.source is None:
             return self.settings.engine.model
         return "demo (hand-set weights, not a real model)" if self.is_demo else self.source.name
+
+    @property
+    def live_decode(self) -> LiveDecode | None:
+        """The live lane as the live captions see it: this process's workers when it holds the
+        model; else (api role) the shared broker's, answered by any worker process; else None."""
+        if self.pool is not None:
+            return self.pool.decode_live
+        if self.broker.shared:
+            return functools.partial(live_decode_via, self.broker, self.health.not_serving)
+        return None
 
     @property
     def devices(self) -> list[str]:
@@ -165,6 +178,7 @@ def build_runtime(settings: Settings | None = None, role: str | None = None, *, 
     if broker.shared:
         metrics.set_workers_fn(broker.live_workers)
         metrics.set_broker_up_fn(lambda: not health.broker_error)
+        metrics.set_live_lane_fn(broker.live_lane_stats)
     elif pool is not None:  # embedded: this process's worker threads
         metrics.set_workers_fn(lambda: sum(w.is_alive() for w in pool.workers))
     health.on_loop_lag = metrics.observe_loop_lag

@@ -51,6 +51,7 @@ class WorkerPool:
         self.devices = devices
         self.workers: list = []
         self.feeder = None
+        self.live_server = None  # takes live re-decodes from the broker (other processes' streams)
         self.startup: dict[str, float] = {}
         self.live_ready: Callable[[], str | None] = lambda: None  # why live re-decodes wait, or None
         self._free_memory: dict[str, tuple[float, float]] = {}  # device -> (read at, free share)
@@ -104,14 +105,22 @@ class WorkerPool:
     def start(self) -> None:
         for w in self.workers:
             w.start()
+        consumer = f"{socket.gethostname()}:{os.getpid()}"
+        # live re-decodes of streams held by any api process, into the top lane of the scheduler
+        self.live_server = self.broker.serve_live(self.scheduler, consumer,
+                                                  max_waiting=self.settings.engine.max_batch,
+                                                  ready=lambda: self.live_ready())
+        self.live_server.start()
         if self.broker.shared:  # claims from the shared broker into the local scheduler
             self.feeder = self.broker.feeder(
-                self.scheduler, consumer=f"{socket.gethostname()}:{os.getpid()}",
+                self.scheduler, consumer=consumer,
                 prefetch=2 * self.settings.engine.max_batch,
                 free_memory=lambda: max(self.local_free_ratios(), default=None))
             self.feeder.start()
 
     def stop(self) -> None:
+        if self.live_server is not None:  # first: the api processes move its streams at once
+            self.live_server.stop()
         if self.feeder is not None:
             self.feeder.stop()
         self.scheduler.close()

@@ -27,7 +27,7 @@ def add_api(app, runtime: Runtime, bodies, pages: JobPages):
     app.include_router(build_openai_router(settings, intake, view))  # /v1: OpenAI-compatible
     app.state.event_fanout = event_fanout(settings)  # a job's events, built once, shared
     app.include_router(build_events_router(pages, app.state.event_fanout))  # and /favicon.ico
-    hub = LiveHub(settings, pool.decode_live if pool is not None else None, runtime.health,
+    hub = LiveHub(settings, runtime.live_decode, runtime.health,
                   registry=runtime.metrics.registry,
                   speech_device=pool.speech_device if pool is not None else "cpu")
     app.state.live_hub = hub

@@ -462,7 +462,7 @@ def mount_ui(app, runtime, pages: JobPages):
     # mounted app (the upload route's folder) and in some checks at request time: never the
     # host-wide /tmp/gradio, whose files any other Gradio app on the host may have put there
     os.environ["GRADIO_TEMP_DIR"] = upload_dir
-    blocks = build_ui(UiFace(runtime.intake, pages, lambda: runtime.is_demo, runtime.pool is not None,
+    blocks = build_ui(UiFace(runtime.intake, pages, lambda: runtime.is_demo, runtime.live_decode is not None,
                              runtime.on_purge), upload_dir)
     data_dir = os.path.realpath(settings.server.data_dir)
     blocked = {os.path.join(data_dir, name) for name in

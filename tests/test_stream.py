@@ -665,26 +665,27 @@ def test_a_burst_of_new_streams_is_admitted_as_their_load_is_measured():
     clock = _Clock()
     load = LaneLoad(interval_s=0.4, budget_s=0.3, clock=clock)
 
-    def offer(n: int, open_streams: int) -> int:
-        taken = 0
+    def offer(n: int, open_streams: int) -> list[int]:
+        tokens = []
         for _ in range(n):
-            if load.refusal(open_streams + taken) is None:
-                load.admitted()
-                taken += 1
-        return taken
+            if load.refusal(open_streams + len(tokens)) is None:
+                tokens.append(load.admitted())
+        return tokens
 
     first = offer(1000, 0)  # 1,000 at the same instant: only a few before any load is seen
-    assert first == LaneLoad.NEW_STREAMS
-    clock.t += 10.0
-    assert offer(1000, first) == 0  # time alone lets no more in: their load is still unknown
-    for _ in range(first):
-        load.measured()  # their first decodes came back, the lane idle: half of them more
-    assert offer(1000, first) == LaneLoad.NEW_STREAMS + first // 2
+    assert len(first) == LaneLoad.NEW_STREAMS == 4
+    clock.t += 1.0
+    assert offer(1000, 4) == []  # a second later no more: their load is still unknown
+    for token in first:
+        load.measured(token)  # their first decodes came back, the lane idle: half of them more
+    second = offer(1000, 4)
+    assert len(second) == 4 + 4 // 2
     load.observe(0.15)  # half the budget: half the headroom
-    for _ in range(LaneLoad.NEW_STREAMS + first // 2):
-        load.measured()
-    assert first == 4  # then: 10 measured, while fewer than 4 + 0.5 * 10 * 0.5 = 6.5 are new
-    assert offer(1000, 10) == 7
+    for token in second:
+        load.measured(token)
+    assert len(offer(1000, 10)) == 7  # 10 measured: while fewer than 4 + 0.5 * 10 * 0.5 = 6.5 new
+    clock.t += LaneLoad.NEW_WINDOW_S + 0.1  # those 7 stayed silent: they hold no one back
+    assert load.new() == 0 and load.refusal(17) is None
 
 
 def test_streams_that_come_and_go_do_not_hold_admission_back(server, speech):
@@ -696,7 +697,7 @@ def test_streams_that_come_and_go_do_not_hold_admission_back(server, speech):
     for _ in range(LaneLoad.NEW_STREAMS + 3):
         run = stream(ws_url(server), b"\0" * 3200, speed=None)
         assert run.error is None, run.error
-    assert hub.load.new == 0
+    assert hub.load.new() == 0
 
 
 def test_a_stream_refused_for_capacity_hears_it_and_the_refusal_is_counted(server, speech):

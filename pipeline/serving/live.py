@@ -226,6 +226,7 @@ class LiveSession:
         self._min_feed = max(2, int(MIN_FEED_S * sample_rate) * 2)  # bytes
         self._gathered = bytearray()  # short frames not yet handed to the scorer
         self._measured = False  # a decode of this stream has come back (LaneLoad.measured)
+        self.load_token = 0  # its place among the lane's new streams (set by the hub)
         self.buffer = AudioBuffer()
         self.endpointer = Endpointer(hub.rules, self._quietest)
         self.stats = LiveStats()
@@ -283,7 +284,7 @@ class LiveSession:
         counts among the new streams that hold admission back."""
         if not self._measured:
             self._measured = True
-            self.hub.load.measured()
+            self.hub.load.measured(self.load_token)
 
     def _check(self) -> None:
         if self.failed.done():
@@ -477,22 +478,25 @@ class LaneLoad:
       configured interval (the stretch thins the partials after it); finals are never delayed
       (they go first, whatever the cadence);
     * ``refusal(open)``: why a new stream must wait (None: admit it) -- the lane over its latency
-      budget, or too many streams admitted whose load has not been measured yet (no decode of
-      theirs has come back): at most ``NEW_STREAMS`` plus half the measured ones times the latency
-      headroom (1 - latency / budget), so a burst never gets in before its load has been seen,
-      growth slows as the lane nears its budget, and stops at it. The hub calls ``admitted()``
-      for each stream it lets in and ``measured()`` once per stream, at its first decode or at
-      its end without one."""
+      budget, or too many streams admitted in the last ``NEW_WINDOW_S`` whose load has not been
+      measured yet (no decode of theirs has come back): at most ``NEW_STREAMS`` plus half the
+      others times the latency headroom (1 - latency / budget), so a burst never gets in before
+      its load has been seen, growth slows as the lane nears its budget, and stops at it; a stream
+      silent for longer (a microphone open, nobody speaking) no longer holds others back. The hub
+      calls ``admitted()`` for each stream it lets in (a token) and ``measured(token)`` once, at
+      its first decode or at its end without one."""
 
     HALF_LIFE_S = 2.0
     MAX_STRETCH = 4.0
     NEW_STREAMS = 4  # streams admitted before any load is measured
+    NEW_WINDOW_S = 3.0  # a stream admitted longer ago counts as measured (silent: no load)
 
     def __init__(self, interval_s: float, budget_s: float, clock: Callable[[], float] = time.monotonic):
         self.interval_s, self.budget_s, self.clock = interval_s, budget_s, clock
         self._latency = 0.0
         self._at = clock()
-        self.new = 0  # streams admitted whose load is not measured yet
+        self._new: dict[int, float] = {}  # token -> when admitted: load not measured yet
+        self._tokens = 0
 
     def observe(self, seconds: float) -> None:
         """One re-decode took ``seconds``."""
@@ -519,17 +523,27 @@ class LaneLoad:
             return (f"live captions are at capacity: re-decodes take {latency * 1e3:.0f} ms now, "
                     f"over the {self.budget_s * 1e3:.0f} ms they are kept under; try again in a few "
                     "seconds")
-        measured = max(open_streams - self.new, 0)
-        if self.new >= self.NEW_STREAMS + 0.5 * measured * (1.0 - latency / self.budget_s):
+        new = self.new()
+        measured = max(open_streams - new, 0)
+        if new >= self.NEW_STREAMS + 0.5 * measured * (1.0 - latency / self.budget_s):
             return ("live streams are arriving faster than they can be taken on; try again in a "
                     "few seconds")
         return None
 
-    def admitted(self) -> None:
-        self.new += 1
+    def new(self) -> int:
+        """Streams admitted within ``NEW_WINDOW_S`` whose load is not measured yet."""
+        since = self.clock() - self.NEW_WINDOW_S
+        for token in [t for t, at in self._new.items() if at < since]:
+            del self._new[token]
+        return len(self._new)
 
-    def measured(self) -> None:
-        self.new = max(self.new - 1, 0)
+    def admitted(self) -> int:
+        self._tokens += 1
+        self._new[self._tokens] = self.clock()
+        return self._tokens
+
+    def measured(self, token: int) -> None:
+        self._new.pop(token, None)
 
 
 class LiveMetrics:
@@ -629,11 +643,12 @@ class LiveHub:
             self.metrics.refused.labels(e.code).inc()
             raise
         self.metrics.admitted.inc()
-        self.load.admitted()
+        token = self.load.admitted()
         self.open += 1
         self._by_client[client] = held + 1
         self.metrics.streams.inc()
         session = LiveSession(self, options, sample_rate, emit)
+        session.load_token = token
         code = "ok"
         try:
             yield session

@@ -38,6 +38,16 @@ class RecordingFailed(Exception):
         self.code, self.message = code, message
 
 
+class _NoLive:
+    """A live lane with nothing to serve (Broker.serve_live's answer in a batch run)."""
+
+    def start(self) -> None:
+        pass
+
+    def stop(self) -> None:
+        pass
+
+
 class DirectRun:
     """The worker side of this process, fed directly; it is also the results' sink the workers
     write to (the broker methods a :class:`~pipeline.serving.worker.Worker` calls)."""
@@ -101,6 +111,10 @@ class DirectRun:
             return self._segmenter
 
     # ------------------------------------------------------------------ the workers' sink
+    def serve_live(self, scheduler, consumer: str, *, max_waiting: int, ready) -> "_NoLive":
+        """The worker pool starts a broker's live lane at start: a batch run has no live streams."""
+        return _NoLive()
+
     def mark_running(self, job_ids: Iterable[str], already_running_ok: bool = False) -> set[str]:
         with self._lock:
             return {j for j in job_ids if j in self._futures}

@@ -59,6 +59,7 @@
       transcribing_pieces: 'Transcribing: {done} of {total} pieces done',
       done: 'Done in {seconds}',
       done_detail: '{audio} of audio; {work} of work on the server',
+      truncated: 'It looks truncated: {got} of the {announced} the file announces.',
       failed: 'Failed',
       job: 'Job',
       copy_id: 'Copy the full job id',
@@ -101,6 +102,7 @@
       transcribing_pieces: '\u6b63\u5728\u8f6c\u5199\uff1a\u5df2\u5b8c\u6210 {done} / {total} \u6bb5',
       done: '\u5b8c\u6210\uff0c\u7528\u65f6 {seconds}',
       done_detail: '\u97f3\u9891 {audio}\uff1b\u670d\u52a1\u5668\u5904\u7406 {work}',
+      truncated: '\u6587\u4ef6\u4f3c\u4e4e\u4e0d\u5b8c\u6574\uff1a\u53ea\u6709 {got}\uff0c\u6587\u4ef6\u6807\u79f0 {announced}\u3002',
       failed: '\u5931\u8d25',
       job: '\u4efb\u52a1',
       copy_id: '\u590d\u5236\u5b8c\u6574\u7684\u4efb\u52a1\u7f16\u53f7',
@@ -399,7 +401,8 @@
     clickAt: null,     // performance.now() of the Submit click that made this job
     submits: 0,
     answered: 0,
-    busy: false
+    busy: false,
+    chosen: null       // { name, seconds }: the file last chosen in the widget, its announced length
   };
   var timings = { click: null, accepted: null, first: null, done: null, shown: null, runs: [] };
 
@@ -455,6 +458,8 @@
     if (d.detail) text.appendChild(el('div', 'sv-state-detail', d.detail));
     if (d.hint) text.appendChild(el('div', 'sv-state-hint', d.hint));
     if (extra) text.appendChild(el('div', 'sv-state-detail sv-state-extra', extra));
+    var cut = view.stage === 'done' ? truncatedNote(view) : '';
+    if (cut) text.appendChild(el('div', 'sv-state-warning', cut));
     if (d.progress != null) {
       var bar = el('progress', 'sv-progress');
       bar.max = 1;
@@ -464,6 +469,103 @@
     box.appendChild(text);
     if (view.id) box.appendChild(jobIdChip(String(view.id)));
     host.appendChild(box);
+  }
+
+  // Whether a result of ``got`` seconds is shorter than the ``announced`` length of the file by more
+  // than half a second (the CLI's rule, pipeline/audio/decode.py TRUNCATION_SLACK_SECONDS): a
+  // truncated upload, where the page said "Done ... 0.16 s of audio" and nothing else.
+  function truncated(got, announced) {
+    if (got == null || announced == null) return false;
+    got = Number(got);
+    announced = Number(announced);
+    return isFinite(got) && isFinite(announced) && announced > 0 && announced - got > 0.5;
+  }
+
+  // The warning for a job made from the file chosen in this page (matched by its name): both lengths.
+  function truncatedNote(view) {
+    var c = state.chosen;
+    if (!c || !view || String(view.filename || '') !== c.name) return '';
+    if (!truncated(view.audio_seconds, c.seconds)) return '';
+    return t('truncated', { got: formatSeconds(view.audio_seconds), announced: formatSeconds(c.seconds) });
+  }
+
+  // Formats whose length the browser estimates from the bit rate rather than reads from a header
+  // (as pipeline/audio/decode.py ESTIMATED_DURATION_DEMUXERS): no claim is made about those.
+  var ESTIMATED_EXT = /\.(mp3|aac|adts|amr|ts|mts|m2ts)$/i;
+  var ESTIMATED_TYPE = /^audio\/(mpeg|mp3|aac|aacp|amr|amr-wb)$|^video\/mp2t$/i;
+
+  // The length a RIFF/WAVE header announces: its data chunk's stated size over the fmt chunk's byte
+  // rate (what FFmpeg reports, and the CLI compares with). NaN when it does not say (not a WAV, a
+  // streamed WAV's size 0 or 0xFFFFFFFF). ``buf``: the file's first bytes (an ArrayBuffer).
+  function wavAnnounced(buf) {
+    var v;
+    try { v = new DataView(buf); } catch (e) { return NaN; }
+    var tag = function (p) {
+      return String.fromCharCode(v.getUint8(p), v.getUint8(p + 1), v.getUint8(p + 2), v.getUint8(p + 3));
+    };
+    if (v.byteLength < 12 || tag(0) !== 'RIFF' || tag(8) !== 'WAVE') return NaN;
+    var byteRate = 0;
+    var pos = 12;
+    for (var i = 0; i < 64 && pos + 8 <= v.byteLength; i++) {
+      var id = tag(pos);
+      var size = v.getUint32(pos + 4, true);
+      if (id === 'fmt ' && size >= 16 && pos + 20 <= v.byteLength) byteRate = v.getUint32(pos + 16, true);
+      if (id === 'data') return byteRate > 0 && size > 0 && size !== 0xFFFFFFFF ? size / byteRate : NaN;
+      pos += 8 + size + (size & 1);
+    }
+    return NaN;
+  }
+
+  // The length ``file`` announces: a WAV's header read here (the browser's own reading stops at
+  // the end of the bytes), else as the browser reads it (a detached <audio>, metadata only). A
+  // Promise of seconds, NaN when it cannot tell.
+  function announcedSeconds(file) {
+    if (!file) return Promise.resolve(NaN);
+    var head = typeof file.slice === 'function' ? file.slice(0, 65536) : null;
+    var read = head && typeof head.arrayBuffer === 'function' ? head.arrayBuffer() : Promise.resolve(null);
+    return read.then(wavAnnounced, function () { return NaN; }).then(function (wav) {
+      return isFinite(wav) ? wav : playerSeconds(file);
+    });
+  }
+
+  function playerSeconds(file) {
+    return new Promise(function (resolve) {
+      var name = String(file.name || '');
+      var type = String(file.type || '');
+      if (ESTIMATED_EXT.test(name) || ESTIMATED_TYPE.test(type) || !root.URL ||
+          typeof root.URL.createObjectURL !== 'function') {
+        resolve(NaN);
+        return;
+      }
+      var a = doc.createElement('audio');
+      var url = root.URL.createObjectURL(file);
+      var timer = 0;
+      var end = function (v) {
+        if (!url) return;
+        root.clearTimeout(timer);
+        a.removeAttribute('src');
+        root.URL.revokeObjectURL(url);
+        url = '';
+        resolve(v);
+      };
+      timer = root.setTimeout(function () { end(NaN); }, 10000);
+      a.preload = 'metadata';
+      a.addEventListener('loadedmetadata', function () { end(Number(a.duration)); });
+      a.addEventListener('error', function () { end(NaN); });
+      a.src = url;
+    });
+  }
+
+  // A file chosen or dropped in the widget: its announced length, kept for its job's result.
+  function noteChosen(file) {
+    if (!file) return;
+    var entry = { name: String(file.name || ''), seconds: NaN };
+    state.chosen = entry;
+    announcedSeconds(file).then(function (s) {
+      entry.seconds = s;
+      var v = state.view;
+      if (state.chosen === entry && v && v.stage === 'done' && truncatedNote(v)) renderState(v);
+    });
   }
 
   // Two overlapping sheets, drawn (no icon font, no emoji).
@@ -891,6 +993,7 @@
         refuseFile();
         return;
       }
+      noteChosen(files[0]);
       var typed = files.map(asAudioFile);
       if (typed.every(function (f, i) { return f === files[i]; })) return;
       ev.stopImmediatePropagation();
@@ -909,6 +1012,7 @@
         refuseFile();
         return;
       }
+      noteChosen(files[0]);
       if (files.every(function (f) { return asAudioFile(f) === f; })) return;
       var input = doc.querySelector('#sv-audio input[type=file]');
       if (!input) return;
@@ -1016,6 +1120,7 @@
     state.query = '';
     state.view = null;
     state.clickAt = null;
+    state.chosen = null;
     setUrl('', '');
     setBusy(false);
     clearResult();
@@ -1068,6 +1173,8 @@
     formatSeconds: formatSeconds,
     errorText: errorText,
     recentAdd: recentAdd,
+    truncated: truncated,
+    wavAnnounced: wavAnnounced,
     reviewable: reviewable,
     pickLang: pickLang
   });

@@ -202,6 +202,33 @@ def test_describe_done_counts_from_the_click(page):
     assert d["detail"] == "5.00 s of audio; 0.04 s of work on the server"
 
 
+@pytest.mark.parametrize("got, announced, cut", [
+    (0.16, 7.31, True), (7.31, 7.31, False), (7.0, 7.31, False), (6.7, 7.31, True),
+    (0.16, float("nan"), False), (0.16, float("inf"), False), (0.16, 0, False), (None, 7.31, False)])
+def test_truncated_is_the_clis_rule(page, got, announced, cut):
+    """More than half a second short of what the file announces (decode.py's slack)."""
+    assert app(page, "truncated(a[0], a[1])", got, announced) is cut
+
+
+def wav_head(data_size: int, byte_rate: int = 32000, extra: bytes = b"") -> list[int]:
+    fmt = (1).to_bytes(2, "little") + (1).to_bytes(2, "little") + (16000).to_bytes(4, "little") + \
+        byte_rate.to_bytes(4, "little") + (2).to_bytes(2, "little") + (16).to_bytes(2, "little")
+    body = b"WAVE" + extra + b"fmt " + len(fmt).to_bytes(4, "little") + fmt + \
+        b"data" + data_size.to_bytes(4, "little") + b"\x00" * 64
+    return list(b"RIFF" + min(len(body) + data_size, 0xFFFFFFFF).to_bytes(4, "little") + body)
+
+
+@pytest.mark.parametrize("head, seconds", [
+    (wav_head(int(7.31 * 32000)), 7.31),  # what the header says, whatever follows
+    (wav_head(64000, extra=b"LIST" + (3).to_bytes(4, "little") + b"abc\x00"), 2.0),  # odd chunk padded
+    (wav_head(0), None), (wav_head(0xFFFFFFFF), None),  # a streamed WAV says nothing
+    (wav_head(64000, byte_rate=0), None), (list(b"ID3\x04" + b"\x00" * 60), None), ([], None)])
+def test_the_length_a_wav_announces(page, head, seconds):
+    got = page.evaluate("(a) => { const s = window.SenseVoiceApp.wavAnnounced(new Uint8Array(a).buffer);"
+                        " return isFinite(s) ? s : null; }", head)
+    assert got == (pytest.approx(seconds) if seconds is not None else None)
+
+
 def test_recent_add_keeps_one_entry_per_job_newest_first(page):
     old = [{"id": f"j{i}"} for i in range(10)]
     got = app(page, "recentAdd(a[0], a[1])", old, {"id": "j5", "name": "new"})

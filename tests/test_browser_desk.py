@@ -236,3 +236,49 @@ def test_phone_scrolls_to_the_result_and_fits(phone_server, browser, clip_factor
             assert "done" not in recent and "完成" in recent and "AM" not in recent and "PM" not in recent
     finally:
         ctx.close()
+
+
+@pytest.mark.parametrize("lang", ["en", "zh"])
+def test_a_truncated_file_is_said_to_be_truncated(phone_server, browser, tmp_path, lang):
+    """Issue 23: a truncated WAV showed "Done ... 0.16 s of audio" and nothing else; the CLI said
+    "it looks truncated: 0.16 s of the 7.31 s the file announces". The page says it too, with both
+    lengths (the WAV header read in the page: the browser's player stops at the bytes there are)."""
+    import wave
+
+    import numpy as np
+
+    full = tmp_path / "full.wav"
+    with wave.open(str(full), "wb") as w:
+        w.setnchannels(1)
+        w.setsampwidth(2)
+        w.setframerate(16000)
+        w.writeframes((np.sin(np.arange(int(7.31 * 16000)) / 9) * 8000).astype("<i2").tobytes())
+    cut = full.read_bytes()[:44 + 2 * int(0.16 * 16000)]  # the header still announces 7.31 s
+    ctx = browser.new_context(viewport={"width": 1280, "height": 900})
+    pg = ctx.new_page()
+    try:
+        pg.add_init_script(f"localStorage.setItem('sv-lang', '{lang}')")
+        open_ui(pg, phone_server)
+        pg.locator("input[type=file]").first.set_input_files(
+            {"name": "cut.wav", "mimeType": "audio/wav", "buffer": cut})
+        pg.wait_for_selector("#sv-audio [data-testid^='waveform-']", timeout=30_000)
+        pg.locator("#sv-submit").click()
+        pg.wait_for_selector("#sv-state-view [data-stage=done]", timeout=60_000)
+        warning = pg.locator("#sv-state-view .sv-state-warning")
+        warning.wait_for(timeout=30_000)
+        text = warning.inner_text()
+        assert ("不完整" if lang == "zh" else "truncated") in text, text
+        assert "0.16 s" in text and "7.31 s" in text, text
+        if lang == "zh":
+            return
+        # the whole file: no warning
+        pg.locator("#sv-new").click()
+        pg.locator("input[type=file]").first.set_input_files(str(full))
+        pg.wait_for_selector("#sv-audio [data-testid^='waveform-']", timeout=30_000)
+        pg.locator("#sv-submit").click()
+        pg.wait_for_function("() => /7\\.31 s/.test(document.querySelector('#sv-state-view').textContent)",
+                             timeout=60_000)
+        pg.wait_for_timeout(1000)  # (the length is read in the background)
+        assert pg.locator("#sv-state-view .sv-state-warning").count() == 0
+    finally:
+        ctx.close()

@@ -426,9 +426,21 @@ def test_chinese_interface(page, server, clip_factory):
         assert page.locator("#sv-submit").inner_text().strip() == "转写"
         page.locator("input[type=file]").first.set_input_files(str(clip_factory("wav", 16000, 1)))
         page.wait_for_selector("#sv-audio [data-testid^='waveform-']", timeout=30_000)
+        # Gradio's screen-reader status line announced its raw key "common.complete" (its own
+        # tables lack it) when the event completed; now the page's word
+        page.evaluate("""() => { window.__said = [];
+            new MutationObserver((recs) => { for (const r of recs) {
+                const n = r.target.nodeType === 3 ? r.target.parentElement : r.target;
+                const live = n && n.closest && n.closest('[role=status][aria-live]');
+                if (live && live.textContent.trim()) window.__said.push(live.textContent.trim()); } })
+              .observe(document.body, { subtree: true, childList: true, characterData: true }); }""")
         page.locator("#sv-submit").click()
         page.wait_for_selector("#sv-result .sv-seg", timeout=30_000)
         assert "完成" in state(page)
+        # (announced at most every 5 s, so up to 5 s after the one before)
+        page.wait_for_function("() => window.__said.some(t => t === '完成' || /common\\./.test(t))",
+                               timeout=20_000)
+        assert not [t for t in page.evaluate("window.__said") if "common." in t]
     finally:
         page.evaluate("localStorage.removeItem('sv-lang')")
 

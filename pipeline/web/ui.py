@@ -78,6 +78,9 @@ WORDS = {
         "sv_sample_hello": "English greeting",
         "sv_sample_nihao": "Chinese greeting",
         "sv_sample_call": "A call (two speakers, 40 s)",
+        # Gradio's status line says this key when an event completes; its own dictionaries lack
+        # it (Gradio 6.31), so the page read "common.complete" in either language
+        "common.complete": "Done",
     },
     "zh": {
         "sv_title": "## SenseVoice 语音识别\n上传或录制音频（或视频）：转写结果标出语种、情绪和声音事件。",
@@ -93,6 +96,7 @@ WORDS = {
         "sv_sample_hello": "英语问候",
         "sv_sample_nihao": "中文问候",
         "sv_sample_call": "一段通话（两位说话人，40 秒）",
+        "common.complete": "完成",
     },
 }
 

@@ -41,3 +41,16 @@ def test_api_only_serves_the_api_without_importing_gradio(tmp_path):
         "print('ok')")
     r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert r.returncode == 0 and r.stdout.strip().endswith("ok"), r.stderr[-2000:]
+
+
+def test_loading_a_local_model_says_nothing_of_a_download(demo_dir, caplog):
+    """Issue 23: in demo mode the start-up log said "download models from model hub: ms" (funasr
+    logs it for a local directory too); nothing is downloaded, so nothing says so."""
+    import logging
+
+    from pipeline.model.loading import load_automodel
+
+    with caplog.at_level(logging.INFO):
+        load_automodel(demo_dir, "cpu")
+    said = [r.getMessage() for r in caplog.records]
+    assert said and not [m for m in said if "model hub" in m or "download" in m.lower()], said

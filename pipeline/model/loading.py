@@ -96,22 +96,36 @@ def _download(name: str) -> Path:
         raise ModelUnavailable(f"downloading {name!r} from the model hub failed: {e}") from e
 
 
+class _NoHubNotice(logging.Filter):
+    """Drops funasr's "download models from model hub: ms", which it logs (on the root logger) for
+    every model it builds, a local directory too: in demo mode the start-up log said it would
+    download. (A real download is :func:`_download`'s, with modelscope's own log.)"""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith("download models from model hub")
+
+
 def load_automodel(model_dir: str | Path, device: str):
     """funasr's AutoModel for a local directory: no hub, no update check, no dither, SenseVoice only."""
     import torch
     from funasr import AutoModel
 
     threads = torch.get_num_threads()
-    am = AutoModel(
-        model=str(model_dir),
-        device=device,
-        disable_update=True,
-        disable_pbar=True,
-        disable_log=True,
-        log_level="ERROR",
-        ncpu=threads,  # funasr's default of 4 oversubscribes small machines
-        frontend_conf={"dither": 0.0},
-    )
+    quiet = _NoHubNotice()
+    logging.getLogger().addFilter(quiet)
+    try:
+        am = AutoModel(
+            model=str(model_dir),
+            device=device,
+            disable_update=True,
+            disable_pbar=True,
+            disable_log=True,
+            log_level="ERROR",
+            ncpu=threads,  # funasr's default of 4 oversubscribes small machines
+            frontend_conf={"dither": 0.0},
+        )
+    finally:
+        logging.getLogger().removeFilter(quiet)
     _check_weights_loaded(am.model, Path(model_dir) / "model.pt")
     am.model.eval()
     return am

@@ -94,6 +94,37 @@ def test_batch_of_20_files_table_filters_sort_and_csv(page, server, clip_factory
     assert {r[1] for r in table[1:]} == {f["name"] for f in files}
 
 
+def editor_title(page) -> str:
+    return page.locator("#sv-editor .sv-editor-title").inner_text()
+
+
+def test_next_and_previous_call_without_going_back_to_the_table(page, server):
+    """A row opens the call; Next / Previous call walk the table's order (here by name) in the
+    review view, the table staying where it is, the row of the call on screen marked."""
+    boot_desk(page, server)
+    page.locator("#sv-desk th[data-sort=name]").click()
+    page.wait_for_function("() => document.querySelector('#sv-desk th[data-sort=name]')"
+                           ".getAttribute('aria-sort') === 'ascending'")
+    names = rows(page)
+    page.locator("#sv-desk tr.sv-call-row").nth(0).click()
+    page.wait_for_function("(n) => (document.querySelector('#sv-editor .sv-editor-title') || {})"
+                           ".textContent?.endsWith(n)", arg=names[0], timeout=60_000)
+    for want, click in ((1, ".sv-next-call"), (2, ".sv-next-call"), (1, ".sv-prev-call")):
+        page.locator(f"#sv-editor {click}").click()
+        page.wait_for_function("(n) => (document.querySelector('#sv-editor .sv-editor-title') || {})"
+                               ".textContent?.endsWith(n)", arg=names[want], timeout=60_000)
+        page.wait_for_selector("#sv-editor .sv-edit-seg", timeout=30_000)
+        assert rows(page) == names  # the table as it was
+        current = page.locator("#sv-desk tr.sv-call-row.sv-current .sv-call-name").all_inner_texts()
+        assert current == [names[want]]
+    page.locator("#sv-editor .sv-prev-call").click()
+    page.wait_for_function("(n) => (document.querySelector('#sv-editor .sv-editor-title') || {})"
+                           ".textContent?.endsWith(n)", arg=names[0], timeout=60_000)
+    page.locator("#sv-editor .sv-prev-call").click()  # the first call: nothing before it
+    page.wait_for_timeout(500)
+    assert editor_title(page).endswith(names[0])
+
+
 def open_long_call(page):
     page.locator("#sv-desk .sv-desk-search").fill("long-call")
     page.wait_for_function("() => document.querySelectorAll('#sv-desk tr.sv-call-row').length === 1")

@@ -330,6 +330,17 @@ def test_a_video_is_transcribed(page, server, videos, kind):
     assert "Done in" in state(page)
 
 
+def test_the_file_dialog_offers_videos(page, server):
+    """Issue 23: the page says "or a video" but the dialog's filter listed only audio types (Gradio's
+    accept list): a click on the widget opens the dialog with the video types added."""
+    open_ui(page, server)
+    with page.expect_file_chooser(timeout=15_000) as chooser:
+        page.locator("#sv-audio [aria-label='File upload'], #sv-audio button").first.click()
+    accept = chooser.value.element.get_attribute("accept")
+    for kind in ("audio/*", "video/*", ".mp4", ".mkv", ".webm", ".mov"):
+        assert kind in accept, accept
+
+
 def test_a_video_without_sound_gets_a_plain_error(page, server, videos):
     open_ui(page, server)
     record_stages(page)

@@ -1031,6 +1031,69 @@
     }, true);
   }
 
+  // ---- Gradio's own English in a Chinese page ----
+
+  // Words Gradio 6 draws in English whatever its locale: the empty upload widget's text (drawn once,
+  // not from its zh-CN table) and the player's labels (English in its code). In a Chinese page they
+  // are put in Chinese where they appear (Gradio's own zh-CN words where its table has them).
+  function secondsZh(m, n) { return Math.round(Number(n) * 100) / 100 + ' \u79d2'; }
+  var GRADIO_ZH = [
+    [/^Drop Audio Here$/, '\u5c06\u97f3\u9891\u62d6\u653e\u5230\u6b64\u5904'],
+    [/^- or -$/, '- \u6216 -'],
+    [/^Click to Upload$/, '\u70b9\u51fb\u4e0a\u4f20'],
+    [/^Drop an audio file here to upload$/, '\u5c06\u97f3\u9891\u6587\u4ef6\u62d6\u653e\u5230\u6b64\u5904\u4ee5\u4e0a\u4f20'],
+    [/^(File upload|Upload file)$/, '\u4e0a\u4f20\u6587\u4ef6'],
+    [/^Record audio$/, '\u5f55\u97f3'],
+    [/^Adjust volume$/, '\u8c03\u8282\u97f3\u91cf'],
+    [/^Reset audio$/, '\u91cd\u7f6e\u97f3\u9891'],
+    [/^undo$/i, '\u64a4\u9500'],
+    [/^Trim audio to selection$/, '\u88c1\u526a\u5230\u6240\u9009\u7247\u6bb5'],
+    [/^Adjust playback speed to ([\d.]+)x$/, '\u64ad\u653e\u901f\u5ea6\u8c03\u4e3a $1\u00d7'],
+    [/^Skip backwards by ([\d.]+) seconds?$/, function (m, n) { return '\u540e\u9000 ' + secondsZh(m, n); }],
+    [/^Skip forward by ([\d.]+) seconds?$/, function (m, n) { return '\u524d\u8fdb ' + secondsZh(m, n); }]
+  ];
+
+  function gradioZh(text) {
+    var s = String(text == null ? '' : text).trim();
+    for (var i = 0; i < GRADIO_ZH.length; i++) {
+      if (GRADIO_ZH[i][0].test(s)) return s.replace(GRADIO_ZH[i][0], GRADIO_ZH[i][1]);
+    }
+    return null;
+  }
+
+  var LABEL_ATTRS = ['aria-label', 'title', 'placeholder'];
+
+  // Gradio's English inside the upload widget, in Chinese (its texts and its labels).
+  function gradioWordsZh() {
+    var box = doc.getElementById('sv-audio');
+    if (currentLang !== 'zh' || !box) return;
+    var walk = doc.createTreeWalker(box, 4 /* NodeFilter.SHOW_TEXT */);
+    while (walk.nextNode()) {
+      var zh = gradioZh(walk.currentNode.nodeValue);
+      if (zh !== null) walk.currentNode.nodeValue = zh;
+    }
+    var labelled = box.querySelectorAll('[aria-label], [title], [placeholder]');
+    for (var i = 0; i < labelled.length; i++) {
+      LABEL_ATTRS.forEach(function (a) {
+        var v = labelled[i].getAttribute(a);
+        var zh = v ? gradioZh(v) : null;
+        if (zh !== null) labelled[i].setAttribute(a, zh);
+      });
+    }
+  }
+
+  function installGradioWordsZh() {
+    if (currentLang !== 'zh' || typeof root.MutationObserver !== 'function' || !doc.body) return;
+    var queued = false;
+    new root.MutationObserver(function () {
+      if (queued) return;
+      queued = true;
+      root.setTimeout(function () { queued = false; gradioWordsZh(); }, 0);
+    }).observe(doc.body, { subtree: true, childList: true, characterData: true, attributes: true,
+      attributeFilter: LABEL_ATTRS });
+    gradioWordsZh();
+  }
+
   // ---- tag icons without an emoji font ----
 
   function emojiSupported() {
@@ -1138,6 +1201,7 @@
     if (storageGet(STORE_LANG)) gradioLocale(currentLang === 'zh' ? 'zh-CN' : 'en');
     renderTopbar();
     renderRecent();
+    installGradioWordsZh();
     var job = jobFromSearch(root.location.search);
     if (job) open(job.id, job.query);
   }
@@ -1175,6 +1239,7 @@
     recentAdd: recentAdd,
     truncated: truncated,
     wavAnnounced: wavAnnounced,
+    gradioZh: gradioZh,
     reviewable: reviewable,
     pickLang: pickLang
   });

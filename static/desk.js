@@ -380,7 +380,8 @@
     Object.keys(r.emotion_shares || {}).sort().forEach(function (spk) {
       var bar = el('span', 'sv-share-bar');
       bar.title = (spk || t('speaker_all')) + ': ' + shareBar(r.emotion_shares[spk]).map(function (x) {
-        return x.emotion + ' ' + Math.round(x.share * 100) + ' %';
+        var info = tag('emotion', x.emotion);
+        return (info ? info.label : x.emotion) + ' ' + Math.round(x.share * 100) + ' %';
       }).join(', ');
       shareBar(r.emotion_shares[spk]).forEach(function (x) {
         var seg = el('span', 'sv-share');
@@ -397,7 +398,7 @@
     Object.keys(r.events || {}).sort().forEach(function (name) {
       var info = tag('event', name);
       var s = el('span', 'sv-call-event', (info ? info.emoji : name) + '\u00d7' + r.events[name]);
-      s.title = name;
+      s.title = info ? info.label : name;
       ev.appendChild(s);
     });
     tr.appendChild(ev);

@@ -105,6 +105,12 @@
     return T[kind][name];
   }
 
+  // A tag as the page shows it: the model's name, or its Chinese word on a Chinese page (richtext.js).
+  function tagLabel(kind, name) {
+    var e = tagEntry(kind, name);
+    return e && e.label ? e.label : name;
+  }
+
   // The language tag of a segment without speech (the server's vocabulary, pipeline/web/vocab.py).
   function noSpeech() {
     return root.SenseVoiceVocab ? root.SenseVoiceVocab.noSpeech : null;
@@ -186,7 +192,7 @@
       c.appendChild(em);
       c.appendChild(document.createTextNode(' '));
     }
-    c.appendChild(el('span', 'sv-label', name));
+    c.appendChild(el('span', 'sv-label', tagLabel(kind, name)));
     if (value != null) {
       c.appendChild(document.createTextNode(' '));
       c.appendChild(el('span', 'sv-sum-value', value));
@@ -468,7 +474,7 @@
   function segTitle(s) {
     var parts = [(s.approx ? '\u2248 ' : '') + formatTime(s.start) + NDASH + formatTime(s.end)];
     if (s.speaker !== null) parts.push(s.speaker);
-    if (s.emotion) parts.push(emojiOf('emotion', s.emotion) + s.emotion);
+    if (s.emotion) parts.push(emojiOf('emotion', s.emotion) + tagLabel('emotion', s.emotion));
     var text = s.text.length > 200 ? s.text.slice(0, 200) + '\u2026' : s.text;
     if (text) parts.push(text);
     return parts.join(DOT);
@@ -530,7 +536,7 @@
           'class': 'sv-tl-event', 'data-event': name, 'data-start': seg.start,
           'data-lane': seg.lane, 'data-index': seg.index
         });
-        svgTitle(m, (ev && ev.emoji ? ev.emoji + ' ' : '') + name + ' at ' + formatTime(seg.start));
+        svgTitle(m, (ev && ev.emoji ? ev.emoji + ' ' : '') + tagLabel('event', name) + DOT + formatTime(seg.start));
         m.appendChild(svg('line', {
           x1: seg.start, x2: seg.start, y1: top + 2, y2: top + LANE_H - 2,
           stroke: color, 'stroke-width': 2, 'vector-effect': 'non-scaling-stroke'
@@ -725,10 +731,10 @@
     });
     var speakers = L.lanes.filter(function (sp) { return sp !== null; });
     var emotion = select('sv-filter-emotion', tr('all_emotions'), emos, function (v) {
-      return emojiOf('emotion', v) + v;
+      return emojiOf('emotion', v) + tagLabel('emotion', v);
     });
     var event = select('sv-filter-event', tr('all_events'), evs, function (v) {
-      return emojiOf('event', v) + v;
+      return emojiOf('event', v) + tagLabel('event', v);
     });
     var speaker = select('sv-filter-speaker', tr('all_speakers'), speakers, function (v) {
       return laneName(v, false, names);

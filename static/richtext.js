@@ -39,12 +39,28 @@
     'Show raw': '\u663e\u793a\u539f\u59cb\u8f93\u51fa', 'Hide raw': '\u9690\u85cf\u539f\u59cb\u8f93\u51fa',
     'Copied': '\u5df2\u590d\u5236', 'Copy failed': '\u590d\u5236\u5931\u8d25',
     'No speech detected': '\u672a\u68c0\u6d4b\u5230\u8bed\u97f3',
-    'punctuated': '\u5e26\u6807\u70b9', 'spoken form': '\u53e3\u8bed\u5f62\u5f0f'
+    'No speech': '\u65e0\u8bed\u97f3', 'Unknown tag': '\u672a\u77e5\u6807\u7b7e'
   };
 
-  function word(s) {
+  function zhPage() {
     var I = root.SenseVoiceI18n;
-    return I && I.lang && I.lang() === 'zh' && UI_ZH[s] ? UI_ZH[s] : s;
+    return !!(I && I.lang && I.lang() === 'zh');
+  }
+
+  function word(s) {
+    return zhPage() && UI_ZH[s] ? UI_ZH[s] : s;
+  }
+
+  // A table entry whose label and title follow the page's language, read when a chip is drawn:
+  // the model's tag name and an English title, or the tag's Chinese word (the server's table).
+  function worded(entry, en, zh) {
+    ['label', 'title'].forEach(function (k) {
+      Object.defineProperty(entry, k, {
+        enumerable: true,
+        get: function () { return zhPage() ? zh[k] : en[k]; }
+      });
+    });
+    return entry;
   }
   var SLOT_OF_KIND = { language: 'language', emotion: 'emotion', itn: 'itn' };
 
@@ -77,24 +93,28 @@
     // name: what its speakers call it (shown); english: the English name (in the title);
     // htmlLang: the BCP 47 tag of its text ('' = none)
     language: table(VOCAB.language, 'code', function (r) {
-      return { code: r.badge, name: r.native, english: r.english, label: r.native, color: r.color,
-        title: 'Language: ' + r.english, cls: 'sv-lang-' + slug(r.code), htmlLang: r.html_lang };
+      return worded({ code: r.badge, name: r.native, english: r.english, color: r.color,
+        cls: 'sv-lang-' + slug(r.code), htmlLang: r.html_lang },
+      { label: r.native, title: 'Language: ' + r.english },
+      { label: r.native, title: '\u8bed\u79cd\uff1a' + (UI_ZH[r.native] || r.native) });
     }),
     emotion: table(VOCAB.emotion, 'name', function (r) {
-      return { emoji: r.emoji, label: r.name, title: 'Emotion: ' + r.word, color: r.color,
-        cls: 'sv-emo-' + slug(r.name) };
+      return worded({ emoji: r.emoji, color: r.color, cls: 'sv-emo-' + slug(r.name) },
+        { label: r.name, title: 'Emotion: ' + r.word },
+        { label: r.word_zh, title: '\u60c5\u7eea\uff1a' + r.word_zh });
     }),
     event: table(VOCAB.event, 'name', function (r) {
-      return { emoji: r.emoji, label: r.name, title: 'Event: ' + r.word, color: r.color,
-        cls: 'sv-event-' + slug(r.name) };
+      return worded({ emoji: r.emoji, color: r.color, cls: 'sv-event-' + slug(r.name) },
+        { label: r.name, title: 'Event: ' + r.word },
+        { label: r.word_zh, title: '\u4e8b\u4ef6\uff1a' + r.word_zh });
     }),
     itn: table(VOCAB.itn, 'name', function (r) {
-      return { label: r.label, title: r.title, cls: 'sv-itn-' + r.name };
+      return worded({ cls: 'sv-itn-' + r.name }, { label: r.label, title: r.title },
+        { label: r.label_zh, title: r.title_zh });
     })
   });
-  var UNKNOWN = Object.freeze({
-    emoji: '\ud83c\udff7\ufe0f', title: 'Unknown tag', color: '148 163 184', cls: 'sv-unknown'
-  });
+  var UNKNOWN = Object.freeze(worded({ emoji: '\ud83c\udff7\ufe0f', color: '148 163 184', cls: 'sv-unknown' },
+    { label: '', title: 'Unknown tag' }, { label: '', title: UI_ZH['Unknown tag'] }));
 
   function kindOf(name) {
     var kinds = ['language', 'emotion', 'event', 'itn'];
@@ -223,22 +243,23 @@
       badge.title = L.title + ' (' + seg.language + ')';
       badge.setAttribute('data-tag', seg.language);
       badge.style.setProperty('--sv-c', L.color);
-      badge.appendChild(el('span', 'sv-lang-name', L.name));
+      badge.appendChild(el('span', 'sv-lang-name', word(L.name)));
       tags.appendChild(badge);
     }
     if (seg.emotion && hasOwn(TAGS.emotion, seg.emotion)) {
-      tags.appendChild(chip('sv-chip sv-emo', TAGS.emotion[seg.emotion], seg.emotion, seg.emotion));
+      var E = TAGS.emotion[seg.emotion];
+      tags.appendChild(chip('sv-chip sv-emo', E, E.label, seg.emotion));
     }
     seg.events.forEach(function (name) {
       if (hasOwn(TAGS.event, name)) {
-        tags.appendChild(chip('sv-chip sv-event', TAGS.event[name], name, name));
+        tags.appendChild(chip('sv-chip sv-event', TAGS.event[name], TAGS.event[name].label, name));
       } else {
         tags.appendChild(chip('sv-chip', UNKNOWN, '<|' + name + '|>', name));
       }
     });
     if (seg.itn && hasOwn(TAGS.itn, seg.itn)) {
       var I = TAGS.itn[seg.itn];
-      var itn = el('span', 'sv-itn ' + I.cls, word(I.label));
+      var itn = el('span', 'sv-itn ' + I.cls, I.label);
       itn.title = I.title;
       itn.setAttribute('data-tag', seg.itn);
       tags.appendChild(itn);

@@ -153,6 +153,23 @@ def test_render_multi_segment_and_all_tags(page):
     assert texts(page, "#out span.sv-lang") == ["粵語"]
 
 
+def test_a_chinese_page_shows_the_tags_in_chinese(page):
+    """Issue 23: a Chinese page showed the chips as NEUTRAL / Speech with English titles."""
+    page.evaluate("window.SenseVoiceI18n = {lang: () => 'zh'}")
+    render(page, TWO + "<|nospeech|><|EMO_UNKNOWN|><|Event_UNK|><|woitn|>")
+    assert texts(page, "#out span.sv-chip.sv-emo") == ["😐 平静", "😔 伤心", "❓ 未知"]
+    assert texts(page, "#out span.sv-chip.sv-event") == ["🗣️ 说话", "🎼 背景音乐", "❔ 未知事件"]
+    assert texts(page, "#out .sv-itn") == ["带标点", "口语形式", "口语形式"]
+    assert texts(page, "#out span.sv-lang")[2] == "无语音"
+    titles = page.eval_on_selector_all("#out .sv-seg [title]", "es => es.map(e => e.title)")
+    assert titles[:4] == ["语种：English (en)", "情绪：平静", "事件：说话", "加标点，数字写成阿拉伯数字（逆文本正则化，开）"]
+    words = [re.sub(r"\([a-z]+\)|English", "", t) for t in titles]  # (a language's code and own name)
+    assert not [t for t in words if re.search(r"[A-Za-z]{2,}", t)], titles
+    page.evaluate("delete window.SenseVoiceI18n")  # the same table, in English again
+    render(page, TWO)
+    assert texts(page, "#out span.sv-chip.sv-emo") == ["😐 NEUTRAL", "😔 SAD"]
+
+
 def test_rerender_replaces_content(page):
     render(page, README)
     render(page, TWO)

@@ -45,6 +45,7 @@ class Tag:
     name: str  # exactly as the model writes it
     emoji: str
     word: str  # what it means, in English (the chip's title)
+    word_zh: str  # what it means, in Chinese (the chip's label and title on a Chinese page)
     color: str  # "R G B"
     token_id: int | None = None  # id in the model's vocabulary, where funasr's code fixes it
 
@@ -59,6 +60,8 @@ class ItnTag:
     token_id: int
     label: str
     title: str
+    label_zh: str  # (a Chinese page)
+    title_zh: str
 
 
 LANGUAGE_TABLE = (
@@ -70,35 +73,37 @@ LANGUAGE_TABLE = (
     Language(NO_SPEECH, 13, 24992, "No speech", "No speech", "∅", "", "107 114 128"),
 )
 EMOTION_TABLE = (
-    Tag("HAPPY", "😊", "happy", "234 179 8", 25001),
-    Tag("SAD", "😔", "sad", "59 130 246", 25002),
-    Tag("ANGRY", "😡", "angry", "239 68 68", 25003),
-    Tag("NEUTRAL", "😐", "neutral", "107 114 128", 25004),
-    Tag("FEARFUL", "😰", "fearful", "139 92 246"),
-    Tag("DISGUSTED", "🤢", "disgusted", "101 163 13"),
-    Tag("SURPRISED", "😮", "surprised", "236 72 153"),
-    Tag("EMO_UNKNOWN", "❓", "unknown", "148 163 184", 25009),
-    Tag("EMO_OTHER", "🤔", "other", "148 163 184"),  # not in the published vocabulary; tolerated
+    Tag("HAPPY", "😊", "happy", "开心", "234 179 8", 25001),
+    Tag("SAD", "😔", "sad", "伤心", "59 130 246", 25002),
+    Tag("ANGRY", "😡", "angry", "生气", "239 68 68", 25003),
+    Tag("NEUTRAL", "😐", "neutral", "平静", "107 114 128", 25004),
+    Tag("FEARFUL", "😰", "fearful", "害怕", "139 92 246"),
+    Tag("DISGUSTED", "🤢", "disgusted", "厌恶", "101 163 13"),
+    Tag("SURPRISED", "😮", "surprised", "惊讶", "236 72 153"),
+    Tag("EMO_UNKNOWN", "❓", "unknown", "未知", "148 163 184", 25009),
+    Tag("EMO_OTHER", "🤔", "other", "其他", "148 163 184"),  # not in the published vocabulary; tolerated
 )
 EVENT_TABLE = (
-    Tag("BGM", "🎼", "background music", "168 85 247"),
-    Tag("Speech", "🗣️", "speech", "14 165 233"),
-    Tag("Applause", "👏", "applause", "245 158 11"),
-    Tag("Laughter", "😀", "laughter", "234 179 8"),
-    Tag("Cry", "😭", "crying", "96 165 250"),
-    Tag("Sneeze", "🤧", "sneeze", "20 184 166"),
-    Tag("Breath", "😮‍💨", "breath", "45 212 191"),
-    Tag("Cough", "😷", "cough", "132 204 22"),
-    Tag("Sing", "🎤", "singing", "217 70 239"),
-    Tag("Speech_Noise", "🔉", "speech noise", "251 146 60"),
-    Tag("GBG", "🗑️", "garbage / noise", "120 113 108"),
-    Tag("Event_UNK", "❔", "unknown event", "148 163 184"),
+    Tag("BGM", "🎼", "background music", "背景音乐", "168 85 247"),
+    Tag("Speech", "🗣️", "speech", "说话", "14 165 233"),
+    Tag("Applause", "👏", "applause", "掌声", "245 158 11"),
+    Tag("Laughter", "😀", "laughter", "笑声", "234 179 8"),
+    Tag("Cry", "😭", "crying", "哭声", "96 165 250"),
+    Tag("Sneeze", "🤧", "sneeze", "喷嚏", "20 184 166"),
+    Tag("Breath", "😮‍💨", "breath", "呼吸声", "45 212 191"),
+    Tag("Cough", "😷", "cough", "咳嗽", "132 204 22"),
+    Tag("Sing", "🎤", "singing", "唱歌", "217 70 239"),
+    Tag("Speech_Noise", "🔉", "speech noise", "语音噪声", "251 146 60"),
+    Tag("GBG", "🗑️", "garbage / noise", "杂音", "120 113 108"),
+    Tag("Event_UNK", "❔", "unknown event", "未知事件", "148 163 184"),
 )
 ITN_TABLE = (
     ItnTag("withitn", True, 14, 25016, "punctuated",
-           "Punctuation and numbers as digits (inverse text normalisation, ITN, on)"),
+           "Punctuation and numbers as digits (inverse text normalisation, ITN, on)",
+           "带标点", "加标点，数字写成阿拉伯数字（逆文本正则化，开）"),
     ItnTag("woitn", False, 15, 25017, "spoken form",
-           "As spoken, without punctuation (inverse text normalisation, ITN, off)"),
+           "As spoken, without punctuation (inverse text normalisation, ITN, off)",
+           "口语形式", "按说出的样子，不加标点（逆文本正则化，关）"),
 )
 
 # ---- the names, for parsing and validation

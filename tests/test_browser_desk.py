@@ -53,6 +53,46 @@ def rows(page) -> list[str]:
     return page.locator("#sv-desk tr.sv-call-row .sv-call-name").all_inner_texts()
 
 
+# What a Chinese page may still write in Latin letters: names (the app's, file names, the English
+# language's own name, the export formats), language codes in a title; transcripts are the speech's.
+LATIN_OK = ("SenseVoice", "English", "ITN", "TXT", "JSON", "SRT", "VTT", "CSV", "zip", "J/K")
+ENGLISH_LEFT = """([ok, skip]) => {
+  const out = new Set();
+  const clean = (t) => {
+    let s = String(t || '');
+    for (const w of ok) s = s.split(w).join(' ');
+    s = s.replace(/[\\w.-]+\\.(wav|mp3|m4a|opus|ogg|flac|webm|mp4|mkv)\\b/gi, ' ')  // file names
+         .replace(/\\([a-z]{2,8}\\)/g, ' ')  // a language code in a title
+         .replace(/\\b[0-9a-f]{8}(-[0-9a-f]{4}){0,3}(-[0-9a-f]{12})?\\b/g, ' ');  // job ids
+    return /[A-Za-z]{2,}/.test(s) ? String(t).trim().slice(0, 80) : '';
+  };
+  const shown = (e) => { const r = e.getBoundingClientRect(); const cs = getComputedStyle(e);
+    return r.width > 0 && r.height > 0 && cs.visibility !== 'hidden' && cs.display !== 'none'; };
+  const walk = document.createTreeWalker(document.body, NodeFilter.SHOW_TEXT);
+  while (walk.nextNode()) {
+    const e = walk.currentNode.parentElement;
+    if (!e || e.closest('script, style, ' + skip) || !shown(e)) continue;
+    const bad = clean(walk.currentNode.nodeValue);
+    if (bad) out.add(bad);
+  }
+  document.querySelectorAll('[aria-label], [title], [placeholder]').forEach((e) => {
+    if (e.closest(skip) || !(shown(e) || e.closest('#sv-audio'))) return;
+    for (const a of ['aria-label', 'title', 'placeholder']) {
+      const bad = e.hasAttribute(a) ? clean(e.getAttribute(a)) : '';
+      if (bad) out.add(a + '=' + bad);
+    }
+  });
+  return [...out];
+}"""
+# the speech's own words: the transcript, the editor's text, the model's raw output
+TRANSCRIPTS = ".sv-text, .sv-raw, .sv-edit-text, .sv-edit-model-text, .sv-edit-input, .sv-live-text"
+
+
+def english_left(page) -> list[str]:
+    """Every piece of text, label, title or placeholder on a Chinese page still in English."""
+    return page.evaluate(ENGLISH_LEFT, [list(LATIN_OK), TRANSCRIPTS])
+
+
 def test_batch_of_20_files_table_filters_sort_and_csv(page, server, clip_factory, long_call):
     clips = [clip_factory(fmt, rate, ch) for fmt, rate, ch in
              (("wav", 16000, 1), ("mp3", 44100, 2), ("opus", 48000, 1), ("m4a", 22050, 2))]
@@ -256,6 +296,7 @@ def test_phone_scrolls_to_the_result_and_fits(phone_server, browser, clip_factor
         detect = pg.locator("#sv-language input").input_value()
         assert detect == ("自动检测" if lang == "zh" else "Detect"), detect
         if lang == "zh":
+            assert english_left(pg) == []
             desk = pg.locator("#sv-desk").inner_text() + pg.locator("#sv-editor").inner_text()
             for english in ("Calls", "Choose files", "Search", "Download CSV", "Reviewed", "Edit",
                             "Flag", "Speed", "Next call", "Keys:"):

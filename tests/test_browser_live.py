@@ -309,6 +309,10 @@ def test_phone_live_captions_on_top_while_recording(server, browser, lang):
         assert 0 <= box["top"] < 844 / 2, box  # the captions on screen, in its upper half
         assert box["top"] < controls["top"], (box, controls)  # above the controls
         assert not pg.locator("#sv-options").is_visible()  # compact
+        if lang == "zh":  # the Chinese page while recording: no English left on it
+            from tests.test_browser_desk import english_left
+
+            assert english_left(pg) == []
         assert pg.evaluate("document.documentElement.scrollWidth") <= 392
         stop(pg)
         assert not pg.evaluate("document.body.classList.contains('sv-live-recording')")

@@ -1041,6 +1041,7 @@
     [/^Drop Audio Here$/, '\u5c06\u97f3\u9891\u62d6\u653e\u5230\u6b64\u5904'],
     [/^- or -$/, '- \u6216 -'],
     [/^Click to Upload$/, '\u70b9\u51fb\u4e0a\u4f20'],
+    [/^Loading\.*$/, '\u52a0\u8f7d\u4e2d'],
     [/^Drop an audio file here to upload$/, '\u5c06\u97f3\u9891\u6587\u4ef6\u62d6\u653e\u5230\u6b64\u5904\u4ee5\u4e0a\u4f20'],
     [/^(File upload|Upload file)$/, '\u4e0a\u4f20\u6587\u4ef6'],
     [/^Record audio$/, '\u5f55\u97f3'],
@@ -1063,15 +1064,22 @@
 
   var LABEL_ATTRS = ['aria-label', 'title', 'placeholder'];
 
-  // Gradio's English inside the upload widget, in Chinese (its texts and its labels).
+  // Gradio's English inside the upload widget and in its screen-reader status lines, in Chinese
+  // (their texts, and the widget's labels).
   function gradioWordsZh() {
     var box = doc.getElementById('sv-audio');
-    if (currentLang !== 'zh' || !box) return;
-    var walk = doc.createTreeWalker(box, 4 /* NodeFilter.SHOW_TEXT */);
-    while (walk.nextNode()) {
-      var zh = gradioZh(walk.currentNode.nodeValue);
-      if (zh !== null) walk.currentNode.nodeValue = zh;
-    }
+    if (currentLang !== 'zh') return;
+    var spoken = doc.querySelectorAll('.sr-only[role=status]');
+    var hosts = box ? [box] : [];
+    for (var k = 0; k < spoken.length; k++) hosts.push(spoken[k]);
+    hosts.forEach(function (host) {
+      var walk = doc.createTreeWalker(host, 4 /* NodeFilter.SHOW_TEXT */);
+      while (walk.nextNode()) {
+        var zh = gradioZh(walk.currentNode.nodeValue);
+        if (zh !== null) walk.currentNode.nodeValue = zh;
+      }
+    });
+    if (!box) return;
     var labelled = box.querySelectorAll('[aria-label], [title], [placeholder]');
     for (var i = 0; i < labelled.length; i++) {
       LABEL_ATTRS.forEach(function (a) {

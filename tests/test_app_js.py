@@ -231,7 +231,7 @@ def test_the_length_a_wav_announces(page, head, seconds):
 
 @pytest.mark.parametrize("english, chinese", [
     ("Drop Audio Here", "将音频拖放到此处"), ("- or -", "- 或 -"), ("Click to Upload", "点击上传"),
-    ("Record audio", "录音"), ("Adjust playback speed to 1.5x", "播放速度调为 1.5×"),
+    ("Record audio", "录音"), ("Loading", "加载中"), ("Adjust playback speed to 1.5x", "播放速度调为 1.5×"),
     ("Skip backwards by 0.22000905 seconds", "后退 0.22 秒"), ("Skip forward by 1 second", "前进 1 秒"),
     ("Audio", None), ("Dropped Audio Here!", None), ("", None)])
 def test_gradios_english_words_in_chinese(page, english, chinese):

@@ -268,6 +268,10 @@ def test_phone_scrolls_to_the_result_and_fits(phone_server, browser, clip_factor
     try:
         pg.add_init_script(f"localStorage.setItem('sv-lang', '{lang}')")
         open_ui(pg, phone_server)
+        if lang == "zh":  # the page as it opens, the empty upload widget's words included
+            pg.wait_for_function("() => /点击上传/.test(document.querySelector('#sv-audio').innerText)",
+                                 timeout=15_000)
+            assert english_left(pg) == []
         # a text file: the app's own error box in the page's language, not Gradio's toast
         pg.locator("input[type=file]").first.set_input_files(
             {"name": "notes.txt", "mimeType": "text/plain", "buffer": b"not audio"})

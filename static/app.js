@@ -1247,6 +1247,7 @@
     recentAdd: recentAdd,
     truncated: truncated,
     wavAnnounced: wavAnnounced,
+    announcedSeconds: announcedSeconds,
     gradioZh: gradioZh,
     reviewable: reviewable,
     pickLang: pickLang

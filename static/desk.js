@@ -454,6 +454,11 @@
     var items = files.map(function (f) { return { name: f.name, state: 'uploading', id: null }; });
     state.batch = state.batch.concat(items);
     renderBatch();
+    var announced = Object.create(null); // file name -> the length its header announces (a truncated file)
+    var A = root.SenseVoiceApp;
+    files.forEach(function (f) {
+      if (A && A.announcedSeconds) A.announcedSeconds(f).then(function (s) { announced[f.name] = s; });
+    });
     var groups = [];
     for (var i = 0; i < files.length; i += PER_REQUEST) groups.push(i);
     var chain = Promise.resolve();
@@ -475,7 +480,7 @@
           var at = state.batch.indexOf(mine[0]);
           var made = jobs.map(function (j) {
             return { name: j.name, id: j.id || null, state: j.id ? j.status : 'refused',
-              error: j.error ? j.error.message : '' };
+              error: j.error ? j.error.message : '', announced: function () { return announced[j.name]; } };
           });
           state.batch.splice.apply(state.batch, [at, mine.length].concat(made));
         }, function () {
@@ -484,6 +489,15 @@
       });
     });
     return chain;
+  }
+
+  // A done call much shorter than its file announces: the page's truncation warning (app.js).
+  function truncatedNote(it) {
+    var A = root.SenseVoiceApp;
+    var I = root.SenseVoiceI18n;
+    var said = it.announced ? it.announced() : NaN;
+    if (it.state !== 'done' || !A || !A.truncated || !I || !A.truncated(it.seconds, said)) return '';
+    return I.t('truncated', { got: A.formatSeconds(it.seconds), announced: A.formatSeconds(said) });
   }
 
   function renderBatch() {
@@ -495,6 +509,8 @@
       if (it.id) li.setAttribute('data-job', it.id);
       li.appendChild(el('span', 'sv-batch-name', it.name));
       li.appendChild(el('span', 'sv-batch-state', t(it.state) + (it.error ? ': ' + it.error : '')));
+      var cut = truncatedNote(it);
+      if (cut) li.appendChild(el('span', 'sv-batch-warning', cut));
       ul.appendChild(li);
     });
   }
@@ -509,8 +525,12 @@
       query: { per_page: 500 } }).then(function (r) { return r.ok ? r.json() : null; }).then(function (page) {
       if (page) {
         var st = Object.create(null);
-        page.rows.forEach(function (r) { st[r.id] = r.state; });
-        waiting.forEach(function (it) { if (st[it.id]) it.state = st[it.id]; });
+        page.rows.forEach(function (r) { st[r.id] = r; });
+        waiting.forEach(function (it) {
+          if (!st[it.id]) return;
+          it.state = st[it.id].state;
+          it.seconds = st[it.id].audio_seconds;
+        });
         renderBatch();
       }
       state.batchTimer = root.setTimeout(watchBatch, 1000);

@@ -314,11 +314,8 @@ def test_phone_scrolls_to_the_result_and_fits(phone_server, browser, clip_factor
         ctx.close()
 
 
-@pytest.mark.parametrize("lang", ["en", "zh"])
-def test_a_truncated_file_is_said_to_be_truncated(phone_server, browser, tmp_path, lang):
-    """Issue 23: a truncated WAV showed "Done ... 0.16 s of audio" and nothing else; the CLI said
-    "it looks truncated: 0.16 s of the 7.31 s the file announces". The page says it too, with both
-    lengths (the WAV header read in the page: the browser's player stops at the bytes there are)."""
+def truncated_wav(tmp_path) -> tuple[Path, bytes]:
+    """A 7.31 s WAV, and its first 0.16 s with the header that still announces 7.31 s."""
     import wave
 
     import numpy as np
@@ -329,7 +326,15 @@ def test_a_truncated_file_is_said_to_be_truncated(phone_server, browser, tmp_pat
         w.setsampwidth(2)
         w.setframerate(16000)
         w.writeframes((np.sin(np.arange(int(7.31 * 16000)) / 9) * 8000).astype("<i2").tobytes())
-    cut = full.read_bytes()[:44 + 2 * int(0.16 * 16000)]  # the header still announces 7.31 s
+    return full, full.read_bytes()[:44 + 2 * int(0.16 * 16000)]
+
+
+@pytest.mark.parametrize("lang", ["en", "zh"])
+def test_a_truncated_file_is_said_to_be_truncated(phone_server, browser, tmp_path, lang):
+    """Issue 23: a truncated WAV showed "Done ... 0.16 s of audio" and nothing else; the CLI said
+    "it looks truncated: 0.16 s of the 7.31 s the file announces". The page says it too, with both
+    lengths (the WAV header read in the page: the browser's player stops at the bytes there are)."""
+    full, cut = truncated_wav(tmp_path)
     ctx = browser.new_context(viewport={"width": 1280, "height": 900})
     pg = ctx.new_page()
     try:
@@ -356,5 +361,25 @@ def test_a_truncated_file_is_said_to_be_truncated(phone_server, browser, tmp_pat
                              timeout=60_000)
         pg.wait_for_timeout(1000)  # (the length is read in the background)
         assert pg.locator("#sv-state-view .sv-state-warning").count() == 0
+    finally:
+        ctx.close()
+
+
+def test_a_truncated_file_in_a_batch_is_said_to_be_truncated(phone_server, browser, tmp_path):
+    """The desk's batch list warns the same way, on the truncated call only."""
+    full, cut = truncated_wav(tmp_path)
+    ctx = browser.new_context(viewport={"width": 1280, "height": 900})
+    pg = ctx.new_page()
+    try:
+        boot_desk(pg, phone_server)
+        pg.locator("#sv-batch-files").set_input_files([
+            {"name": "cut-call.wav", "mimeType": "audio/wav", "buffer": cut},
+            {"name": "whole-call.wav", "mimeType": "audio/wav", "buffer": full.read_bytes()}])
+        pg.wait_for_function("() => document.querySelectorAll('#sv-desk .sv-batch-done').length === 2",
+                             timeout=120_000)
+        warned = pg.locator("#sv-desk .sv-batch-item:has(.sv-batch-warning) .sv-batch-name").all_inner_texts()
+        assert warned == ["cut-call.wav"]
+        text = pg.locator("#sv-desk .sv-batch-warning").inner_text()
+        assert "truncated" in text and "0.16 s" in text and "7.31 s" in text, text
     finally:
         ctx.close()

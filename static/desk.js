@@ -563,9 +563,11 @@
       return;
     }
     if (!state.current || state.current.id !== view.id) state.current = { id: view.id, q: queryOf(view.links && view.links.result) };
-    var known = owned().some(function (e) { return e.id === String(view.id); });
+    var listed = state.order.some(function (e) { return e.id === String(view.id); });
     remember([view]);
-    if (!known) refresh(); // a job opened from a link: the table lists it from now on
+    // a job sent from this page or opened from a link: the table lists it from now on (the page's
+    // own jobs were "known" from the recent list, and the table said "No calls yet" until a reload)
+    if (!listed) refresh();
     state.view = view;
     state.segIndex = 0;
     state.loop = false;

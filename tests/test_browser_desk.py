@@ -281,7 +281,8 @@ def test_phone_scrolls_to_the_result_and_fits(phone_server, browser, clip_factor
         assert ("无法读取" if lang == "zh" else "cannot be read as audio or video") in said, said
         pg.wait_for_timeout(500)
         assert pg.locator(".toast-body, .toast-wrap .toast").count() == 0
-        pg.locator("input[type=file]").first.set_input_files(str(clip_factory("wav", 16000, 1)))
+        clip = clip_factory("wav", 16000, 1)
+        pg.locator("input[type=file]").first.set_input_files(str(clip))
         pg.wait_for_selector("#sv-audio [data-testid^='waveform-']", timeout=30_000)
         # no Share button on the player (it only works on Hugging Face Spaces)
         labels = pg.eval_on_selector_all(
@@ -295,6 +296,9 @@ def test_phone_scrolls_to_the_result_and_fits(phone_server, browser, clip_factor
         assert -2 <= top < 844 * 0.6, top  # in view, not below the fold
         assert pg.evaluate("document.activeElement && document.activeElement.id") == "sv-state-view"
         pg.wait_for_selector("#sv-editor .sv-edit-seg", timeout=30_000)
+        # the desk's table lists the call just made, without a reload
+        pg.wait_for_function("(n) => [...document.querySelectorAll('#sv-desk .sv-call-name')]"
+                             ".some(td => td.textContent === n)", arg=clip.name, timeout=15_000)
         width = pg.evaluate("document.documentElement.scrollWidth")
         assert width <= 392, width  # no sideways scrolling of the page
         detect = pg.locator("#sv-language input").input_value()

@@ -219,6 +219,20 @@ def test_table_rows(page):
     assert page.locator("#out td[role=cell]").count() == 18
 
 
+def test_every_row_shows_its_own_tags_also_when_they_repeat(page):
+    """Issue 23: chips drawn only where the emotion changed read as "no emotion" on the rows
+    between; each row, the result's segments and the timeline carry their own."""
+    same = [dict(SEGMENTS[0], start=float(i), end=i + 1.0, text=f"line {i}") for i in range(4)]
+    same[2] = dict(same[2], emotion="HAPPY", events=["Speech", "Laughter"])
+    render(page, dict(JOB, result={"text": "", "raw_text": "", "segments": same}))
+    assert texts(page, "#out td.sv-col-emotion") == ["😐 NEUTRAL", "😐 NEUTRAL", "😊 HAPPY", "😐 NEUTRAL"]
+    assert [page.locator("#out tr.sv-row").nth(i).locator("td.sv-col-events .sv-chip").count()
+            for i in range(4)] == [1, 1, 2, 1]
+    titles = page.eval_on_selector_all("#out .sv-timeline rect[data-k] title",
+                                       "ts => ts.map(t => t.textContent)")
+    assert len(titles) == 4 and all("NEUTRAL" in t or "HAPPY" in t for t in titles), titles
+
+
 def test_rows_sorted_by_time_and_no_speaker(page):
     segs = [dict(SEGMENTS[2], speaker=None), dict(SEGMENTS[0], speaker=None)]
     render(page, dict(JOB, result={"text": "", "raw_text": "", "segments": segs}))

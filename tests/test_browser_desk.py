@@ -122,6 +122,18 @@ def test_batch_of_20_files_table_filters_sort_and_csv(page, server, clip_factory
     page.wait_for_selector("#sv-desk .sv-desk-none", timeout=10_000)
     page.locator("#sv-desk [data-filter=f_flagged]").click()
     page.wait_for_function("() => document.querySelectorAll('#sv-desk tr.sv-call-row').length === 20")
+    # "customer angry > 20 %" and "has crying" in one click each (the demo model hears neutral
+    # speech only: none), "not reviewed" keeps every call
+    for quick, left in (("f_angry", 0), ("f_cry", 0), ("f_unreviewed", 20)):
+        page.locator(f"#sv-desk [data-filter={quick}]").click()
+        page.wait_for_selector(f"#sv-desk [data-filter={quick}].sv-on", timeout=10_000)
+        if left:
+            page.wait_for_function(
+                f"() => document.querySelectorAll('#sv-desk tr.sv-call-row').length === {left}")
+        else:
+            page.wait_for_selector("#sv-desk .sv-desk-none", timeout=10_000)
+        page.locator(f"#sv-desk [data-filter={quick}]").click()
+        page.wait_for_function("() => document.querySelectorAll('#sv-desk tr.sv-call-row').length === 20")
     page.locator("#sv-desk .sv-desk-search").fill("long-call")
     page.wait_for_function("() => document.querySelectorAll('#sv-desk tr.sv-call-row').length === 1")
     page.locator("#sv-desk .sv-desk-search").fill("")

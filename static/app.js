@@ -532,8 +532,9 @@
     return new Promise(function (resolve) {
       var name = String(file.name || '');
       var type = String(file.type || '');
-      if (ESTIMATED_EXT.test(name) || ESTIMATED_TYPE.test(type) || !root.URL ||
-          typeof root.URL.createObjectURL !== 'function') {
+      // (a video's length is its longest track's, the decoder's the audio track's: no claim either)
+      if (ESTIMATED_EXT.test(name) || ESTIMATED_TYPE.test(type) || MEDIA_EXT.test(name) ||
+          /^video\//i.test(type) || !root.URL || typeof root.URL.createObjectURL !== 'function') {
         resolve(NaN);
         return;
       }

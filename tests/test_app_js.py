@@ -239,6 +239,20 @@ def test_gradios_english_words_in_chinese(page, english, chinese):
     assert app(page, "gradioZh(a[0])", english) == chinese
 
 
+@pytest.mark.parametrize("name, mime, seconds", [
+    ("call.wav", "audio/wav", 7.31),  # the header's length, whatever the bytes that follow
+    ("clip.mp4", "video/mp4", None),  # a video's length is its longest track's: no claim
+    ("call.mp3", "audio/mpeg", None),  # estimated from the bit rate: no claim
+    ("notes.wav", "audio/wav", None)])  # not a WAV after all, and the player cannot read it
+def test_the_length_a_chosen_file_announces(page, name, mime, seconds):
+    head = wav_head(int(7.31 * 32000)) if seconds else list(b"\x00" * 64)
+    got = page.evaluate("""async ([bytes, name, mime]) => {
+        const file = new File([new Uint8Array(bytes)], name, {type: mime});
+        const s = await window.SenseVoiceApp.announcedSeconds(file);
+        return isFinite(s) ? s : null; }""", [head, name, mime])
+    assert got == (pytest.approx(seconds) if seconds else None)
+
+
 def test_recent_add_keeps_one_entry_per_job_newest_first(page):
     old = [{"id": f"j{i}"} for i in range(10)]
     got = app(page, "recentAdd(a[0], a[1])", old, {"id": "j5", "name": "new"})

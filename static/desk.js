@@ -425,8 +425,19 @@
     var i = -1;
     state.order.forEach(function (e, k) { if (e.id === state.current.id) i = k; });
     var j = i + delta;
-    if (i < 0 || j < 0 || j >= state.order.length) return;
-    openCall(state.order[j].id, state.order[j].q);
+    if (i < 0) return;
+    if (j >= 0 && j < state.order.length) {
+      openCall(state.order[j].id, state.order[j].q);
+      return;
+    }
+    // past the page's first or last row: the table turns the page, the call there opens
+    var pages = Math.max(1, Math.ceil(state.total / state.per_page));
+    if (state.page + delta < 1 || state.page + delta > pages) return;
+    state.page += delta;
+    refresh().then(function () {
+      var e = state.order[delta > 0 ? 0 : state.order.length - 1];
+      if (e) openCall(e.id, e.q);
+    });
   }
 
   function downloadCsv() {

@@ -177,6 +177,35 @@ def test_next_and_previous_call_without_going_back_to_the_table(page, server):
     assert editor_title(page).endswith(names[0])
 
 
+def test_next_call_turns_the_table_s_page(page, server, clip_factory):
+    """Past the last row of a page (25 calls) Next call turns the table's page and opens the call
+    there; Previous comes back."""
+    boot_desk(page, server)
+    clip = clip_factory("wav", 16000, 1).read_bytes()
+    page.locator("#sv-batch-files").set_input_files(
+        [{"name": f"more-{i}.wav", "mimeType": "audio/wav", "buffer": clip} for i in range(6)])
+    page.wait_for_function("() => document.querySelectorAll('#sv-desk .sv-batch-done').length === 6",
+                           timeout=120_000)
+    page.locator("#sv-desk th[data-sort=name]").click()
+    page.wait_for_function("() => document.querySelector('#sv-desk th[data-sort=name]')"
+                           ".getAttribute('aria-sort') === 'ascending'")
+    page.wait_for_function("() => document.querySelectorAll('#sv-desk tr.sv-call-row').length === 25")
+    names = rows(page)
+    assert names[-1] == "more-4.wav", names
+    page.locator("#sv-desk tr.sv-call-row").nth(24).click()
+    title = ("(n) => ((document.querySelector('#sv-editor .sv-editor-title') || {}).textContent || '')"
+             ".endsWith(n)")
+    page.wait_for_function(title, arg="more-4.wav", timeout=60_000)
+    page.locator("#sv-editor .sv-next-call").click()
+    page.wait_for_function(title, arg="more-5.wav", timeout=60_000)
+    page.wait_for_function("() => document.querySelectorAll('#sv-desk tr.sv-call-row').length === 1")
+    assert rows(page) == ["more-5.wav"]
+    page.locator("#sv-editor .sv-prev-call").click()
+    page.wait_for_function(title, arg="more-4.wav", timeout=60_000)
+    page.wait_for_function("() => document.querySelectorAll('#sv-desk tr.sv-call-row').length === 25")
+    assert rows(page) == names
+
+
 def open_long_call(page):
     page.locator("#sv-desk .sv-desk-search").fill("long-call")
     page.wait_for_function("() => document.querySelectorAll('#sv-desk tr.sv-call-row').length === 1")

@@ -162,12 +162,31 @@ def pct(xs: list[float], p: float) -> float:
     return round(xs[min(len(xs) - 1, int(round(p / 100 * (len(xs) - 1))))], 1) if xs else float("nan")
 
 
-async def level(url: str, headers: dict, pcm: bytes, spans, n: int, pause_s: float,
-                spread_s: float = 1.0) -> dict:
+async def streams(url: str, headers: dict, pcm: bytes, spans, ks: range, n: int, pause_s: float,
+                  spread_s: float) -> list[StreamResult]:
+    """Streams number ``ks`` of ``n``, each starting at its place in the spread."""
+    return await asyncio.gather(*(one_stream(url, headers, pcm, spans, spread_s * k / max(n, 1),
+                                             pause_s) for k in ks))
+
+
+def _client(args) -> list[StreamResult]:  # one client process's share (--client-processes)
+    return asyncio.run(streams(*args))
+
+
+def level(url: str, headers: dict, pcm: bytes, spans, n: int, pause_s: float,
+          spread_s: float = 1.0, processes: int = 1) -> dict:
+    """N streams from ``processes`` client processes (one asyncio loop holds ~200 streams of
+    100 ms frames before the client, not the server, sets the latencies)."""
     t0 = time.monotonic()
-    results = await asyncio.gather(*(one_stream(url, headers, pcm, spans,
-                                                spread_s * k / max(n, 1), pause_s)
-                                     for k in range(n)))
+    if processes <= 1:
+        results = asyncio.run(streams(url, headers, pcm, spans, range(n), n, pause_s, spread_s))
+    else:
+        from concurrent.futures import ProcessPoolExecutor
+
+        shares = [range(k, n, processes) for k in range(processes)]
+        with ProcessPoolExecutor(processes) as pool:
+            results = [r for part in pool.map(_client, [(url, headers, pcm, spans, ks, n, pause_s,
+                                                         spread_s) for ks in shares]) for r in part]
     first = [x for r in results for x in r.first_partial_ms]
     final = [x for r in results for x in r.final_ms]
     end = [x for r in results for x in r.end_final_ms]
@@ -209,6 +228,8 @@ def main() -> int:
     ap.add_argument("--streams", default="1,8,32", help="stream counts, one row each")
     ap.add_argument("--repeat", type=int, default=2, help="times the 3-sentence recording repeats")
     ap.add_argument("--pause-s", type=float, default=0.7, help="the server's live_pause_s")
+    ap.add_argument("--client-processes", type=int, default=1,
+                    help="client processes the streams are spread over (use 1 per ~200 streams)")
     ap.add_argument("--spread-s", type=float, default=1.0, help="streams start spread over this "
                     "many seconds (the server admits new streams at a measured rate)")
     args = ap.parse_args()
@@ -240,7 +261,8 @@ def main() -> int:
                   "unmatched (admitted) | partials per stream | errors |")
             print("|---|---|---|---|---|---|---|---|---|---|")
             for n in counts:
-                r = asyncio.run(level(ws_url, headers, pcm, spans, n, args.pause_s, args.spread_s))
+                r = level(ws_url, headers, pcm, spans, n, args.pause_s, args.spread_s,
+                          args.client_processes)
                 rows.append(r)
                 print(f"| {n} | {r['admitted']} | {r['refused']} | "
                       f"{r['first_partial_p50_ms']} / {r['first_partial_p95_ms']} | "

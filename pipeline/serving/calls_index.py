@@ -207,19 +207,9 @@ class SqliteCalls:
 _FIELDS = (b"state", b"filename", b"created_at", b"audio_seconds", b"finished_at",
            b"error_code", b"summary", b"review")
 
-# KEYS: job, search. ARGV: summary, search. Only on a record that still exists (never a key
+# KEYS = job 1, search 1, job 2, search 2, ...; ARGV = summary 1, search text 1, summary 2, ...
+# (a worker's finished batch in one command). Only on a record that still exists (never a key
 # without TTL); the search text expires with the record
-_SET_SUMMARY = """
-local ttl = redis.call('PTTL', KEYS[1])
-if ttl == -2 then return 0 end
-redis.call('HSET', KEYS[1], 'summary', ARGV[1])
-if ttl > 0 then redis.call('SET', KEYS[2], ARGV[2], 'PX', ttl) else redis.call('SET', KEYS[2], ARGV[2]) end
-return 1
-"""
-
-
-# The same for a batch of jobs: KEYS = job 1, search 1, job 2, search 2, ...; ARGV = summary 1,
-# search text 1, summary 2, ... (a worker's finished batch in one command)
 _SET_SUMMARIES = """
 for i = 1, #KEYS, 2 do
   local ttl = redis.call('PTTL', KEYS[i])
@@ -289,7 +279,7 @@ class RedisCalls:
 
     def __init__(self, broker):
         self.broker = broker
-        self._set_summary = broker._r.register_script(_SET_SUMMARY)
+        self._set_summaries = broker._r.register_script(_SET_SUMMARIES)
         self._find = broker._r.register_script(_FIND)
 
     def _unavailable(self, e: Exception):
@@ -387,7 +377,7 @@ class RedisCalls:
         result = Transcript.from_dict(json.loads(raw))
         summary = _summary_json(result, float(seconds or 0))
         search = search_text(result, None, filename.decode("utf-8", "replace") if filename else "")
-        self._set_summary(keys=[key, self.broker._k("search", jid)], args=[summary, search])
+        self._set_summaries(keys=[key, self.broker._k("search", jid)], args=[summary, search])
         return summary.encode(), search
 
 

@@ -730,7 +730,7 @@ def test_a_stretched_cadence_thins_the_partials_after_an_utterances_first():
     from pipeline.audio.vad import WINDOW
     from pipeline.serving.live import LaneLoad, LiveSession
 
-    load = LaneLoad(interval_s=0.4, budget_s=0.3)
+    load = LaneLoad(interval_s=0.4, budget_s=0.3, clock=_Clock())  # no decay between asserts
     load.observe(0.3)  # at the budget: 4x
     assert load.cadence() == pytest.approx(1.6, rel=0.01)
 

@@ -14,6 +14,7 @@ import argparse
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -86,6 +87,7 @@ def main() -> int:
     finally:
         server.terminate()
         server.wait(30)
+        shutil.rmtree(tmp, ignore_errors=True)
     return 0
 
 

@@ -19,6 +19,7 @@ import argparse
 import json
 import os
 import random
+import shutil
 import statistics
 import sys
 import tempfile
@@ -144,6 +145,7 @@ def main() -> int:
     server.should_exit = True
     if os.environ.get("OUT"):
         Path(os.environ["OUT"], "calls_listing.json").write_text(json.dumps(out, indent=2))
+    shutil.rmtree(data, ignore_errors=True)
     return 0
 
 

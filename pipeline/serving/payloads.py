@@ -16,7 +16,11 @@ Every stored value starts with one format byte:
     b"S" + 16-bit little-endian PCM    decoded audio, inline (exact for 16-bit sources: what
                                         decoding gives is k / 32768, and k is what is sent)
     b"B" + bytes                        an upload, inline
-    b"F" + file name                    either, in the shared directory (same layout as inline)
+    b"F" + file name                    either, in the shared directory: an upload's file as
+                                        inline, an audio file as b"P" + b"\\0" + 16-bit PCM
+                                        (the samples 2-byte aligned: the worker maps the file
+                                        and reads no byte of it; files of older writers, b"S" +
+                                        PCM, are read too)
 
 A file's lifetime follows its Redis value: the process that ends a job deletes the job's audio
 files; uploads and any file whose value is gone (a process that died between writing a file and
@@ -29,6 +33,7 @@ so on one host choose /dev/shm for speed; Redis's own durability is unchanged.
 from __future__ import annotations
 
 import logging
+import mmap
 import os
 import re
 import secrets
@@ -46,6 +51,7 @@ from pipeline.serving.private_dir import create_private, ensure_private_dir
 logger = logging.getLogger("sensevoice.payloads")
 
 PCM16 = b"S"
+PCM16_FILE = b"P\0"  # a shared audio file's header: the samples start 2-byte aligned
 BYTES = b"B"
 FILE = b"F"
 SWEEP_MIN_AGE_S = 60.0  # a file younger than this may still be waiting for its Redis command
@@ -89,7 +95,8 @@ class Payloads:
     # ------------------------------------------------------------------ write
     def audio(self, job_id: str, piece: int, audio: torch.Tensor) -> bytes:
         """The value to store for one piece of a job's decoded audio."""
-        return self._value(f"audio/{job_id}/{int(piece)}", PCM16, pcm16_bytes(audio))
+        return self._value(f"audio/{job_id}/{int(piece)}", PCM16 if self.dir is None else PCM16_FILE,
+                           pcm16_bytes(audio))
 
     def upload(self, job_id: str, data: bytes) -> bytes:
         """The value to store for a job's upload."""
@@ -121,21 +128,28 @@ class Payloads:
     # ------------------------------------------------------------------ read
     def read_audio(self, value: bytes) -> torch.Tensor | None:
         """The piece's 16-bit samples (see :func:`pcm16_tensor`), or None when its file is gone.
-        A shared file is read straight into the array (no bytes object, no copy)."""
+        A shared file is mapped, not read: the samples are the file's pages (a private mapping,
+        so writing the tensor never writes the file), and the one copy made of them is the
+        engine's, into its batch. A file is never changed once renamed into place (deleting it
+        leaves a mapping intact), so a mapping cannot lose its pages."""
         if value[:1] == FILE:
             try:
                 fd = os.open(self._path(value), os.O_RDONLY)
             except FileNotFoundError:
                 return None
-            try:  # one read into the array, the GIL released while the kernel copies
-                kind = os.pread(fd, 1, 0)
-                if kind != PCM16:
-                    raise ValueError(f"a stored value of unknown format {kind!r} (expected {PCM16!r})")
-                samples = np.empty((os.fstat(fd).st_size - 1) // 2, dtype="<i2")
-                if os.preadv(fd, [samples], 1) != samples.nbytes:
-                    raise ValueError("a shared audio file changed while it was read")
+            try:
+                if os.fstat(fd).st_size < len(PCM16_FILE):
+                    raise ValueError("a shared audio file too short for its header")
+                pages = mmap.mmap(fd, 0, access=mmap.ACCESS_COPY)
             finally:
                 os.close(fd)
+            head = pages[:len(PCM16_FILE)]
+            if head == PCM16_FILE:
+                samples = np.frombuffer(pages, dtype="<i2", offset=len(PCM16_FILE))
+            elif head[:1] == PCM16:  # an older writer's file: unaligned samples, copied
+                samples = np.frombuffer(pages, dtype="<i2", offset=1).copy()
+            else:
+                raise ValueError(f"a stored value of unknown format {head[:1]!r} (expected {PCM16_FILE!r})")
             return torch.from_numpy(samples.astype(np.int16, copy=False))
         data = self._resolve(value, PCM16)
         return None if data is None else pcm16_tensor(data)

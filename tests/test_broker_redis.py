@@ -663,6 +663,37 @@ def test_shared_dir_keeps_the_bytes_out_of_redis(redis_url, tmp_path):  # noqa: 
         worker_side.close()
 
 
+def test_a_claimed_job_is_finished_and_listed_by_one_script(broker, redis_url, monkeypatch):  # noqa: F811
+    """The worker's finish writes the result and the job's calls-listing row (summary, search
+    text with the file's name in lower case) in one round trip: what the row needs was read by
+    the claim. A job finished without a claim here is listed by the fallback."""
+    r = admin(redis_url)
+    jobs = [replace(new_job(seconds=0.1), filename=name) for name in ("warm.wav", "Été Call.WAV")]
+    for job in jobs:
+        broker.create(job, b"x")
+        broker.enqueue(item_for(job))
+    assert len(broker.claim("w1", 8, 0)) == 2
+    assert broker.mark_running([j.id for j in jobs]) == {j.id for j in jobs}
+    assert broker.finish(jobs[0].id, Transcript("warm", "warm"))  # the script is loaded by now
+    sent = []
+    real = redis.connection.AbstractConnection.send_packed_command
+    monkeypatch.setattr(redis.connection.AbstractConnection, "send_packed_command",
+                        lambda self, *a, **k: (sent.append(a), real(self, *a, **k))[1])
+    job = jobs[1]
+    assert broker.finish(job.id, Transcript("Bonjour là", "<|fr|>Bonjour là"))
+    monkeypatch.undo()
+    assert len(sent) == 1  # one command: the finish script
+    assert r.get(f"sv:search:{job.id}") == "été call.wav\nbonjour là".encode()
+    assert r.hget(f"sv:job:{job.id}", "summary")
+    assert 0 < r.pexpiretime(f"sv:search:{job.id}") <= r.pexpiretime(f"sv:job:{job.id}")
+    assert broker._listing == {} and broker._held_by_job == {}  # nothing kept once finished
+
+    other, _ = submit(broker)  # never claimed by this process: listed after the script
+    assert broker.mark_running([other.id]) == {other.id}
+    assert broker.finish(other.id, Transcript("hi", "hi"))
+    assert r.get(f"sv:search:{other.id}") == b"call.wav\nhi"
+
+
 def test_a_missing_shared_file_fails_its_job_clearly(redis_url, tmp_path):  # noqa: F811
     b = RedisBroker(redis_url, retention_s=60, queue_size=100, shared_dir=tmp_path / "shm")
     try:

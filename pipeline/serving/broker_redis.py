@@ -197,27 +197,32 @@ end
 return out
 """
 
-# ARGV: L, group, now, ttl_ms, tomb_ttl_ms, then per job: result, held
-# KEYS: counts, streams..., then per job: job, entries, audio, segs, upload, tomb. Returns 0/1 per job.
-# Whether written now or ended before, an ended job's entries (registered, and held here) are
-# acked and deleted.
+# ARGV: L, group, now, ttl_ms, tomb_ttl_ms, then per job: result, held, summary, search text
+# KEYS: counts, streams..., then per job: job, entries, audio, segs, upload, tomb, search.
+# Returns 0/1 per job. Whether written now or ended before, an ended job's entries (registered,
+# and held here) are acked and deleted. A job written now gets its calls-listing row in the same
+# script (its summary and search text, pipeline/serving/calls_index.py) unless they are empty.
 _FINISH = _PRELUDE + """
 local out = {}
-local n = (#KEYS - L - 1) / 6
+local n = (#KEYS - L - 1) / 7
 for j = 1, n do
-  local b = L + 1 + (j - 1) * 6
+  local b = L + 1 + (j - 1) * 7
   local job = KEYS[b + 1]
   local st = redis.call('HGET', job, 'state')
   out[j] = 0
   if st == 'running' then
-    redis.call('HSET', job, 'state', 'done', 'finished_at', ARGV[3], 'result', ARGV[4 + 2 * j])
+    redis.call('HSET', job, 'state', 'done', 'finished_at', ARGV[3], 'result', ARGV[2 + 4 * j])
     close_job(b + 1, ARGV[4], ARGV[5], ARGV[2])
     redis.call('HINCRBY', KEYS[1], 'running', -1)
     redis.call('HINCRBY', KEYS[1], 'done', 1)
+    if ARGV[4 + 4 * j] ~= '' then
+      redis.call('HSET', job, 'summary', ARGV[4 + 4 * j])
+      redis.call('SET', KEYS[b + 7], ARGV[5 + 4 * j], 'PX', ARGV[4])
+    end
     out[j] = 1
     st = 'done'
   end
-  if st ~= 'queued' and st ~= 'running' then ack_list(ARGV[5 + 2 * j], ARGV[2]) end
+  if st ~= 'queued' and st ~= 'running' then ack_list(ARGV[3 + 4 * j], ARGV[2]) end
 end
 return out
 """
@@ -294,8 +299,11 @@ local t = redis.call('TIME')
 local out = {t[1], t[2]}
 for i = 2, #ARGV do
   local k = L + 2 * i - 2
-  out[#out + 1] = redis.call('HGET', KEYS[k], 'state')
+  local job = redis.call('HMGET', KEYS[k], 'state', 'audio_seconds', 'filename')
+  out[#out + 1] = job[1]
   out[#out + 1] = redis.call('HGET', KEYS[k + 1], ARGV[i])
+  out[#out + 1] = job[2]
+  out[#out + 1] = job[3]
 end
 return out
 """
@@ -514,6 +522,9 @@ class RedisBroker:
         # failure or a drop acks or releases them.
         self._held: dict[str, tuple[str, str, int, float]] = {}
         self._held_by_job: dict[str, set[str]] = {}  # job id -> its values in _held (no scans)
+        # job id -> (audio seconds, file name) of a held job, read by the claim: what its
+        # calls-listing row needs, written by the finish script itself (no round trip more)
+        self._listing: dict[str, tuple[float, str]] = {}
         self._aclients: dict[int, tuple[asyncio.AbstractEventLoop, aredis.Redis, object]] = {}
 
     # ------------------------------------------------------------------ keys and plumbing
@@ -539,6 +550,7 @@ class RedisBroker:
                 values.discard(value)
                 if not values:
                     del self._held_by_job[held[1]]
+                    self._listing.pop(held[1], None)
 
     def _release(self, job_ids: Iterable[str], pieces: set[int] | None = None) -> None:
         with self._lock:
@@ -725,17 +737,24 @@ class RedisBroker:
         keys = []
         for jid, _ in results:
             keys += [self._k("job", jid), self._k("entries", jid), self._k("audio", jid),
-                     self._k("segs", jid), self._k("upload", jid), self._k("tomb", jid)]
+                     self._k("segs", jid), self._k("upload", jid), self._k("tomb", jid),
+                     self._k("search", jid)]
         args: list = [GROUP, repr(time.time()), self._ttl_done_ms, self._ttl_tomb_ms]
+        unlisted = []  # jobs whose claim this process did not see: listed after the script
         for jid, t in results:
-            args += [json.dumps(t.to_dict(), ensure_ascii=False), self._held_values(jid)]
+            held, listing = self._held_values(jid), self._listing.get(jid)
+            row = ("", "") if listing is None else calls_index.listing_row(t, *listing)
+            if listing is None:
+                unlisted.append(jid)
+            args += [json.dumps(t.to_dict(), ensure_ascii=False), held, *row]
         flags = self._run("finish", keys, args)
         written = {jid for (jid, _), f in zip(results, flags) if int(f)}
         with self._lock:
             self._reclaimed.difference_update(jid for jid, _ in results)
         self._release(jid for jid, _ in results)
         self.payloads.delete_audio(written)
-        calls_index.redis_index_finished(self, written, results)
+        if unlisted:
+            calls_index.redis_index_finished(self, written & set(unlisted), results)
         self.feed.publish([JobEvent(jid, JobState.DONE) for jid in written])
         return written
 
@@ -1124,10 +1143,10 @@ class RedisBroker:
         # ages from Redis's own clock (entry ids are its milliseconds): no host skew
         sec, usec, *answers = self._run("load", keys, [f[b"piece"] for _, _, f in entries])
         redis_now_ms = int(sec) * 1000 + int(usec) / 1000
-        items, stale, lost, kept = [], [], {}, []
+        items, stale, lost, kept, listing = [], [], {}, [], {}
         now_mono = time.monotonic()
         for k, (s, eid, f) in enumerate(entries):
-            state, value = answers[2 * k], answers[2 * k + 1]
+            state, value, seconds, name = answers[4 * k:4 * k + 4]
             jid = _s(f[b"job"])
             if state not in (b"queued", b"running"):
                 stale.append((s, eid))
@@ -1139,6 +1158,8 @@ class RedisBroker:
             # a reclaimed item starts a fresh queue clock (its time went to a dead worker)
             age = 0.0 if reclaimed else max(0.0, (redis_now_ms - int(_s(eid).split("-")[0])) / 1e3)
             kept.append(f"{self._streams.index(_s(s))}:{_s(eid)}")
+            if seconds is not None:
+                listing[jid] = (float(seconds), name.decode("utf-8", "replace") if name else "")
             items.append(WorkItem(
                 job_id=jid, lane=Lane(int(f[b"lane"])),
                 options=load_options(f[b"options"]),
@@ -1159,6 +1180,7 @@ class RedisBroker:
         with self._lock:
             for value, item in zip(kept, items):
                 self._hold(value, consumer, item.job_id, item.piece, now_mono)
+            self._listing.update(listing)
             if reclaimed:
                 self._reclaimed.update(i.job_id for i in items)
         return items

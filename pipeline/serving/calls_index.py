@@ -249,8 +249,15 @@ def redis_review(h: dict) -> Review | None:
     return _review(raw) if raw else None
 
 
+def listing_row(result: Transcript, audio_seconds: float, filename: str) -> tuple[str, str]:
+    """A finished job's calls-listing row in the distributed store: (summary JSON, search text),
+    written by the finish script with the result (pipeline/serving/broker_redis.py)."""
+    return _summary_json(result, audio_seconds), search_text(result, None, filename)
+
+
 def redis_index_finished(broker, written: Iterable[str], results: list[tuple[str, Transcript]]) -> None:
-    """After the finish script: each written job's summary (a failure is logged, not raised: a
+    """After the finish script, for jobs whose claim the finishing process did not see (their
+    row was not in the script): each written job's summary (a failure is logged, not raised: a
     listing summarises a job that has none)."""
     written = set(written)
     todo = [(jid, t) for jid, t in results if jid in written]

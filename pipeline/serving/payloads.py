@@ -206,13 +206,25 @@ class Payloads:
         """Delete the audio files of these jobs in this thread."""
         if self.dir is None:
             return
+        audio = os.path.join(self.dir, "audio")
         for jid in job_ids:
-            folder = self.dir / "audio" / jid
+            folder = os.path.join(audio, jid)
+            try:  # a clip's one piece, then its folder: two calls, no listing
+                os.unlink(os.path.join(folder, "0"))
+            except FileNotFoundError:
+                pass
             try:
-                with os.scandir(folder) as entries:  # its pieces: one for a clip
+                os.rmdir(folder)
+                continue
+            except FileNotFoundError:
+                continue
+            except OSError:  # a long job's other pieces (ENOTEMPTY): listed and removed
+                pass
+            try:
+                with os.scandir(folder) as entries:
                     for e in entries:
                         Path(e.path).unlink(missing_ok=True)
-                folder.rmdir()
+                os.rmdir(folder)
             except FileNotFoundError:
                 pass
             except OSError as e:  # a piece written meanwhile (ENOTEMPTY): the sweep takes it

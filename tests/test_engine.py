@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from pipeline.audio.decode import decode_audio
-from pipeline.model.engine import N_QUERIES, SenseVoiceEngine
+from pipeline.model.engine import N_QUERIES, SenseVoiceEngine, gather_rows
 from pipeline.model.loading import reference_generate
 from pipeline.domain.types import TranscribeOptions
 
@@ -289,3 +289,39 @@ def test_fast_loaded_fused_engine_on_the_gpu(tiny_am, tiny_dir, clips, tmp_path)
     outs = fast.transcribe([torch.from_numpy(c) for c in clips], OPTS)
     for wave, opt, out in zip(clips, OPTS, outs):
         assert list(out.token_ids) == funasr_ids(tiny_am, wave, opt), opt
+
+
+def test_gather_rows_pads_each_wave_with_zeros():
+    """The batch's one host copy: each 16-bit wave in its row, the rest of the row zero (a reused
+    buffer's old samples never leak into a shorter wave's padding)."""
+    waves = [torch.arange(1, 6, dtype=torch.int16), torch.tensor([7, 8], dtype=torch.int16)]
+    out = torch.full((2, 5), 99, dtype=torch.int16)
+    assert gather_rows(waves, out) is out
+    assert out.tolist() == [[1, 2, 3, 4, 5], [7, 8, 0, 0, 0]]
+
+
+def _pcm16(clip: np.ndarray) -> torch.Tensor:
+    return torch.from_numpy(np.clip(np.rint(clip * 32768), -32768, 32767).astype(np.int16))
+
+
+def test_16_bit_waves_give_the_tokens_of_their_float_samples(tiny_engine, clips):
+    """The distributed worker's waves (16-bit samples k, scaled to k / 32768 by the engine) give
+    the tokens of the float waves k / 32768 (CPU: one padded batch)."""
+    pcm = [_pcm16(c) for c in clips]
+    floats = [w.float() / 32768 for w in pcm]
+    a = tiny_engine.transcribe(pcm, OPTS[:len(pcm)])
+    b = tiny_engine.transcribe(floats, OPTS[:len(pcm)])
+    assert [x.token_ids for x in a] == [y.token_ids for y in b]
+
+
+@pytest.mark.requires_cuda
+def test_16_bit_waves_on_the_gpu_go_through_pinned_rows(tiny_am, clips):
+    """On a GPU, 16-bit host waves are gathered into pinned rows and moved in one copy: the same
+    tokens as the float waves, batch after batch (a reused pinned block holds no old samples)."""
+    e = SenseVoiceEngine.from_automodel(tiny_am, "cuda", "float32")
+    pcm = [_pcm16(c) for c in clips]
+    floats = [w.float() / 32768 for w in pcm]
+    want = [x.token_ids for x in e.transcribe(floats, OPTS[:len(pcm)])]
+    for _ in range(3):
+        assert [x.token_ids for x in e.transcribe(pcm, OPTS[:len(pcm)])] == want
+        assert [x.token_ids for x in e.transcribe(pcm[1:], OPTS[1:len(pcm)])] == want[1:]

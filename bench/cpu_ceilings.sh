@@ -2,7 +2,8 @@
 # The throughput issue's CPU ceilings (no-op engine), measured on a quiet machine: each measured
 # process pinned to two cores (taskset -c 0,1: "a 2-core machine"), the load generator on others.
 # Before (the tree of .base/, carried) and after (this tree), one call, same machine:
-#   1. the worker process: bench/broker_worker.py --shared (Feeder, Scheduler, Worker, Redis);
+#   1. the worker process: bench/broker_worker.py --shared (Feeder, Scheduler, Worker, Redis; the
+#      shared directory in /dev/shm, as on one host);
 #   2. the one-process default: bench/noop_server.py --demo under bench/load_test.py;
 #   3. the batch CLI's local mode: bench/cli_local.py (its own before/after in one process);
 #   4. live captions: the demo model's server pinned, bench/live_load.py from other cores, streams
@@ -33,7 +34,7 @@ if [[ " $SECTIONS " == *" 1 "* ]]; then
 echo "## 1. worker process (bench/broker_worker.py --shared --jobs ${JOBS:-4000})" | tee "$OUT/summary.txt"
 for tree in .base .; do
   for rep in 1 2; do
-    (cd $tree && PYTHONPATH=$(pp $tree) $PIN python3 bench/broker_worker.py --shared --jobs ${JOBS:-4000} 2>&1 | grep shared \
+    (cd $tree && TMPDIR=/dev/shm PYTHONPATH=$(pp $tree) $PIN python3 bench/broker_worker.py --shared --jobs ${JOBS:-4000} 2>&1 | grep shared \
       | sed "s|^|$tree run $rep: |") | tee -a "$OUT/summary.txt"
   done
 done

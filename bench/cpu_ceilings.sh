@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The throughput issue's CPU ceilings (no-op engine), measured on a quiet machine: each measured
 # process pinned to two cores (taskset -c 0,1: "a 2-core machine"), the load generator on others.
-# Before (the tree of .base/, carried) and after (this tree), one call, same machine:
+# Before (the tree of .base/, carried, with this tree's bench/broker_worker.py copied in: the same
+# no-op engine for both) and after (this tree), one call, same machine:
 #   1. the worker process: bench/broker_worker.py --shared (Feeder, Scheduler, Worker, Redis; the
 #      shared directory in /dev/shm, as on one host);
 #   2. the one-process default: bench/noop_server.py --demo under bench/load_test.py;
@@ -31,6 +32,7 @@ export SENSEVOICE_DEVICE=cpu SENSEVOICE_MAX_CONNECTIONS_PER_CLIENT=0 SENSEVOICE_
 nproc
 SECTIONS=${SECTIONS:-"1 2 3 4"}
 if [[ " $SECTIONS " == *" 1 "* ]]; then
+[ -d .base/bench ] && cp bench/broker_worker.py .base/bench/broker_worker.py
 echo "## 1. worker process (bench/broker_worker.py --shared --jobs ${JOBS:-4000})" | tee "$OUT/summary.txt"
 for tree in .base .; do
   for rep in 1 2; do

@@ -144,7 +144,7 @@ def test_families_types_units_and_names():
     m.request_success("bulk", 12.5)
     m.request_failure("interactive", "out_of_memory")
     m.rejected("queue_full")
-    m.observe_queue(0.02, "bulk")
+    m.observe_queues("bulk", [0.02])
     m.observe_compute(0.1, 4, "cuda:0")
     m.observe_http("GET", "/api/jobs/{job_id}", 404, 0.003, "job_not_found")
     m.set_queue_depth_fn(lambda: 3)
@@ -261,7 +261,7 @@ def test_histogram_buckets_are_cumulative_and_inf_equals_count():
     m = Metrics(["cuda:0"])
     waits = [0.0, 0.0005, 0.001, 0.0011, 0.3, 1.0, 59.9, 60.0, 61.0, 3600.0, -1.0]
     for w in waits:
-        m.observe_queue(w, "bulk")
+        m.observe_queues("bulk", [w])
     exp = scrape(m)
     buckets = [(ls["le"], v) for n, ls, v in exp.samples
                if n == "sensevoice_queue_duration_seconds_bucket" and ls["lane"] == "bulk"]
@@ -344,7 +344,7 @@ def test_updates_from_8_threads_are_exact():
             m.request_success("bulk")
             m.request_failure("bulk", "oom")
             m.rejected("queue_full")
-            m.observe_queue(0.001, "interactive")
+            m.observe_queues("interactive", [0.001])
             m.observe_compute(0.002, 3, dev)
             if i % 500 == 0:
                 m.render()  # scrapes race with updates

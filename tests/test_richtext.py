@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import random
 import time
+from dataclasses import replace
 
 import pytest
 
@@ -279,3 +281,18 @@ def test_linear_time_on_long_inputs():
     assert len(parse_rich_text("<|en|>word " * 50_000)) == 50_000
     assert plain_text("<|" * 100_000 + "|>" * 100_000) != ""
     assert time.perf_counter() - t0 < 10.0
+
+
+def test_to_json_is_to_dict_as_json():
+    """The stored JSON of a transcript (orjson, straight from the dataclasses) reads back as
+    to_dict and as the same transcript: words, speakers, times, text that is not ASCII."""
+    from pipeline.domain.types import Word
+
+    raw = "<|en|><|NEUTRAL|><|Speech|><|withitn|>Hi.<|zh|><|SAD|><|BGM|><|woitn|>你好"
+    t = to_transcript(raw, [(0.0, 1.5), (1.5, 3)])
+    s0 = replace(t.segments[0], speaker="left", words=(Word("Hi.", 0.1, 0.4),))
+    t = replace(t, segments=(s0, t.segments[1]))
+    text = t.to_json()
+    assert "你好" in text  # not escaped
+    assert json.loads(text) == json.loads(json.dumps(t.to_dict()))
+    assert Transcript.from_dict(json.loads(text)) == t

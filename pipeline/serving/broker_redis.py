@@ -746,7 +746,7 @@ class RedisBroker:
             row = ("", "") if listing is None else calls_index.listing_row(t, *listing)
             if listing is None:
                 unlisted.append(jid)
-            args += [json.dumps(t.to_dict(), ensure_ascii=False), held, *row]
+            args += [t.to_json(), held, *row]
         flags = self._run("finish", keys, args)
         written = {jid for (jid, _), f in zip(results, flags) if int(f)}
         with self._lock:

@@ -228,9 +228,12 @@ class Metrics:
     def rejected(self, reason: str) -> None:
         self._rejected.labels(_text(reason)).inc()
 
-    def observe_queue(self, seconds: float, lane: str) -> None:
-        """One job's wait in the queue in its lane (call once per job, when its batch starts)."""
-        self._queue.labels(_text(lane)).observe(_seconds(seconds))
+    def observe_queues(self, lane: str, waits: list[float]) -> None:
+        """The waits in the queue of a batch's jobs of one lane, when the batch starts (once per
+        job; the series looked up once)."""
+        hist = self._queue.labels(_text(lane))
+        for t in waits:
+            hist.observe(_seconds(t))
 
     def observe_job(self, seconds: float, lane: str) -> None:
         """One job's time from queue entry to stored result (call once per job)."""

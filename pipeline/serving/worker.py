@@ -218,9 +218,12 @@ class Worker(threading.Thread):
         pieces = [i.job_id for i in jobs if i.pieces > 1]
         if pieces:  # a long job's later pieces find it already running
             moved |= self.store.mark_running(pieces, already_running_ok=True)
+        waits: dict[str, list[float]] = {}
         for item in jobs:
             if item.job_id in moved:
-                self.metrics.observe_queue(t_start - item.enqueued_at, item.lane)
+                waits.setdefault(item.lane, []).append(t_start - item.enqueued_at)
+        for lane, seconds in waits.items():  # each lane's series touched once per batch
+            self.metrics.observe_queues(lane, seconds)
         return moved
 
     def _infer(self, batch: Sequence[WorkItem], waves: Sequence[torch.Tensor], t_start: float,

@@ -174,6 +174,7 @@ return {1, id}
 # entries of a job that did not move because it already ended are acked and deleted.
 _MARK_RUNNING = _PRELUDE + """
 local out = {}
+local moved = 0
 for i = L + 2, #KEYS do
   local j = i - L - 1
   local st = redis.call('HGET', KEYS[i], 'state')
@@ -181,8 +182,7 @@ for i = L + 2, #KEYS do
   if st == 'queued' then
     redis.call('HSET', KEYS[i], 'state', 'running', 'started_at', ARGV[3])
     redis.call('HINCRBY', KEYS[i], 'attempts', 1)
-    redis.call('HINCRBY', KEYS[1], 'queued', -1)
-    redis.call('HINCRBY', KEYS[1], 'running', 1)
+    moved = moved + 1
     out[#out + 1] = j
   elseif st == 'running' and mode > 0 then
     if mode == 2 then
@@ -193,6 +193,10 @@ for i = L + 2, #KEYS do
   elseif st ~= 'running' then
     ack_list(ARGV[3 + 2 * j], ARGV[2])
   end
+end
+if moved > 0 then  -- the counts once per batch
+  redis.call('HINCRBY', KEYS[1], 'queued', -moved)
+  redis.call('HINCRBY', KEYS[1], 'running', moved)
 end
 return out
 """
@@ -205,6 +209,7 @@ return out
 _FINISH = _PRELUDE + """
 local out = {}
 local n = (#KEYS - L - 1) / 7
+local written = 0
 for j = 1, n do
   local b = L + 1 + (j - 1) * 7
   local job = KEYS[b + 1]
@@ -213,8 +218,7 @@ for j = 1, n do
   if st == 'running' then
     redis.call('HSET', job, 'state', 'done', 'finished_at', ARGV[3], 'result', ARGV[2 + 4 * j])
     close_job(b + 1, ARGV[4], ARGV[5], ARGV[2])
-    redis.call('HINCRBY', KEYS[1], 'running', -1)
-    redis.call('HINCRBY', KEYS[1], 'done', 1)
+    written = written + 1
     if ARGV[4 + 4 * j] ~= '' then
       redis.call('HSET', job, 'summary', ARGV[4 + 4 * j])
       redis.call('SET', KEYS[b + 7], ARGV[5 + 4 * j], 'PX', ARGV[4])
@@ -223,6 +227,10 @@ for j = 1, n do
     st = 'done'
   end
   if st ~= 'queued' and st ~= 'running' then ack_list(ARGV[3 + 4 * j], ARGV[2]) end
+end
+if written > 0 then  -- the counts once per batch
+  redis.call('HINCRBY', KEYS[1], 'running', -written)
+  redis.call('HINCRBY', KEYS[1], 'done', written)
 end
 return out
 """

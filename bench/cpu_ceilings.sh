@@ -75,7 +75,7 @@ for tree in ${LIVE_TREES:-.}; do
   LIVE_SPEECH_DIR=$PWD/.gpu-media/live $GEN python3 bench/live_load.py --url http://127.0.0.1:$port \
     --streams ${STREAMS:-24,48,96} --repeat ${REPEAT:-2} --spread-s ${SPREAD:-10} 2>&1 | grep "^|" \
     | tee -a "$OUT/summary.txt"
-  curl -s http://127.0.0.1:$port/metrics 2>/dev/null | grep -E "^sensevoice_live_(streams_refused|partial_interval|decode_latency)" \
+  curl -s http://127.0.0.1:$port/metrics 2>/dev/null | grep -E "^sensevoice_live_(streams_refused|partial_interval|decode_latency|lane_busy|stream_cost)" \
     >"$OUT/live-metrics-$port.txt"
   pkill -f "port $port"; sleep 2
 done

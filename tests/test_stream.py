@@ -477,7 +477,7 @@ class FakeService:
         self.most_in_flight = 0
         self.sizes: list[int] = []
 
-    def decode_live(self, wave, options):
+    def decode_live(self, wave, options, final=False):
         future: Future = Future()
         self.futures.append(future)
         self.most_in_flight = max(self.most_in_flight, sum(not f.done() for f in self.futures))
@@ -736,7 +736,7 @@ def test_a_stretched_cadence_thins_the_partials_after_an_utterances_first():
 
     async def due(last_partial):
         now = asyncio.get_running_loop().time()
-        fake = SimpleNamespace(endpointer=SimpleNamespace(start=0, triggered=True),
+        fake = SimpleNamespace(endpointer=SimpleNamespace(start=0, triggered=True, temp_end=0),
                                buffer=SimpleNamespace(end=10 * WINDOW), _partial_upto=0,
                                _partial_started=now - 0.5, _last_partial=last_partial,
                                limits=SimpleNamespace(partial_interval_s=0.4),

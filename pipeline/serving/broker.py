@@ -167,15 +167,16 @@ def connect_broker(settings, queue: Scheduler) -> Broker:
 
 
 def live_decode_via(broker: Broker, not_serving: Callable[[], str | None], wave: torch.Tensor,
-                    options: TranscribeOptions) -> Future:
+                    options: TranscribeOptions, final: bool = False) -> Future:
     """One re-decode of a live stream's utterance (16 kHz mono) through the broker's live lane,
     answered by whichever worker takes it (an api-only process's live captions); NotReady while
-    this process cannot serve (the broker does not answer, no worker reports)."""
+    this process cannot serve (the broker does not answer, no worker reports). ``final`` goes
+    ahead of partials in the worker's queue where the broker carries it (the embedded one)."""
     reason = not_serving()
     if reason is not None:
         raise NotReady(reason)
     return broker.submit_live(WorkItem(f"live-{uuid.uuid4().hex}", Lane.INTERACTIVE, options,
-                                       int(wave.shape[-1]), audio=wave, reply=Future()))
+                                       int(wave.shape[-1]), audio=wave, reply=Future(), final=final))
 
 
 FreeMemory = Callable[[], list[float]]

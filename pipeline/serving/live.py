@@ -67,7 +67,9 @@ TRIM_SLACK_S = 10.0  # audio no longer needed is dropped from a stream's buffer 
 MIN_FEED_S = 0.02  # audio handed to the speech scorer at once, at least (shorter frames wait)
 
 
-LiveDecode = Callable[[torch.Tensor, TranscribeOptions], Future]  # one re-decode on the live lane
+# one re-decode on the live lane: (wave, options) -> its future; a final is asked with final=True
+# and goes ahead of every partial
+LiveDecode = Callable[..., Future]
 
 
 @dataclass(frozen=True)
@@ -303,7 +305,10 @@ class LiveSession:
         if isinstance(event, Closed):
             self._queue.append(_Job("final", self._generation, event.start, event.end, event.reason))
             if self._inflight is not None and self._inflight[0] == "partial":
-                self._inflight[1].cancel()  # still queued: withdrawn; running: its result is dropped
+                # still queued: withdrawn; running: no longer awaited (the final is queued now,
+                # ahead of every partial, not after that partial's batch comes back)
+                self._inflight[1].cancel()
+                self._inflight[2].cancel()
         elif self._last_partial is not None:  # a partial of it was shown: take it back
             self._queue.append(_Job("retract", self._generation, event.start, event.start))
         self._generation += 1
@@ -386,6 +391,8 @@ class LiveSession:
         ep = self.endpointer
         if ep.start is None or not ep.triggered or self.buffer.end - self._partial_upto < WINDOW:
             return None
+        if 0 < ep.temp_end <= self._partial_upto:  # nothing voiced since the latest partial
+            return None
         now = asyncio.get_running_loop().time()
         # until the utterance shows a first partial, the configured interval: a stretch delays
         # only the partials after it
@@ -426,13 +433,17 @@ class LiveSession:
     async def _decode(self, start: int, end: int, options: TranscribeOptions, kind: str):
         """The engine's output for ``[start, end)``; None when the decode was withdrawn."""
         wave = torch.from_numpy(self.buffer.view(start, end))
-        future = self.hub.decode(wave, options)  # NotReady: the stream ends
-        self._inflight = (kind, future)
+        # NotReady: the stream ends; a final goes ahead of every partial (final=True)
+        future = self.hub.decode(wave, options, final=True) if kind == "final" \
+            else self.hub.decode(wave, options)
         t0 = time.monotonic()
         waiter = asyncio.wrap_future(future)
+        self._inflight = (kind, future, waiter)
+        self.hub.load.begin()
         try:
             await asyncio.wait({waiter}, timeout=self.limits.decode_timeout_s)
         finally:
+            self.hub.load.end()
             self._inflight = None
             if not waiter.done():  # cancelled, or no answer: withdraw the decode
                 future.cancel()
@@ -471,32 +482,57 @@ class LaneLoad:
 
     * ``latency()``: how long re-decodes take now (queue + batch + compute), a time-decayed
       average (half-life ``HALF_LIFE_S``: it falls back to zero when the lane goes quiet);
+    * ``busy()``: the share of time the model computes (``busy_seconds``: its workers' batches;
+      without it, in an api process of the distributed topology, the share of time a re-decode
+      of this process's streams is in hand), an exponential average over ``BUSY_TAU_S``. (The
+      time in hand alone overstated it on the CPU: with 10 streams their re-decodes of ~8 ms
+      were in hand ~40 ms each, the rest being the hand-overs between threads);
+    * ``stream_cost()``: the lane's busy share per stream, learned from the open streams, each
+      weighed by the share of its load it brings by now (a stream's load builds up over its
+      first ``RAMP_S``: its speech begins, its utterances grow); it rises fast and is forgotten
+      with a half-life of ``COST_HALF_LIFE_S``, so a lull does not make room that the streams
+      open will want back;
     * ``cadence()``: how often a stream re-decodes its utterance in progress -- the configured
-      interval while re-decodes take under half the budget, stretched from there in proportion
-      up to ``MAX_STRETCH`` times at the budget (and never under twice the latency: each stream
-      asks for at most half of the lane's time); an utterance's first partial keeps the
-      configured interval (the stretch thins the partials after it); finals are never delayed
-      (they go first, whatever the cadence);
+      interval while the lane is under half its limits (half the latency budget, half the busy
+      target), stretched from there in proportion up to ``MAX_STRETCH`` times at them (and never
+      under twice the latency: each stream asks for at most half of the lane's time); an
+      utterance's first partial keeps the configured interval (the stretch thins the partials
+      after it); finals are never delayed (they go first, whatever the cadence);
     * ``refusal(open)``: why a new stream must wait (None: admit it) -- the lane over its latency
-      budget, or too many streams admitted in the last ``NEW_WINDOW_S`` whose load has not been
-      measured yet (no decode of theirs has come back): at most ``NEW_STREAMS`` plus half the
-      others times the latency headroom (1 - latency / budget), so a burst never gets in before
-      its load has been seen, growth slows as the lane nears its budget, and stops at it; a stream
-      silent for longer (a microphone open, nobody speaking) no longer holds others back. The hub
-      calls ``admitted()`` for each stream it lets in (a token) and ``measured(token)`` once, at
-      its first decode or at its end without one."""
+      budget; the load predicted with one more stream over ``TARGET_BUSY`` (the busy share now,
+      plus the learned cost of the load the young streams have still to bring: issue
+      22 measured that admission reading the latency alone let in streams whose load came
+      seconds later, 50 of 96 offered at 3.4 s first-partial p95); or too many streams admitted
+      in the last ``NEW_WINDOW_S`` whose load has not been measured yet (no decode of theirs has
+      come back): at most ``NEW_STREAMS`` plus half the others times the latency headroom
+      (1 - latency / budget), so a burst never gets in before its load has been seen. The hub
+      calls ``admitted()`` for each stream it lets in (a token), ``measured(token)`` once, at its
+      first decode or at its end without one, and ``ended(token)`` at its end; each session
+      calls ``begin()`` and ``end()`` around each re-decode it waits for."""
 
     HALF_LIFE_S = 2.0
     MAX_STRETCH = 4.0
     NEW_STREAMS = 4  # streams admitted before any load is measured
     NEW_WINDOW_S = 3.0  # a stream admitted longer ago counts as measured (silent: no load)
+    BUSY_TAU_S = 3.0  # time constant of the busy share's average
+    RAMP_S = 4.0  # a stream younger than this has not brought its whole load yet
+    COST_HALF_LIFE_S = 15.0  # how slowly a learned per-stream cost is forgotten
+    TARGET_BUSY = 0.6  # the lane busy at most this share of the time with every open stream's load
+    MIN_SAMPLE_S = 0.05  # the model's compute is read at most this often
 
-    def __init__(self, interval_s: float, budget_s: float, clock: Callable[[], float] = time.monotonic):
+    def __init__(self, interval_s: float, budget_s: float, clock: Callable[[], float] = time.monotonic,
+                 busy_seconds: Callable[[], float] | None = None):
         self.interval_s, self.budget_s, self.clock = interval_s, budget_s, clock
+        self.busy_seconds = busy_seconds  # the model's compute so far, where this process has it
+        self._computed = busy_seconds() if busy_seconds is not None else 0.0
         self._latency = 0.0
         self._at = clock()
         self._new: dict[int, float] = {}  # token -> when admitted: load not measured yet
+        self._open: dict[int, float] = {}  # token -> when admitted: every stream not ended
         self._tokens = 0
+        self._busy, self._busy_at, self._outstanding = 0.0, self._at, 0
+        self._cost, self._cost_at = 0.0, self._at
+        self._carried = 0.0  # the streams' ramped count, averaged as the busy share is
 
     def observe(self, seconds: float) -> None:
         """One re-decode took ``seconds``."""
@@ -509,11 +545,66 @@ class LaneLoad:
     def latency(self) -> float:
         return self._latency * 0.5 ** ((self.clock() - self._at) / self.HALF_LIFE_S)
 
+    # ------------------------------------------------------------------ busy share, cost
+    def _advance(self) -> float:
+        """Bring the busy share and the load the streams carry (each weighed by its ramp,
+        averaged the same way, so that their ratio is a stream's cost even while streams come
+        and go) up to now."""
+        now = self.clock()
+        dt = now - self._busy_at
+        if self.busy_seconds is None:  # a re-decode in hand or not, over dt
+            held = 1.0 if self._outstanding > 0 else 0.0
+        elif dt < self.MIN_SAMPLE_S:
+            return now
+        else:  # the model's compute over dt
+            computed = self.busy_seconds()
+            held, self._computed = min((computed - self._computed) / dt, 1.0), computed
+        keep = math.exp(-dt / self.BUSY_TAU_S)
+        carried = sum(self._ramp(now - at) for at in self._open.values())
+        self._busy = held + (self._busy - held) * keep
+        self._carried = carried + (self._carried - carried) * keep
+        self._busy_at = now
+        return now
+
+    def begin(self) -> None:
+        """A re-decode was submitted."""
+        self._advance()
+        self._outstanding += 1
+
+    def end(self) -> None:
+        """A re-decode was answered (or withdrawn, or given up)."""
+        now = self._advance()
+        self._outstanding = max(self._outstanding - 1, 0)
+        if self._carried >= 1.0:
+            cost, known = self._busy / self._carried, self.stream_cost()
+            if cost > known:  # rises fast (half way at each sample), falls at its half-life
+                self._cost, self._cost_at = 0.5 * (known + cost), now
+
+    def _ramp(self, age: float) -> float:
+        """The share of its load a stream of this age brings (grows over ``RAMP_S``)."""
+        return min(max(age / self.RAMP_S, 0.0), 1.0)
+
+    def busy(self) -> float:
+        self._advance()
+        return self._busy
+
+    def stream_cost(self) -> float:
+        """The lane's busy share one stream brings (0: not learned yet)."""
+        return self._cost * 0.5 ** ((self.clock() - self._cost_at) / self.COST_HALF_LIFE_S)
+
+    def predicted(self) -> float:
+        """The busy share expected once every open stream and one more bring their load."""
+        cost, now = self.stream_cost(), self.clock()
+        coming = sum(1.0 - self._ramp(now - at) for at in self._open.values())
+        return self.busy() + cost * (coming + 1.0)
+
+    # ------------------------------------------------------------------ cadence, admission
     def cadence(self) -> float:
-        """The configured interval up to half the budget; from there stretched in proportion to
-        the latency, to ``MAX_STRETCH`` times at the budget (fewer partials make room before the
-        lane is full, not after); never under twice the latency (half the lane per stream)."""
-        over_half = min(max(self.latency() / self.budget_s - 0.5, 0.0) / 0.5, 1.0)
+        """The configured interval up to half the budget (and half the busy target); from there
+        stretched in proportion, to ``MAX_STRETCH`` times at it (fewer partials make room before
+        the lane is full, not after); never under twice the latency (half the lane per stream)."""
+        fill = max(self.latency() / self.budget_s, self.busy() / self.TARGET_BUSY)
+        over_half = min(max(fill - 0.5, 0.0) / 0.5, 1.0)
         stretched = self.interval_s * (1.0 + (self.MAX_STRETCH - 1.0) * over_half)
         return min(max(stretched, 2.0 * self.latency()), self.MAX_STRETCH * self.interval_s)
 
@@ -523,6 +614,11 @@ class LaneLoad:
             return (f"live captions are at capacity: re-decodes take {latency * 1e3:.0f} ms now, "
                     f"over the {self.budget_s * 1e3:.0f} ms they are kept under; try again in a few "
                     "seconds")
+        predicted = self.predicted()
+        if predicted > self.TARGET_BUSY:
+            return (f"live captions are at capacity: the {len(self._open)} streams open are "
+                    f"expected to keep the model {min(predicted, 9.99) * 100:.0f} % busy, over the "
+                    f"{self.TARGET_BUSY * 100:.0f} % it is kept under; try again in a few seconds")
         new = self.new()
         measured = max(open_streams - new, 0)
         if new >= self.NEW_STREAMS + 0.5 * measured * (1.0 - latency / self.budget_s):
@@ -539,11 +635,15 @@ class LaneLoad:
 
     def admitted(self) -> int:
         self._tokens += 1
-        self._new[self._tokens] = self.clock()
+        self._new[self._tokens] = self._open[self._tokens] = self.clock()
         return self._tokens
 
     def measured(self, token: int) -> None:
         self._new.pop(token, None)
+
+    def ended(self, token: int) -> None:
+        self._new.pop(token, None)
+        self._open.pop(token, None)
 
 
 class LiveMetrics:
@@ -583,6 +683,13 @@ class LiveMetrics:
         self.latency = Gauge("sensevoice_live_decode_latency_seconds",
                              "Recent live re-decode latency (time-decayed average): over "
                              "live_latency_budget_s, new streams are refused.", registry=r)
+        self.busy = Gauge("sensevoice_live_lane_busy_ratio",
+                          "Share of time the live lane has this process's re-decodes in hand "
+                          "(exponential average over 3 s).", registry=r)
+        self.stream_cost = Gauge("sensevoice_live_stream_cost_ratio",
+                                 "The live lane's busy share one stream brings, as learned: new "
+                                 "streams are refused once the open ones would take it past "
+                                 f"{LaneLoad.TARGET_BUSY:g}.", registry=r)
 
 
 class LiveHub:
@@ -591,7 +698,11 @@ class LiveHub:
 
     def __init__(self, settings, decode: LiveDecode | None, health, *, registry=None,
                  speech_device: str = "cpu", limits: LiveLimits | None = None,
-                 scorer: StreamScorer | None = None):
+                 scorer: StreamScorer | None = None,
+                 busy_seconds: Callable[[], float] | None = None):
+        """``busy_seconds``: the seconds this process's model has computed so far (its workers),
+        where the lane's busy share is read; None (the distributed topology's api process): the
+        share of time a re-decode of its streams is in hand."""
         self.settings = settings
         self.decode = decode  # the live lane (None: this process holds no model)
         self.health = health  # .not_serving(): why the model cannot serve now, or None
@@ -602,9 +713,12 @@ class LiveHub:
         self.open = 0
         self._by_client: dict[str, int] = {}  # client address -> its open streams
         self.metrics = LiveMetrics(registry)
-        self.load = LaneLoad(self.limits.partial_interval_s, self.limits.latency_budget_s)
+        self.load = LaneLoad(self.limits.partial_interval_s, self.limits.latency_budget_s,
+                             busy_seconds=busy_seconds)
         self.metrics.cadence.set_function(self.load.cadence)
         self.metrics.latency.set_function(self.load.latency)
+        self.metrics.busy.set_function(self.load.busy)
+        self.metrics.stream_cost.set_function(self.load.stream_cost)
 
     def check_ready(self) -> None:
         """NotReady unless this process can decode live audio now."""
@@ -661,6 +775,7 @@ class LiveHub:
         finally:
             session.abort()
             session.settle()
+            self.load.ended(token)
             self.open -= 1
             if self._by_client[client] <= 1:
                 del self._by_client[client]

@@ -159,12 +159,13 @@ def build_runtime(settings: Settings | None = None, role: str | None = None, *, 
     settings = settings or Settings()
     role = role or settings.server.role
     serves_api, serves_worker = role in ("all", "api"), role in ("all", "worker")
-    # the embedded broker's queue, or (shared broker) the local queue a feeder fills
-    scheduler = Scheduler(settings.limits.queue_size, settings.engine.max_batch, settings.engine.max_wait_ms / 1e3,
-                          settings.engine.max_batch_seconds, settings.limits.retry_after_s)
-    broker = connect_broker(settings, scheduler)
     # an api-only process holds no model: it resamples on the CPU and needs no GPU
     devices = visible_devices(settings.engine.resolved_device()) if serves_worker else ["cpu"]
+    # the embedded broker's queue, or (shared broker) the local queue a feeder fills
+    scheduler = Scheduler(settings.limits.queue_size, settings.engine.max_batch, settings.engine.max_wait_ms / 1e3,
+                          settings.engine.max_batch_seconds, settings.limits.retry_after_s,
+                          finals_alone=not devices[0].startswith("cuda"))
+    broker = connect_broker(settings, scheduler)
     metrics = Metrics(devices)
     pool = WorkerPool(settings, broker, scheduler, metrics, devices, source) if serves_worker else None
     if pool is not None and resolve:

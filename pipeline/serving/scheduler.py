@@ -28,6 +28,7 @@ from pipeline.domain.tags import SAMPLE_RATE_HZ
 from pipeline.domain.types import Lane, TranscribeOptions
 
 LIVE_RANK = -1  # live captions' re-decodes go before every job lane (they are never stored jobs)
+LIVE_FINAL_RANK = -2  # a live utterance's final goes before every partial (finals are never delayed)
 
 
 class DeferredAudio(Protocol):
@@ -50,17 +51,25 @@ class WorkItem:
     start_s: float = 0.0  # where the piece starts in the recording, seconds
     speaker: Optional[str] = None  # channel label when a stereo call is split
     reply: Optional[Future] = None  # a live re-decode: no job in the store; the output goes here
+    final: bool = False  # a live re-decode that is an utterance's final (not a partial)
 
     @property
     def rank(self) -> int:
-        """Serving priority, lower first: live re-decodes, then the job lanes."""
-        return LIVE_RANK if self.reply is not None else int(self.lane)
+        """Serving priority, lower first: live finals, live partials, then the job lanes."""
+        if self.reply is None:
+            return int(self.lane)
+        return LIVE_FINAL_RANK if self.final else LIVE_RANK
 
 
 class Scheduler:
     def __init__(self, maxsize: int, max_batch: int = 64, max_wait_s: float = 0.002,
-                 max_batch_seconds: float = 1200.0, retry_after_s: int = 2):
+                 max_batch_seconds: float = 1200.0, retry_after_s: int = 2,
+                 finals_alone: bool = False):
+        """``finals_alone``: a batch of live finals takes nothing else (on a CPU a batch costs
+        the sum of its items: a final batched with 40 partials waited for all of them; on a GPU
+        they cost what the final alone costs and ride along)."""
         self.maxsize = maxsize
+        self.finals_alone = finals_alone
         self.max_batch = max_batch
         self.max_wait_s = max_wait_s
         self.max_batch_samples = int(max_batch_seconds * SAMPLE_RATE_HZ)
@@ -198,7 +207,10 @@ class Scheduler:
 
         batch = [anchor]
         longest = anchor.n_samples
+        alone = self.finals_alone and anchor.rank == LIVE_FINAL_RANK
         for it in sorted((i for i in self._items if i is not anchor), key=key):
+            if alone and it.rank != LIVE_FINAL_RANK:
+                break  # sorted by rank first: no more finals
             if len(batch) >= self.max_batch:
                 break
             new_longest = max(longest, it.n_samples)

@@ -58,6 +58,7 @@ class Worker(threading.Thread):
         self._loop_beat = time.monotonic()
         self._waiting_since: float | None = None  # the finisher waits for the device since then
         self.batches = 0
+        self.busy_s = 0.0  # seconds spent launching batches and waiting for their results
         self.fatal: BaseException | None = None
         self._stop_event = threading.Event()
         self._finishing: queue.Queue = queue.Queue(maxsize=1)  # launched batches, one waiting
@@ -109,6 +110,7 @@ class Worker(threading.Thread):
         the worker's own when nothing else is queued)."""
         batch, waves, pending, t_start, t0, moved = job
         self._waiting_since = time.monotonic()
+        waited = time.monotonic()
         try:
             outs = pending.result()
         except Exception as e:
@@ -127,6 +129,7 @@ class Worker(threading.Thread):
             return
         finally:
             self._waiting_since = None
+            self.busy_s += time.monotonic() - waited  # the device's time (a CPU's: detokenising)
         keep = [k for k, i in enumerate(batch) if i.reply is not None or i.job_id in moved]
         if len(keep) < len(batch):  # cancelled or handled elsewhere while it ran
             batch, waves, outs = ([seq[k] for k in keep] for seq in (batch, waves, outs))
@@ -238,6 +241,7 @@ class Worker(threading.Thread):
                 pending = launch(waves, [i.options for i in batch])
             else:  # an engine without the asynchronous API (test doubles)
                 pending = _Done(self.engine.transcribe(waves, [i.options for i in batch]))
+            self.busy_s += time.monotonic() - t0  # a CPU computes here; a GPU is handed the batch
         except torch.cuda.OutOfMemoryError as e:
             moved = self._mark_running(batch, t_start) if moved is None else moved
             if len(batch) == 1:

@@ -151,15 +151,20 @@ class WorkerPool:
         return None
 
     # ------------------------------------------------------------------ the live lane
-    def decode_live(self, wave: torch.Tensor, options: TranscribeOptions) -> Future:
-        """Queue one re-decode of a live stream's utterance (16 kHz mono) ahead of every job lane,
-        batched with whatever the workers run; the future gets the engine's output. Nothing is
-        stored."""
+    def busy_seconds(self) -> float:
+        """Seconds this process's workers have spent on batches so far, per worker (its change
+        over a second is the share of time the model is busy: the live lane's cost model)."""
+        return sum(w.busy_s for w in self.workers) / max(len(self.workers), 1)
+
+    def decode_live(self, wave: torch.Tensor, options: TranscribeOptions, final: bool = False) -> Future:
+        """Queue one re-decode of a live stream's utterance (16 kHz mono) ahead of every job lane
+        (``final``: ahead of every partial too), batched with whatever the workers run; the future
+        gets the engine's output. Nothing is stored."""
         reason = self.live_ready()
         if reason is not None:
             raise NotReady(reason)
         item = WorkItem(f"live-{uuid.uuid4().hex}", Lane.INTERACTIVE, options, int(wave.shape[-1]),
-                        audio=wave, reply=Future())
+                        audio=wave, reply=Future(), final=final)
         if not self.broker.shared:  # the embedded broker's queue is this pool's scheduler
             return self.broker.submit_live(item)
         self.scheduler.put(item)

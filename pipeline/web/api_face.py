@@ -29,7 +29,8 @@ def add_api(app, runtime: Runtime, bodies, pages: JobPages):
     app.include_router(build_events_router(pages, app.state.event_fanout))  # and /favicon.ico
     hub = LiveHub(settings, runtime.live_decode, runtime.health,
                   registry=runtime.metrics.registry,
-                  speech_device=pool.speech_device if pool is not None else "cpu")
+                  speech_device=pool.speech_device if pool is not None else "cpu",
+                  busy_seconds=pool.busy_seconds if pool is not None else None)
     app.state.live_hub = hub
     app.include_router(build_stream_router(hub))  # live captions (WebSocket), FunASR's too
     app.include_router(build_desk_router(settings, intake, view, runtime.broker))  # the desk

@@ -16,13 +16,14 @@ import threading
 import time
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterable, Iterator
+from typing import Iterable, Iterator, Sequence
 
 import numpy as np
 
 from pipeline.domain.errors import JobGone, JobNotFound, TooManyAttempts
 from pipeline.domain.types import Job, JobError, JobState, Lane, Transcript, Word
 from pipeline.serving import calls_index
+from pipeline.serving.group_commit import GroupCommit
 from pipeline.serving.job_events import Feed, JobEvent
 from pipeline.serving.records import SegmentResult, dump_options, load_options, storage_error
 
@@ -75,6 +76,7 @@ class JobStore:
         self.db_path = self.data_dir / "jobs.sqlite3"
         self._local = threading.local()
         self.feed = Feed()
+        self._inserts: GroupCommit[tuple] = GroupCommit(self._insert_jobs)
         with self._conn() as c:
             c.executescript(SCHEMA)
             calls_index.ensure_schema(c)  # the calls table's summaries and reviews
@@ -98,7 +100,8 @@ class JobStore:
     def create(self, job: Job, upload: bytes) -> None:
         """Spool the upload (fsync) and insert the job, before the submit answers. A write that
         fails (disk full, file-size limit, I/O error) leaves nothing behind: no temporary file,
-        no spool file without its row; it raises StorageFull (507) or StorageError (503)."""
+        no spool file without its row; it raises StorageFull (507) or StorageError (503). The rows
+        of submits that arrive together are inserted in one transaction (:class:`GroupCommit`)."""
         path = self.spool_path(job.id)
         tmp = path.with_suffix(".tmp")
         try:
@@ -107,17 +110,19 @@ class JobStore:
                 f.flush()
                 os.fsync(f.fileno())
             os.replace(tmp, path)
-            self._conn().execute(
-                "INSERT INTO jobs (id, state, lane, options, filename, audio_seconds, created_at)"
-                " VALUES (?, ?, ?, ?, ?, ?, ?)",
-                (job.id, JobState.QUEUED.value, int(job.lane), dump_options(job.options),
-                 job.filename, job.audio_seconds, job.created_at),
-            )
+            self._inserts((job.id, JobState.QUEUED.value, int(job.lane), dump_options(job.options),
+                           job.filename, job.audio_seconds, job.created_at))
         except (OSError, sqlite3.Error) as e:
             tmp.unlink(missing_ok=True)
             path.unlink(missing_ok=True)
             logger.error("storing job %s failed: %s", job.id, e)
             raise storage_error(e) from None
+
+    def _insert_jobs(self, rows: Sequence[tuple]) -> None:
+        with self._transaction() as conn:
+            conn.executemany(
+                "INSERT INTO jobs (id, state, lane, options, filename, audio_seconds, created_at)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?)", rows)
 
     @contextmanager
     def _transaction(self) -> Iterator[sqlite3.Connection]:
@@ -127,7 +132,8 @@ class JobStore:
         try:
             yield conn
         except BaseException:
-            conn.execute("ROLLBACK")
+            if conn.in_transaction:  # SQLite rolls back itself on some errors (SQLITE_FULL)
+                conn.execute("ROLLBACK")
             raise
         conn.execute("COMMIT")
 

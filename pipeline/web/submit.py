@@ -22,13 +22,19 @@ FINAL_STATES = (JobState.DONE, JobState.FAILED, JobState.PURGED)
 
 async def submit_upload(request: Request, intake: Intake, file: UploadFile,
                         options: TranscribeOptions, lane: Lane) -> Job:
-    """Read an upload and submit its job (both in the thread pool), then drop the upload (its
-    spooled copy and the bytes) and give back its upload slot: a request that waits for its job
-    afterwards (``?wait=``, /v1/audio/transcriptions) holds no slot, no memory and no thread."""
-    data = await run_in_threadpool(read_upload, file.file, intake.settings.limits.max_upload_bytes)
-    await file.close()
-    job = await run_in_threadpool(intake.submit, data, filename=file.filename or "",
-                                  options=options, lane=lane)
+    """Read an upload and submit its job (in one trip to the thread pool: each trip is a thread
+    hand-off under the GIL), then drop the upload (its spooled copy and the bytes) and give back
+    its upload slot: a request that waits for its job afterwards (``?wait=``,
+    /v1/audio/transcriptions) holds no slot, no memory and no thread."""
+    def read_and_submit() -> Job:
+        data = read_upload(file.file, intake.settings.limits.max_upload_bytes)
+        file.file.close()  # the spooled copy goes before decoding: the bytes are what is kept
+        return intake.submit(data, filename=file.filename or "", options=options, lane=lane)
+
+    try:
+        job = await run_in_threadpool(read_and_submit)
+    finally:
+        await file.close()
     release_upload_slot(request)
     return job
 

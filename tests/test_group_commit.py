@@ -82,3 +82,20 @@ def test_the_store_stores_every_one_of_concurrent_submits(tmp_path):
         t.join(10)
     assert all(store.get(j.id).state.value == "queued" for j in jobs)
     assert len(list((tmp_path / "data" / "spool").glob("*.upload"))) == 16
+
+
+def test_many_threads_many_rows_each_written_once_and_every_caller_returns():
+    written: list[int] = []
+    commit = GroupCommit(written.extend, max_group=3)
+
+    def caller(base):
+        for k in range(20):
+            commit(base * 100 + k)
+
+    threads = [threading.Thread(target=caller, args=(i,)) for i in range(24)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert not any(t.is_alive() for t in threads)
+    assert sorted(written) == sorted(i * 100 + k for i in range(24) for k in range(20))

@@ -97,6 +97,15 @@ class ServerSettings(BaseModel):
         return value
 
 
+def usable_cores() -> int:
+    """The CPU cores this process may run on (its affinity, e.g. under taskset), where the system
+    says (Linux); else the machine's."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 2
+
+
 class LimitsSettings(BaseModel):
     """What one request, one client and all of them together may cost; retention."""
 
@@ -185,7 +194,7 @@ class LimitsSettings(BaseModel):
         if self.max_concurrent_uploads <= 0:
             self.max_concurrent_uploads = max(8, 2 * cores)
         if self.submit_threads <= 0:  # the cores it may use (taskset), not the machine's
-            self.submit_threads = max(8, 2 * len(os.sched_getaffinity(0)))
+            self.submit_threads = max(8, 2 * usable_cores())
         return self
 
 

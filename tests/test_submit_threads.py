@@ -14,9 +14,9 @@ from tests.conftest import LiveServer, make_settings
 
 
 def test_the_default_follows_the_cores_this_process_may_use():
-    import os
+    from pipeline.config import usable_cores
 
-    assert Settings().limits.submit_threads == max(8, 2 * len(os.sched_getaffinity(0)))
+    assert Settings().limits.submit_threads == max(8, 2 * usable_cores())
     assert Settings(submit_threads=3).limits.submit_threads == 3
 
 

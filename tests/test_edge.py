@@ -615,3 +615,66 @@ def test_connection_settings():
     assert client_key("10.0.0.1") == "10.0.0.1" and client_key(None) is None
     assert client_key("::ffff:10.0.0.1") == "10.0.0.1" and client_key("::1") == "::1"
     assert client_key("2001:db8:1:2:aaaa::1") == client_key("2001:db8:1:2:bbbb::9") == "2001:db8:1:2::/64"
+
+
+class _Transport:
+    def __init__(self):
+        self.sent: list[bytes] = []  # one entry per send
+        self.closed = False
+
+    def write(self, data):
+        self.sent.append(bytes(data))
+
+    def writelines(self, parts):
+        self.sent.append(b"".join(parts))
+
+    def is_closing(self):
+        return self.closed
+
+    def close(self):
+        self.closed = True
+
+    def get_extra_info(self, name, default=None):
+        return "info"
+
+
+class _Loop:
+    def __init__(self):
+        self.soon = []
+
+    def call_soon(self, fn):
+        self.soon.append(fn)
+
+    def turn(self):
+        soon, self.soon = self.soon, []
+        for fn in soon:
+            fn()
+
+
+def test_a_response_head_leaves_with_its_body_in_one_send():
+    from pipeline.web.edge import HeadWithBody
+
+    raw, loop = _Transport(), _Loop()
+    t = HeadWithBody(raw, loop)
+    t.write(b"HTTP/1.1 200 OK\r\n\r\n")
+    assert raw.sent == []  # held for the body
+    t.write(b"body")
+    t.write(b"more")  # later writes pass straight through
+    loop.turn()
+    assert raw.sent == [b"HTTP/1.1 200 OK\r\n\r\nbody", b"more"]
+    assert t.get_extra_info("peername") == "info"
+
+
+def test_a_head_alone_leaves_at_the_end_of_the_loop_turn_and_before_a_close():
+    from pipeline.web.edge import HeadWithBody
+
+    raw, loop = _Transport(), _Loop()
+    streaming = HeadWithBody(raw, loop)
+    streaming.write(b"HEAD")  # an event stream's head: its first event may come much later
+    loop.turn()
+    assert raw.sent == [b"HEAD"]
+    raw2 = _Transport()
+    closing = HeadWithBody(raw2, _Loop())
+    closing.write(b"HEAD")
+    closing.close()
+    assert raw2.sent == [b"HEAD"] and raw2.closed

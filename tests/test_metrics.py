@@ -594,3 +594,24 @@ def test_job_time_per_lane():
     assert exp.one("sensevoice_job_duration_seconds_bucket", lane="interactive", le="0.25") == 1
     assert exp.one("sensevoice_job_duration_seconds_bucket", lane="bulk", le="30.0") == 0
     assert exp.one("sensevoice_job_duration_seconds_count", lane="bulk") == 1
+
+
+def test_route_templates_are_remembered_per_path_and_forgotten_when_routes_change():
+    """HttpMetrics matches a (method, path) against the routes once; a route added later (or more
+    paths than it remembers) makes it match again, so a label is never stale."""
+    from fastapi import FastAPI
+
+    from pipeline.web.http_metrics import HttpMetrics
+
+    app = FastAPI()
+    app.get("/api/jobs/{job_id}")(lambda job_id: None)
+    mw = HttpMetrics(app, Metrics([]), routes_of=app)
+    scope = {"type": "http", "method": "GET", "path": "/api/jobs/abc"}
+    assert mw._template(scope) == mw._template(dict(scope)) == "/api/jobs/{job_id}"
+    late = {"type": "http", "method": "GET", "path": "/late"}
+    assert mw._template(late) == "unmatched"
+    app.get("/late")(lambda: None)
+    assert mw._template(late) == "/late"
+    for i in range(HttpMetrics.MAX_REMEMBERED + 10):
+        mw._template({"type": "http", "method": "GET", "path": f"/api/jobs/{i}"})
+    assert len(mw._templates) <= HttpMetrics.MAX_REMEMBERED

@@ -73,7 +73,7 @@ def test_spool_write_past_the_file_size_limit_is_507_and_leaves_nothing(tmp_path
 def test_a_failed_insert_removes_the_spool_file(tmp_path):
     """SQLite answers 'database or disk is full' (its page limit reached): no orphaned spool file."""
     store = JobStore(tmp_path / "data")
-    conn = store._conn()
+    conn = store._writer()  # the connection every write goes through
     pages = conn.execute("PRAGMA page_count").fetchone()[0]
     conn.execute(f"PRAGMA max_page_count = {pages}")
     with pytest.raises(StorageFull):

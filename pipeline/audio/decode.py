@@ -207,8 +207,16 @@ def read_upload(fileobj: BinaryIO, max_bytes: int) -> bytes:
 
 
 def _read_at_most(fileobj: BinaryIO, limit: int) -> bytes:
-    """Read until EOF or ``limit`` bytes (a raw stream may return short reads)."""
-    buffer = bytearray()
+    """Read until EOF or ``limit`` bytes (a raw stream may return short reads). A body that comes
+    in one read (a spooled upload) is returned as read: no buffer, no copies of it."""
+    first = fileobj.read(limit)
+    if not first or len(first) >= limit:
+        return bytes(first)
+    more = fileobj.read(limit - len(first))
+    if not more:
+        return bytes(first)
+    buffer = bytearray(first)
+    buffer += more
     while len(buffer) < limit:
         chunk = fileobj.read(limit - len(buffer))
         if not chunk:

@@ -184,6 +184,51 @@ HEADERS_TOO_LARGE_RESPONSE = _raw_response(
 
 
 # ---------------------------------------------------------------------------- connection guard
+class HeadWithBody:
+    """The transport one request's response is written through: its first write (the response
+    head) is held until the next write, and both leave in one send (``writelines``); held alone,
+    it leaves at the end of this turn of the event loop (a streaming response's head does not wait
+    for its first event). Everything else passes straight through.
+
+    uvicorn writes a response's head and body in two sends; on loopback each send does the
+    receiving side's TCP work too, and under load_test the head's send alone was ~20 % of the event
+    loop's GIL samples (py-spy --gil): one send per response instead of two."""
+
+    __slots__ = ("_transport", "_loop", "_head", "_first")
+
+    def __init__(self, transport, loop):
+        self._transport, self._loop = transport, loop
+        self._head: bytes | None = None
+        self._first = True
+
+    def write(self, data) -> None:
+        if self._first:
+            self._first = False
+            self._head = bytes(data)
+            self._loop.call_soon(self.flush)
+        elif self._head is not None:
+            head, self._head = self._head, None
+            self._transport.writelines((head, data))
+        else:
+            self._transport.write(data)
+
+    def flush(self) -> None:
+        if self._head is not None:
+            head, self._head = self._head, None
+            if not self._transport.is_closing():
+                self._transport.write(head)
+
+    def close(self) -> None:
+        self.flush()
+        self._transport.close()
+
+    def is_closing(self) -> bool:
+        return self._transport.is_closing()
+
+    def __getattr__(self, name):
+        return getattr(self._transport, name)
+
+
 class EdgeHttpProtocol(HttpToolsProtocol):
     """uvicorn's httptools protocol with a header deadline, a header size cap and connection
     counts. Use ``http_protocol(settings)``: it binds the limits (a class per server)."""
@@ -334,6 +379,8 @@ class EdgeHttpProtocol(HttpToolsProtocol):
         self._in_headers = False
         self._cancel_header_timer()
         super().on_headers_complete()
+        if self.cycle is not None and not isinstance(self.cycle.transport, HeadWithBody):
+            self.cycle.transport = HeadWithBody(self.transport, self.loop)
 
     def on_response_complete(self) -> None:
         super().on_response_complete()

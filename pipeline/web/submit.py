@@ -6,6 +6,8 @@ from __future__ import annotations
 import asyncio
 from typing import TYPE_CHECKING
 
+from anyio import CapacityLimiter, to_thread
+
 from fastapi import Request, UploadFile
 from fastapi.concurrency import run_in_threadpool
 
@@ -22,15 +24,31 @@ FINAL_STATES = (JobState.DONE, JobState.FAILED, JobState.PURGED)
 
 async def submit_upload(request: Request, intake: Intake, file: UploadFile,
                         options: TranscribeOptions, lane: Lane) -> Job:
-    """Read an upload and submit its job (both in the thread pool), then drop the upload (its
-    spooled copy and the bytes) and give back its upload slot: a request that waits for its job
-    afterwards (``?wait=``, /v1/audio/transcriptions) holds no slot, no memory and no thread."""
-    data = await run_in_threadpool(read_upload, file.file, intake.settings.limits.max_upload_bytes)
-    await file.close()
-    job = await run_in_threadpool(intake.submit, data, filename=file.filename or "",
-                                  options=options, lane=lane)
+    """Read an upload and submit its job (in one trip to the thread pool: each trip is a thread
+    hand-off under the GIL), then drop the upload (its spooled copy and the bytes) and give back
+    its upload slot: a request that waits for its job afterwards (``?wait=``,
+    /v1/audio/transcriptions) holds no slot, no memory and no thread."""
+    def read_and_submit() -> Job:
+        data = read_upload(file.file, intake.settings.limits.max_upload_bytes)
+        file.file.close()  # the spooled copy goes before decoding: the bytes are what is kept
+        return intake.submit(data, filename=file.filename or "", options=options, lane=lane)
+
+    try:
+        job = await to_thread.run_sync(read_and_submit, limiter=_submit_limiter(request, intake))
+    finally:
+        await file.close()
     release_upload_slot(request)
     return job
+
+
+def _submit_limiter(request: Request, intake: Intake) -> CapacityLimiter:
+    """The threads that submits may take at once (``limits.submit_threads``), one limiter per app
+    (made on its event loop, at the first submit)."""
+    state = request.app.state
+    limiter = getattr(state, "submit_limiter", None)
+    if limiter is None:
+        limiter = state.submit_limiter = CapacityLimiter(intake.settings.limits.submit_threads)
+    return limiter
 
 
 async def read_job(view: JobView, job_id: str) -> Job:

@@ -307,6 +307,12 @@ class LiveSettings(BaseModel):
         "live_partial_interval_s at it); finals are never delayed. A final also waits for the "
         "speech detector, a partial still running and the network (docs/BENCHMARKS.md: 0.15 s "
         "measured best of 0.12 / 0.15 / 0.3 on two cores).")
+    target_busy: float = Field(
+        0.6, gt=0, le=1.0, description="Live captions keep their model busy at most this share of "
+        "the time: a new stream is refused (live_at_capacity) once the open streams, with the "
+        "load the young ones have still to bring (a per-stream cost learned from the lane), "
+        "would take it past this; partials thin out from half of it. Lower on a CPU shared with "
+        "much else; higher where the model has a device of its own.")
 
 class UiSettings(BaseModel):
     """The Gradio page."""
@@ -396,6 +402,7 @@ GROUP_OF = {
     'live_burst_s': ('live', 'burst_s'),
     'live_max_buffered_s': ('live', 'max_buffered_s'),
     'live_latency_budget_s': ('live', 'latency_budget_s'),
+    'live_target_busy': ('live', 'target_busy'),
     'ui': ('ui', 'enabled'),
     'ui_auth': ('ui', 'auth'),
 }

@@ -264,3 +264,17 @@ def test_the_busy_share_is_the_models_compute_where_the_process_has_it():
         load.end()
         clock.t += 0.02
     assert load.busy() == pytest.approx(0.2, abs=0.03)
+
+
+def test_the_busy_target_is_a_setting(monkeypatch):
+    """SENSEVOICE_LIVE_TARGET_BUSY reaches the lane's admission (and is bounded)."""
+    from pipeline.config import Settings
+    from pipeline.serving.live import LiveLimits
+
+    monkeypatch.setenv("SENSEVOICE_LIVE_TARGET_BUSY", "0.8")
+    limits = LiveLimits.from_settings(Settings())
+    assert limits.target_busy == 0.8
+    assert LaneLoad(0.4, 0.15, target_busy=limits.target_busy).TARGET_BUSY == 0.8
+    monkeypatch.setenv("SENSEVOICE_LIVE_TARGET_BUSY", "1.5")
+    with pytest.raises(Exception, match="target_busy"):
+        Settings()

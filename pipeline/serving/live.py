@@ -88,6 +88,7 @@ class LiveLimits:
     burst_s: float = 10.0  # audio a stream may send ahead of real time
     decode_timeout_s: float = 60.0  # a decode not answered by then: the workers are gone or hung
     latency_budget_s: float = 0.15  # re-decodes slower than this (recently): no new stream
+    target_busy: float = 0.6  # the model busy at most this share of the time with every stream
 
     @classmethod
     def from_settings(cls, settings) -> LiveLimits:
@@ -100,7 +101,8 @@ class LiveLimits:
                    max_frame_bytes=settings.live.max_frame_bytes,
                    max_buffered_s=settings.live.max_buffered_s,
                    burst_s=settings.live.burst_s,
-                   latency_budget_s=settings.live.latency_budget_s)
+                   latency_budget_s=settings.live.latency_budget_s,
+                   target_busy=settings.live.target_busy)
 
     @property
     def buffered_samples(self) -> int:
@@ -517,12 +519,13 @@ class LaneLoad:
     BUSY_TAU_S = 3.0  # time constant of the busy share's average
     RAMP_S = 4.0  # a stream younger than this has not brought its whole load yet
     COST_HALF_LIFE_S = 15.0  # how slowly a learned per-stream cost is forgotten
-    TARGET_BUSY = 0.6  # the lane busy at most this share of the time with every open stream's load
+    TARGET_BUSY = 0.6  # default: the lane busy at most this share with every open stream's load
     MIN_SAMPLE_S = 0.05  # the model's compute is read at most this often
 
     def __init__(self, interval_s: float, budget_s: float, clock: Callable[[], float] = time.monotonic,
-                 busy_seconds: Callable[[], float] | None = None):
+                 busy_seconds: Callable[[], float] | None = None, target_busy: float = TARGET_BUSY):
         self.interval_s, self.budget_s, self.clock = interval_s, budget_s, clock
+        self.TARGET_BUSY = target_busy  # this lane's (Settings.live.target_busy)
         self.busy_seconds = busy_seconds  # the model's compute so far, where this process has it
         self._computed = busy_seconds() if busy_seconds is not None else 0.0
         self._latency = 0.0
@@ -689,7 +692,7 @@ class LiveMetrics:
         self.stream_cost = Gauge("sensevoice_live_stream_cost_ratio",
                                  "The live lane's busy share one stream brings, as learned: new "
                                  "streams are refused once the open ones would take it past "
-                                 f"{LaneLoad.TARGET_BUSY:g}.", registry=r)
+                                 "live_target_busy (0.6 by default).", registry=r)
 
 
 class LiveHub:
@@ -714,7 +717,7 @@ class LiveHub:
         self._by_client: dict[str, int] = {}  # client address -> its open streams
         self.metrics = LiveMetrics(registry)
         self.load = LaneLoad(self.limits.partial_interval_s, self.limits.latency_budget_s,
-                             busy_seconds=busy_seconds)
+                             busy_seconds=busy_seconds, target_busy=self.limits.target_busy)
         self.metrics.cadence.set_function(self.load.cadence)
         self.metrics.latency.set_function(self.load.latency)
         self.metrics.busy.set_function(self.load.busy)

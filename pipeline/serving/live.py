@@ -745,7 +745,8 @@ class LiveHub:
                                  "open at once; close one first")
         self.check_ready()
         reason = self.load.refusal(self.open)
-        if reason is not None:
+        if reason is not None:  # which rule refused, for whoever tunes them (docs/BENCHMARKS.md)
+            logger.info("live stream refused with %d open: %s", self.open, reason)
             raise LiveAtCapacity(reason)
         return held
 

@@ -278,3 +278,21 @@ def test_the_busy_target_is_a_setting(monkeypatch):
     monkeypatch.setenv("SENSEVOICE_LIVE_TARGET_BUSY", "1.5")
     with pytest.raises(Exception, match="target_busy"):
         Settings()
+
+
+def test_the_cost_follows_a_busy_lane_down_as_batching_makes_streams_cheaper():
+    """10 streams keep the lane 40 % busy (4 % each); 30 streams keep it 60 % busy (2 % each,
+    batched): the cost learned from the first ten must not hold the thirty's figure at 4 %, or
+    admission stops at ~15 streams where the lane serves 30."""
+    clock = Clock()
+    load = LaneLoad(interval_s=0.4, budget_s=0.15, clock=clock)
+    tokens = [load.admitted() for _ in range(10)]
+    clock.t += LaneLoad.RAMP_S
+    _hold_busy(load, clock, 0.4, 15.0)
+    assert load.stream_cost() == pytest.approx(0.04, rel=0.15)
+    tokens += [load.admitted() for _ in range(20)]
+    clock.t += LaneLoad.RAMP_S
+    _hold_busy(load, clock, 0.6, 15.0)
+    assert load.stream_cost() == pytest.approx(0.02, rel=0.15)
+    _hold_busy(load, clock, 0.0, 3.0)  # a lull: the cost only fades
+    assert load.stream_cost() > 0.8 * 0.02

@@ -491,9 +491,10 @@ class LaneLoad:
       were in hand ~40 ms each, the rest being the hand-overs between threads);
     * ``stream_cost()``: the lane's busy share per stream, learned from the open streams, each
       weighed by the share of its load it brings by now (a stream's load builds up over its
-      first ``RAMP_S``: its speech begins, its utterances grow); it rises fast and is forgotten
-      with a half-life of ``COST_HALF_LIFE_S``, so a lull does not make room that the streams
-      open will want back;
+      first ``RAMP_S``: its speech begins, its utterances grow); it rises fast, follows the
+      lane down while the lane is busy (``LEARN_BUSY``: batching makes a stream cheaper as
+      streams are added), and in a lull is forgotten only with a half-life of
+      ``COST_HALF_LIFE_S``, so a lull does not make room that the streams open will want back;
     * ``cadence()``: how often a stream re-decodes its utterance in progress -- the configured
       interval while the lane is under half its limits (half the latency budget, half the busy
       target), stretched from there in proportion up to ``MAX_STRETCH`` times at them (and never
@@ -518,7 +519,9 @@ class LaneLoad:
     NEW_WINDOW_S = 3.0  # a stream admitted longer ago counts as measured (silent: no load)
     BUSY_TAU_S = 3.0  # time constant of the busy share's average
     RAMP_S = 4.0  # a stream younger than this has not brought its whole load yet
-    COST_HALF_LIFE_S = 15.0  # how slowly a learned per-stream cost is forgotten
+    COST_HALF_LIFE_S = 15.0  # how slowly a learned per-stream cost is forgotten in a lull
+    LEARN_BUSY = 0.2  # from this busy share the learned cost follows the lane down as well as up
+    FAST_TAU_S = 0.5  # the busy share's fast average: under the slow one, the lane is easing off
     TARGET_BUSY = 0.6  # default: the lane busy at most this share with every open stream's load
     MIN_SAMPLE_S = 0.05  # the model's compute is read at most this often
 
@@ -534,6 +537,7 @@ class LaneLoad:
         self._open: dict[int, float] = {}  # token -> when admitted: every stream not ended
         self._tokens = 0
         self._busy, self._busy_at, self._outstanding = 0.0, self._at, 0
+        self._fast = 0.0  # the busy share over the last ~FAST_TAU_S
         self._cost, self._cost_at = 0.0, self._at
         self._carried = 0.0  # the streams' ramped count, averaged as the busy share is
 
@@ -565,6 +569,7 @@ class LaneLoad:
         keep = math.exp(-dt / self.BUSY_TAU_S)
         carried = sum(self._ramp(now - at) for at in self._open.values())
         self._busy = held + (self._busy - held) * keep
+        self._fast = held + (self._fast - held) * math.exp(-dt / self.FAST_TAU_S)
         self._carried = carried + (self._carried - carried) * keep
         self._busy_at = now
         return now
@@ -580,7 +585,15 @@ class LaneLoad:
         self._outstanding = max(self._outstanding - 1, 0)
         if self._carried >= 1.0:
             cost, known = self._busy / self._carried, self.stream_cost()
-            if cost > known:  # rises fast (half way at each sample), falls at its half-life
+            # rises fast (half way at each sample), falls at its half-life -- and follows the
+            # lane down too while it is busy enough to show its load (>= LEARN_BUSY): a batch of
+            # many streams costs less a stream than one of few, so the cost the first streams
+            # taught held later ones out (at 15 open on two cores it predicted 63 % busy; the
+            # lane settled at 0.018 a stream, half the first figure). In a lull (the lane's
+            # last half second under its 3 s average or under LEARN_BUSY) it only fades: the
+            # streams open will speak again.
+            rising = self._fast >= max(self._busy, self.LEARN_BUSY)  # busy, and not easing off
+            if cost > known or rising:
                 self._cost, self._cost_at = 0.5 * (known + cost), now
 
     def _ramp(self, age: float) -> float:

@@ -72,6 +72,17 @@ REPLY_TTL_S = 60.0  # an api process's reply list expires this long after its la
 FORGET_WORKER_S = 60.0  # a worker's registry field is deleted once expired for this long
 SEND_BATCH = 64  # requests (or replies) per round trip at most
 
+
+def _take_batch(queue: SimpleQueue) -> list:
+    """Wait for one entry, then take what else is queued, up to ``SEND_BATCH``: one round trip."""
+    batch = [queue.get()]
+    while len(batch) < SEND_BATCH:
+        try:
+            batch.append(queue.get_nowait())
+        except Empty:
+            break
+    return batch
+
 # KEYS: requests, bell, claims. ARGV: consumer, max items, claims ttl ms. Pops up to max requests
 # (oldest first), skipping withdrawn and expired ones, and records each claim in the same step.
 _CLAIM = """
@@ -235,13 +246,7 @@ class LiveClient:
     # -- sender thread
     def _send_loop(self) -> None:
         while not self._stop.is_set():
-            first = self._outbox.get()
-            batch = [first]
-            while len(batch) < SEND_BATCH:
-                try:
-                    batch.append(self._outbox.get_nowait())
-                except Empty:
-                    break
+            batch = _take_batch(self._outbox)
             if None in batch:
                 return
             try:
@@ -452,13 +457,7 @@ class LiveServer:
 
     def _reply_loop(self) -> None:
         while True:
-            first = self._replies.get()
-            batch = [first]
-            while len(batch) < SEND_BATCH:
-                try:
-                    batch.append(self._replies.get_nowait())
-                except Empty:
-                    break
+            batch = _take_batch(self._replies)
             done = None in batch
             batch = [b for b in batch if b is not None]
             if batch:

@@ -14,7 +14,6 @@ endpointing) and two worker processes (the demo model: they only decode), each a
 from __future__ import annotations
 
 import asyncio
-import json
 import socket
 import threading
 import time
@@ -22,11 +21,10 @@ import time
 import httpx
 import pytest
 import redis
-import websockets
 
 from tests.test_distributed import cluster  # noqa: F401  (fixture)
-from tests.test_stream import (FRAME, RATE, Run, assert_finals_cover, assert_finals_match_offline,
-                               speech)  # noqa: F401  (fixture)
+from tests.test_stream import Run, _stream as client_stream
+from tests.test_stream import assert_finals_cover, assert_finals_match_offline, speech  # noqa: F401
 
 LOST_AFTER_S = 0.5  # the test cluster's live_lost_after_s
 MOVE_LIMIT_S = 2.0  # the issue's bound: a dead worker's stream moves on or ends within this
@@ -39,32 +37,9 @@ def ws_url(api) -> str:
     return api.url.replace("http://", "ws://") + "/api/stream"
 
 
-async def _stream(url: str, pcm: bytes) -> tuple[Run, list[float]]:
-    """Real-time stream of ``pcm``; the run, and each message's arrival on the monotonic clock."""
-    run, arrivals = Run(), []
-    async with websockets.connect(url, proxy=None, max_size=None) as ws:
-        t0 = time.monotonic()
-
-        async def read():
-            try:
-                async for message in ws:
-                    arrivals.append(time.monotonic())
-                    run.messages.append((arrivals[-1] - t0, json.loads(message)))
-            except websockets.ConnectionClosed:
-                pass
-
-        reader = asyncio.create_task(read())
-        try:
-            for i in range(0, len(pcm), FRAME):
-                await ws.send(pcm[i:i + FRAME])
-                await asyncio.sleep(max(0.0, t0 + (i + FRAME) / (2 * RATE) - time.monotonic()))
-            run.end_sent = time.monotonic() - t0
-            await ws.send(json.dumps({"type": "end"}))
-        except websockets.ConnectionClosed:
-            pass
-        await asyncio.wait_for(reader, 90)
-        run.close_code = ws.close_code
-    return run, arrivals
+async def _stream(url: str, pcm: bytes) -> Run:
+    """A real-time stream of ``pcm`` (test_stream's client: no token on this cluster)."""
+    return await client_stream(url, pcm, headers=None, timeout_s=90)
 
 
 def offline_segments(api, path) -> list[dict]:
@@ -119,7 +94,7 @@ def test_live_captions_through_two_apis_and_two_workers_survive_a_worker_kill(cl
         return await asyncio.gather(_stream(ws_url(api1), speech.pcm),
                                     _stream(ws_url(api2), speech.pcm))
 
-    for run, _ in asyncio.run(both()):  # one stream through each api process, at once
+    for run in asyncio.run(both()):  # one stream through each api process, at once
         assert run.close_code == 1000 and run.error is None, run.messages[-3:]
         assert run.of("partial")
         assert_finals_cover(run.of("final"), speech)
@@ -141,7 +116,7 @@ def test_live_captions_through_two_apis_and_two_workers_survive_a_worker_kill(cl
     inside = speech.spans[0][0] + 1.0
     assassin = Assassin(redis_server.url, [w1, w2], after_s=inside)
     assassin.start()
-    run, _ = asyncio.run(_stream(ws_url(api1), speech.pcm))
+    run = asyncio.run(_stream(ws_url(api1), speech.pcm))
     assassin.join(5)
     assert assassin.killed_at is not None, "no re-decode was seen held by a worker"
     assert assassin.released_s < MOVE_LIMIT_S, assassin.released_s
@@ -158,12 +133,12 @@ def test_live_captions_through_two_apis_and_two_workers_survive_a_worker_kill(cl
     # kill -9 the last worker mid-utterance: a named error, at once
     assassin = Assassin(redis_server.url, [survivor], after_s=inside)
     assassin.start()
-    run, arrivals = asyncio.run(_stream(ws_url(api2), speech.pcm))
+    run = asyncio.run(_stream(ws_url(api2), speech.pcm))
     assassin.join(5)
     assert assassin.killed_at is not None
     assert run.error is not None and run.close_code == 1013, run.messages[-3:]
     assert run.error["code"] in ("live_worker_lost", "not_ready"), run.error
-    error_at = arrivals[[m for _, m in run.messages].index(run.error)]
+    error_at = run.started + next(t for t, m in run.messages if m is run.error)
     assert error_at - assassin.killed_at < MOVE_LIMIT_S, error_at - assassin.killed_at
     print(f"kill -9 of the last worker -> {run.error['code']} after "
           f"{error_at - assassin.killed_at:.3f} s")

@@ -107,9 +107,10 @@ def ws_url(server, path: str = "/api/stream", query: str = "") -> str:
 @dataclass
 class Run:
     """What a client saw: each message with its arrival time (seconds after the first frame was
-    sent), when ``end`` was sent, how the server closed."""
+    sent, at ``started`` on the monotonic clock), when ``end`` was sent, how the server closed."""
 
     messages: list[tuple[float, dict]] = field(default_factory=list)
+    started: float = 0.0
     end_sent: float | None = None
     close_code: int | None = None
     subprotocol: str | None = None
@@ -125,12 +126,12 @@ class Run:
 
 async def _stream(url: str, pcm: bytes = b"", *, rate: int = RATE, speed: float | None = 1.0,
                   frame: int = FRAME, headers=AUTH, subprotocols=None, end: bool = True,
-                  after_audio_s: float = 0.0, origin=None) -> Run:
+                  after_audio_s: float = 0.0, origin=None, timeout_s: float = 60) -> Run:
     run = Run()
     async with websockets.connect(url, additional_headers=headers, subprotocols=subprotocols,
                                   origin=origin, proxy=None, max_size=None) as ws:
         run.subprotocol = ws.subprotocol
-        t0 = time.monotonic()
+        t0 = run.started = time.monotonic()
 
         async def read():
             try:
@@ -152,7 +153,7 @@ async def _stream(url: str, pcm: bytes = b"", *, rate: int = RATE, speed: float 
                 await ws.send(json.dumps({"type": "end"}))
         except websockets.ConnectionClosed:
             pass
-        await asyncio.wait_for(reader, 60)
+        await asyncio.wait_for(reader, timeout_s)
         run.close_code = ws.close_code
     return run
 

@@ -4,6 +4,7 @@ caller returns only once its own row is written, and a failed write fails exactl
 from __future__ import annotations
 
 import threading
+import time
 
 import pytest
 
@@ -36,6 +37,9 @@ def test_concurrent_callers_share_groups_and_each_returns_after_its_write():
     threads += [threading.Thread(target=call, args=(i,)) for i in range(1, 21)]
     for t in threads[1:]:
         t.start()
+    deadline = time.monotonic() + 10  # all 20 queued behind the first (a loaded machine starts
+    while len(commit._pending) < 20 and time.monotonic() < deadline:  # threads late)
+        time.sleep(0.001)
     release.set()
     for t in threads:
         t.join(10)

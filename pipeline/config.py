@@ -18,6 +18,9 @@ from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, Settings
 
 DEFAULT_MODEL = "iic/SenseVoiceSmall"
 ENV_PREFIX = "SENSEVOICE_"
+# submits decoded and stored at once: fewer left 2 cores idle under load, more made polls wait for
+# the GIL (8 is what the measurements in limits.submit_threads's description chose)
+DEFAULT_SUBMIT_THREADS = 8
 
 
 def env_cache_dir() -> Path | None:
@@ -97,15 +100,6 @@ class ServerSettings(BaseModel):
         return value
 
 
-def usable_cores() -> int:
-    """The CPU cores this process may run on (its affinity, e.g. under taskset), where the system
-    says (Linux); else the machine's."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        return os.cpu_count() or 2
-
-
 class LimitsSettings(BaseModel):
     """What one request, one client and all of them together may cost; retention."""
 
@@ -135,10 +129,11 @@ class LimitsSettings(BaseModel):
         "cores, at least 8); beyond it an upload gets 503 + Retry-After at once. Bounds memory too: "
         "each upload is read whole before it is decoded.")
     submit_threads: int = Field(
-        0, ge=0, description="Uploads decoded and stored at once by the thread pool (0 = twice the "
-        "CPU cores this process may run on, at least 8); more wait for a thread. Each of those "
-        "threads takes the GIL several times per upload: with 32 at once under load, polls waited "
-        "behind them for the event loop's turn (poll p99 0.6-1.8 s; 9 ms with 8 threads).")
+        0, ge=0, description="Uploads decoded and stored at once by the thread pool (0 = "
+        f"{DEFAULT_SUBMIT_THREADS}, whatever the cores: one process has one GIL); more wait for a "
+        "thread. Each of those threads takes the GIL several times per upload: with 32 at once "
+        "under load, polls waited behind them for the event loop's turn (poll p99 0.6-1.8 s on 2 "
+        "cores, 9 ms with 8 threads; 838 ms on the H200's 16 cores, where 2 a core made it 32).")
     header_timeout_s: float = Field(
         10.0, gt=0, description="A connection must send a request's complete headers within this "
         "long, or it is closed (slow-header attacks hold file descriptors).")
@@ -193,8 +188,8 @@ class LimitsSettings(BaseModel):
             self.decode_concurrency = cores
         if self.max_concurrent_uploads <= 0:
             self.max_concurrent_uploads = max(8, 2 * cores)
-        if self.submit_threads <= 0:  # the cores it may use (taskset), not the machine's
-            self.submit_threads = max(8, 2 * usable_cores())
+        if self.submit_threads <= 0:
+            self.submit_threads = DEFAULT_SUBMIT_THREADS
         return self
 
 

@@ -325,3 +325,36 @@ def test_16_bit_waves_on_the_gpu_go_through_pinned_rows(tiny_am, clips):
     for _ in range(3):
         assert [x.token_ids for x in e.transcribe(pcm, OPTS[:len(pcm)])] == want
         assert [x.token_ids for x in e.transcribe(pcm[1:], OPTS[1:len(pcm)])] == want[1:]
+
+
+def test_the_background_compile_thread_runs_with_its_starters_torch_thread_count():
+    """torch.compile's guards compare the intra-op thread count: the compile thread must have
+    the worker's, even after another thread (a live stream's VAD, one thread) changed the
+    default that new threads start from -- a plain thread started then gets 1."""
+    import threading
+
+    from pipeline.model.engine import start_with_torch_threads
+
+    before, seen = torch.get_num_threads(), {}
+
+    def run(target):
+        t = threading.Thread(target=target)
+        t.start()
+        t.join()
+
+    def vad_like():
+        torch.get_num_threads()
+        torch.set_num_threads(1)
+
+    def owner():  # the worker: 2 threads, then starts the compile
+        torch.get_num_threads()
+        torch.set_num_threads(2)
+        start_with_torch_threads(lambda: seen.setdefault("compile", torch.get_num_threads()), "c").join()
+
+    try:
+        run(vad_like)
+        run(lambda: seen.setdefault("plain", torch.get_num_threads()))  # the hazard
+        run(owner)
+    finally:
+        torch.set_num_threads(before)  # the default for later threads, as it was
+    assert seen == {"compile": 2, "plain": 1}

@@ -30,7 +30,7 @@ import time
 from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 import torch
@@ -94,6 +94,24 @@ def gather_rows(waves: Sequence[torch.Tensor], out: torch.Tensor) -> torch.Tenso
         row[:k] = wave.numpy()
         row[k:] = 0
     return out
+
+
+def start_with_torch_threads(target: Callable[[], None], name: str) -> threading.Thread:
+    """Start ``target`` in a daemon thread with the caller's torch intra-op thread count. The
+    background compile needs it: the code it compiles is called by the worker's thread, and
+    torch.compile's guards compare the count (a new thread starts from the process default,
+    which a live stream's VAD thread may have set to 1 meanwhile: the worker's graph captures
+    then failed on ``fail_on_recompile``, "num_threads" changed, on the H200)."""
+    count = torch.get_num_threads()
+
+    def run() -> None:
+        torch.get_num_threads()  # a thread's count is set lazily on first use: touch it first
+        torch.set_num_threads(count)
+        target()
+
+    thread = threading.Thread(target=run, name=name, daemon=True)
+    thread.start()
+    return thread
 
 
 class EncoderCore(torch.nn.Module):
@@ -419,9 +437,8 @@ class SenseVoiceEngine:
         c = self.compiled
         if c is not None and not c.ready:
             if self._compile_thread is None:
-                self._compile_thread = threading.Thread(target=self._compile_in_background,
-                                                        name="sensevoice-compile", daemon=True)
-                self._compile_thread.start()
+                self._compile_thread = start_with_torch_threads(self._compile_in_background,
+                                                                "sensevoice-compile")
             return True
         if not self._wanted:
             return False

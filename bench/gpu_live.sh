@@ -21,6 +21,9 @@ model=/tmp/sensevoice-full
 export SENSEVOICE_MAX_LIVE_STREAMS=10000 SENSEVOICE_MAX_LIVE_STREAMS_PER_CLIENT=0 \
   SENSEVOICE_MAX_CONNECTIONS_PER_CLIENT=0 LIVE_SPEECH_DIR=$PWD/.gpu-media/live
 ready() { for _ in $(seq 900); do python3 -c "import sys,urllib.request; urllib.request.urlopen(sys.argv[1]+'/readyz', timeout=2)" "$1" 2>/dev/null && return 0; sleep 0.3; done; return 1; }
+warm() {  # /readyz answers before the background compile and the graph captures end: wait for them
+  for _ in $(seq 400); do grep -q "CUDA graphs: [0-9]* captured\|serving the eager path" "$1" && return 0; sleep 0.3; done
+  echo "not warm after 120 s: $1" | tee -a "$OUT/progress.txt"; }
 run() {  # name url
   mkdir -p "$OUT/$1"
   OUT=$OUT/$1 timeout 400 python3 bench/live_load.py --url "$2" --streams "$STREAMS" --repeat 1 \
@@ -32,6 +35,7 @@ python3 app_sensevoice.py --model $model --device cuda --api-only --port 7870 --
   >"$LOGS/embedded.log" 2>&1 &
 emb=$!
 ready http://127.0.0.1:7870 || { tail -30 "$LOGS/embedded.log"; exit 1; }
+warm "$LOGS/embedded.log"
 run embedded http://127.0.0.1:7870
 python3 -c "import urllib.request; print(urllib.request.urlopen('http://127.0.0.1:7870/metrics').read().decode())" \
   | grep -E '^sensevoice_live_(streams_refused|partial_interval|decode_latency)' >"$OUT/embedded-metrics.txt"
@@ -52,6 +56,7 @@ SENSEVOICE_ROLE=api python3 app_sensevoice.py --model $model --device cpu --api-
 api=$!
 ready http://127.0.0.1:7880 || { tail -30 "$LOGS/worker.log"; exit 1; }
 ready http://127.0.0.1:7881 || { tail -30 "$LOGS/api.log"; exit 1; }
+warm "$LOGS/worker.log"
 run distributed http://127.0.0.1:7881
 kill $api $worker; wait $api $worker; kill $redis
 for f in embedded worker api; do tail -5 "$LOGS/$f.log" >"$OUT/$f-log-tail.txt"; done

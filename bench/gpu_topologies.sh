@@ -27,6 +27,9 @@ model=/tmp/sensevoice-full
 export SENSEVOICE_GRAPH_MAX_SECONDS=16 SENSEVOICE_QUEUE_SIZE=4096 \
   SENSEVOICE_MAX_CONNECTIONS_PER_CLIENT=0 SENSEVOICE_MAX_UPLOADS_PER_CLIENT=0
 ready() { for _ in $(seq 900); do python3 -c "import sys,urllib.request; urllib.request.urlopen(sys.argv[1]+'/readyz', timeout=2)" "$1" 2>/dev/null && return 0; sleep 0.3; done; return 1; }
+warm() {  # /readyz answers before the background compile and the graph captures end: wait for them
+  for _ in $(seq 400); do grep -q "CUDA graphs: [0-9]* captured\|serving the eager path" "$1" && return 0; sleep 0.3; done
+  echo "not warm after 120 s: $1" | tee -a "$OUT/progress.txt"; }
 profile() {  # name pid: 10 s of py-spy (threads, GIL holders too) in the middle of a load run
   [ -n "${PROFILE:-}" ] || return 0
   (sleep 6; /tmp/site/bin/py-spy record --pid "$2" -d 10 -r 50 --threads --nonblocking --format raw \
@@ -52,6 +55,7 @@ python3 app_sensevoice.py --model $model --device cuda --api-only --port 7870 --
   >"$LOGS/embedded.log" 2>&1 &
 emb=$!
 ready http://127.0.0.1:7870 || { tail -30 "$LOGS/embedded.log"; exit 1; }
+warm "$LOGS/embedded.log"
 python3 bench/idle_latency.py --url http://127.0.0.1:7870 --runs 100 --name embedded | tee -a "$OUT/progress.txt"
 profile embedded-server $emb
 load embedded http://127.0.0.1:7870 $emb
@@ -73,6 +77,7 @@ for k in $(seq $APIS); do
 done
 for u in "${urls[@]}"; do ready "$u" || { tail -30 "$LOGS/api-1.log"; exit 1; }; done
 ready http://127.0.0.1:7880 || { tail -30 "$LOGS/worker.log"; exit 1; }
+warm "$LOGS/worker.log"
 python3 bench/idle_latency.py --url "${urls[0]},${urls[1]}" --runs 100 --name distributed | tee -a "$OUT/progress.txt"
 profile distributed-worker $worker
 for n in $API_STEPS; do
@@ -101,7 +106,7 @@ print("fault run: accepted", r["accepted"], "completed", r["completed"], "failed
       "lost", r["lost"], "latency ms", r["latency_ms"], "transport errors", r["transport_errors"])
 PY
 } >>"$OUT/progress.txt" 2>&1
-kill "${apis[@]}" $worker2 2>/dev/null; wait 2>/dev/null
+kill "${apis[@]}" $worker2 2>/dev/null; wait "${apis[@]}" $worker2 2>/dev/null  # (not redis: killed next)
 kill $redis
 ls /dev/shm/sensevoice-bench | wc -l | sed 's/^/shared files left (uploads kept for retention): /'
 { echo "## redis"; cat "$LOGS/redis-commandstats.txt"

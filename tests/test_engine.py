@@ -358,3 +358,38 @@ def test_the_background_compile_thread_runs_with_its_starters_torch_thread_count
     finally:
         torch.set_num_threads(before)  # the default for later threads, as it was
     assert seen == {"compile": 2, "plain": 1}
+
+
+@pytest.mark.requires_cuda
+def test_float_host_waves_on_the_gpu_go_through_pinned_rows(tiny_am, clips):
+    """Live re-decodes' float waves on the host are gathered into pinned rows too: the tokens of
+    the same waves padded on the device, batch after batch."""
+    e = SenseVoiceEngine.from_automodel(tiny_am, "cuda", "float32")
+    host = [torch.from_numpy(c).float() for c in clips]
+    want = [x.token_ids for x in e.transcribe([w.cuda() for w in host], OPTS[:len(host)])]
+    for _ in range(3):
+        assert [x.token_ids for x in e.transcribe(host, OPTS[:len(host)])] == want
+        assert [x.token_ids for x in e.transcribe(host[1:], OPTS[1:len(host)])] == want[1:]
+
+
+@pytest.mark.requires_cuda
+def test_a_bucket_not_captured_yet_runs_from_a_larger_captured_graph(tiny_am, clips):
+    """Until its own bucket is captured, a batch runs from the smallest captured graph that holds
+    it within COVER_WASTE (more rows and frames, ignored): the eager path's ids exactly."""
+    from pipeline.model.engine import LENGTH_BUCKET
+
+    e = SenseVoiceEngine.from_automodel(tiny_am, "cuda", "float32")
+    e.plan_graphs([1, 2, 4, 16], max_seconds=10.0, prefill_batch=0)
+    waves = [torch.from_numpy(c).float() for c in clips[:2]]
+    with torch.inference_mode():
+        f, _, frames = e.features(waves)
+        x, lens, ban = e.encoder_inputs(f, frames, OPTS[:2])
+        t = -(-x.shape[1] // LENGTH_BUCKET) * LENGTH_BUCKET
+        assert e._pick_graph(2, x.shape[1]) is None  # nothing captured: wanted, eager meanwhile
+        e._capture(4, t + LENGTH_BUCKET)  # 4 x (t + 16): within 4x of the 2 x t bucket
+        graph = e._pick_graph(2, x.shape[1])
+        assert graph is e._graphs[(4, t + LENGTH_BUCKET)] and (2, t) in e._wanted
+        assert torch.equal(e.forward_ids(x, lens, ban), e.core(x, lens, ban))
+        e._graphs.clear()
+        e._capture(16, t)  # 8x the bucket: too wasteful, eager instead
+        assert (16, t) in e._graphs and e._pick_graph(2, x.shape[1]) is None

@@ -49,6 +49,8 @@ BLANK_ID = 0
 LENGTH_BUCKET = 16  # LFR frames (~0.96 s): captured graphs pad up to a multiple of this (a 10 s
 # clip's 171 frames pad to 176, 3 % of waste; 32 gave 192, 12 %)
 FRAME_SECONDS = 0.06  # one LFR frame
+PREFILL_BATCH = 16  # graphs of batches up to this, every length, are captured at the first idle moments
+COVER_WASTE = 4.0  # a bucket not captured yet runs from a captured graph at most this many times its size
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
@@ -359,11 +361,13 @@ class SenseVoiceEngine:
     def in_dim(self) -> int:
         return int(self._queries.shape[-1])
 
-    def plan_graphs(self, batch_sizes: Sequence[int], max_seconds: float, prefill_batch: int = 1) -> None:
+    def plan_graphs(self, batch_sizes: Sequence[int], max_seconds: float,
+                    prefill_batch: int = PREFILL_BATCH) -> None:
         """Serve (batch bucket, length bucket) shapes from CUDA graphs, captured lazily by
-        :meth:`idle_step` (~0.1 s each): every length bucket for batches up to ``prefill_batch``
-        (a lone clip, the idle-latency case) is queued now, other buckets when a batch first
-        needs one. No GPU work here."""
+        :meth:`idle_step` (~0.2 s each): every length bucket for batches up to ``prefill_batch``
+        (a lone clip, the idle-latency case; the live lane's small batches of every utterance
+        length) is queued now, smallest batches first; other buckets when a batch first needs
+        one (meanwhile a larger captured graph may hold it: :meth:`_covering`). No GPU work here."""
         if self.device.type != "cuda" or not batch_sizes:
             return
         self._graph_batches = sorted(set(int(b) for b in batch_sizes))
@@ -490,12 +494,15 @@ class SenseVoiceEngine:
         pad = torch.nn.utils.rnn.pad_sequence
         if all(w.device == self.device for w in waves):
             return pad([as_float_wave(w) for w in waves], batch_first=True)
+        dtype = waves[0].dtype
+        if self.device.type == "cuda" and dtype in (torch.int16, torch.float32) \
+                and all(w.dtype == dtype and w.device.type == "cpu" for w in waves):
+            # one copy: each wave into its row of pinned memory (live re-decodes' float waves
+            # too: pad + pin_memory took a quarter of the worker's time under 94 live streams)
+            n = max(int(w.shape[0]) for w in waves)
+            host = gather_rows(waves, torch.empty((len(waves), n), dtype=dtype, pin_memory=True))
+            return as_float_wave(host.to(self.device, non_blocking=True))
         if all(w.dtype == torch.int16 for w in waves):
-            if self.device.type == "cuda":  # one copy: each wave into its row of pinned memory
-                n = max(int(w.shape[0]) for w in waves)
-                host = gather_rows(waves, torch.empty((len(waves), n), dtype=torch.int16,
-                                                      pin_memory=True))
-                return as_float_wave(host.to(self.device, non_blocking=True))
             return as_float_wave(pad([w.cpu() for w in waves], batch_first=True))
         return self._to_device(pad([as_float_wave(w.cpu()) for w in waves], batch_first=True))
 
@@ -526,11 +533,26 @@ class SenseVoiceEngine:
             return None
         key = (bb, _round_up(t, LENGTH_BUCKET))
         graph = self._graphs.get(key)
-        if graph is None and key not in self._failed:
-            if key in self._wanted:
-                self._wanted.remove(key)
-            self._wanted.insert(0, key)
+        if graph is None:
+            if key not in self._failed:
+                if key in self._wanted:
+                    self._wanted.remove(key)
+                self._wanted.insert(0, key)
+            graph = self._covering(key)
         return graph
+
+    def _covering(self, key: tuple[int, int]) -> _Graph | None:
+        """The smallest captured graph that holds a bucket (more rows, more frames: padded and
+        ignored as a bucket's own are) within ``COVER_WASTE`` times its size. Under a steady load
+        (live re-decodes every few ms) the worker is seldom idle long enough to capture a new
+        bucket, and an uncaptured batch is launched op by op: on the H200, 94 live streams kept
+        the worker thread busy launching kernels for batches the GPU ran in a fraction of it."""
+        bb, tt = key
+        best, best_size = None, COVER_WASTE * bb * tt
+        for (gb, gt), graph in self._graphs.items():
+            if gb >= bb and gt >= tt and gb * gt <= best_size:
+                best, best_size = graph, gb * gt
+        return best
 
     @torch.inference_mode()
     def forward_ids(self, x: torch.Tensor, lengths: torch.Tensor, ban: torch.Tensor) -> torch.Tensor:

@@ -38,9 +38,10 @@ class LiveServing(Protocol):
     def stop(self) -> None: ...
 
 
-class _InProcess:
-    """The embedded broker's live lane needs no server: ``submit_live`` puts into the scheduler
-    the workers read, and the worker answers the future itself."""
+class NoLiveServer:
+    """A live lane with no server to run: the embedded broker's (``submit_live`` puts into the
+    scheduler the workers read, and the worker answers the future itself), and a batch run's
+    (no live streams at all)."""
 
     def start(self) -> None:
         pass
@@ -124,7 +125,7 @@ class EmbeddedBroker(JobStore):
 
     def serve_live(self, scheduler: Scheduler, consumer: str, *, max_waiting: int,
                    ready: Callable[[], str | None]) -> LiveServing:
-        return _InProcess()
+        return NoLiveServer()
 
     def claim(self, consumer: str, max_items: int, block_ms: int = 0) -> list[WorkItem]:
         """The scheduler's next batch (its batching policy; at most its ``max_batch``)."""

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 from pipeline.audio.decode import Resampler
 from pipeline.audio.decoder_pool import Decoder
 from pipeline.domain.types import Lane, TranscribeOptions, Transcript
+from pipeline.serving.broker import NoLiveServer
 from pipeline.serving.intake import decode_upload, wave_seconds
 from pipeline.serving.long_audio import load_segmenter, split_pieces
 from pipeline.serving.metrics import Metrics
@@ -36,16 +37,6 @@ class RecordingFailed(Exception):
     def __init__(self, code: str, message: str):
         super().__init__(f"{code}: {message}")
         self.code, self.message = code, message
-
-
-class _NoLive:
-    """A live lane with nothing to serve (Broker.serve_live's answer in a batch run)."""
-
-    def start(self) -> None:
-        pass
-
-    def stop(self) -> None:
-        pass
 
 
 class DirectRun:
@@ -111,9 +102,9 @@ class DirectRun:
             return self._segmenter
 
     # ------------------------------------------------------------------ the workers' sink
-    def serve_live(self, scheduler, consumer: str, *, max_waiting: int, ready) -> "_NoLive":
+    def serve_live(self, scheduler, consumer: str, *, max_waiting: int, ready) -> NoLiveServer:
         """The worker pool starts a broker's live lane at start: a batch run has no live streams."""
-        return _NoLive()
+        return NoLiveServer()
 
     def mark_running(self, job_ids: Iterable[str], already_running_ok: bool = False) -> set[str]:
         with self._lock:

@@ -246,3 +246,69 @@ def test_live_redecodes_never_hang_when_no_worker_will_run_them(tmp_path):
         worker.stop()
         worker.join(5)
     assert worker.fatal is not None
+
+
+# ---------------------------------------------------------------- queue positions (polls read them)
+def _exact_positions(sched: Scheduler) -> dict[str, int]:
+    order = sorted(sched._items, key=lambda i: (i.rank, i.seq))
+    out: dict[str, int] = {}
+    for n, it in enumerate(order, 1):
+        out.setdefault(it.job_id, n)
+    return out
+
+
+def _item(lane: Lane) -> WorkItem:
+    return WorkItem(str(uuid.uuid4()), lane, OPTS, 16000)
+
+
+def test_positions_are_the_serving_order_and_new_jobs_are_placed_exactly(monkeypatch):
+    """Placed by lane, then age: jobs queued after the order was sorted are placed among
+    themselves and after everything of their lane (nothing has left the queue meanwhile)."""
+    rng = random.Random(7)
+    sched = Scheduler(100_000)
+    for _ in range(300):
+        sched.put(_item(rng.choice(list(Lane))))
+    monkeypatch.setattr("pipeline.serving.scheduler.POSITION_TTL_S", 3600.0)
+    at_sort = _exact_positions(sched)
+    first = sched._items[0].job_id
+    assert sched.position(first) == at_sort[first]  # sorts now, then keeps the order a while
+    for _ in range(40):  # queued after the sort: placed without sorting again
+        sched.put(_item(rng.choice(list(Lane))))
+    exact = _exact_positions(sched)
+    new = {i.job_id for i in sched._items} - set(at_sort)
+    assert len(new) == 40 and {j: sched.position(j) for j in new} == {j: exact[j] for j in new}
+    assert {j: sched.position(j) for j in at_sort} == at_sort  # as sorted (up to the TTL old)
+    assert sched.position("not-queued") is None
+
+
+def test_a_job_taken_for_a_batch_has_no_place_and_a_retried_one_has_one_again(monkeypatch):
+    monkeypatch.setattr("pipeline.serving.scheduler.POSITION_TTL_S", 3600.0)
+    sched = Scheduler(100_000, max_batch=4)
+    items = [_item(Lane.BULK) for _ in range(10)]
+    for it in items:
+        sched.put(it)
+    assert sched.position(items[9].job_id) == 10
+    batch = sched.next_batch(timeout=0.1)
+    assert [sched.position(i.job_id) for i in batch] == [None] * 4  # at once, not after the TTL
+    sched.put(WorkItem(batch[0].job_id, Lane.BULK, OPTS, 16000))  # a retry
+    assert sched.position(batch[0].job_id) == 11  # after the 10 the sort saw (6 queued now)
+    monkeypatch.setattr("pipeline.serving.scheduler.POSITION_TTL_S", 0.0)
+    assert sched.position(batch[0].job_id) == 7  # re-sorted: exact again
+
+
+def test_position_reads_sort_the_queue_at_most_once_per_ttl(monkeypatch):
+    """A poll of a queued job no longer sorts the whole queue: 2,000 reads of a 4,096-deep queue
+    within the TTL sort it once."""
+    monkeypatch.setattr("pipeline.serving.scheduler.POSITION_TTL_S", 3600.0)
+    sched = Scheduler(100_000)
+    items = [_item(Lane.BULK) for _ in range(4096)]
+    for it in items:
+        sched.put(it)
+    sorts = []
+    real = sched._sort_order
+    monkeypatch.setattr(sched, "_sort_order", lambda now: (sorts.append(now), real(now)))
+    rng = random.Random(1)
+    for _ in range(2000):
+        k = rng.randrange(4096)
+        assert sched.position(items[k].job_id) == k + 1
+    assert len(sorts) == 1

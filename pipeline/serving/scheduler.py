@@ -29,6 +29,7 @@ from pipeline.domain.types import Lane, TranscribeOptions
 
 LIVE_RANK = -1  # live captions' re-decodes go before every job lane (they are never stored jobs)
 LIVE_FINAL_RANK = -2  # a live utterance's final goes before every partial (finals are never delayed)
+POSITION_TTL_S = 0.25  # the serving order that position reads use is sorted at most this often
 
 
 class DeferredAudio(Protocol):
@@ -80,6 +81,13 @@ class Scheduler:
         self._closed = False
         self._last_put = 0.0  # monotonic time of the latest arrival
         self._gap_before_last = float("inf")  # seconds between the two latest arrivals
+        # position reads: the serving order as last sorted (job -> place, first piece's), when,
+        # the last seq it holds, items up to each rank then; jobs taken since (not queued)
+        self._order: dict[str, int] = {}
+        self._order_at = -float("inf")
+        self._order_seq = 0
+        self._up_to_rank: list[tuple[int, int]] = []
+        self._taken: set[str] = set()
 
     def __len__(self) -> int:
         with self._cond:
@@ -119,6 +127,7 @@ class Scheduler:
             self._gap_before_last = now - self._last_put
             self._last_put = now
             self._items.append(item)
+            self._taken.discard(item.job_id)  # queued again (a retry)
             self._cond.notify()
 
     def put_many(self, items: list[WorkItem]) -> None:
@@ -134,22 +143,53 @@ class Scheduler:
             self._gap_before_last = now - self._last_put if len(items) == 1 else 0.0
             self._last_put = now
             self._items.extend(items)
+            self._taken.difference_update(i.job_id for i in items)
             self._cond.notify_all()
 
     def position(self, job_id: str) -> int | None:
-        """1-based place in serving order (lane, then age), or None when not queued."""
+        """1-based place in serving order (lane, then age), or None when not queued. Every poll
+        of an unfinished job and every submit reads it: the order is sorted at most every
+        ``POSITION_TTL_S`` (a sort of the 4,096 waiting items per read was a quarter of the
+        embedded server's event loop under the H200 load), so a place may be that old; a job
+        queued since the sort is placed after every item of its rank then and before it since."""
         with self._cond:
-            order = sorted(self._items, key=lambda i: (i.rank, i.seq))
-        for n, it in enumerate(order, 1):
-            if it.job_id == job_id:
-                return n
-        return None
+            now = time.monotonic()
+            if now - self._order_at > POSITION_TTL_S:
+                self._sort_order(now)
+            place = self._order.get(job_id)
+            if place is not None or job_id in self._taken:
+                return place
+            tail = []  # queued since the sort: the items are in seq order, so at the end
+            for it in reversed(self._items):
+                if it.seq <= self._order_seq:
+                    break
+                tail.append(it)
+            item = next((it for it in reversed(tail) if it.job_id == job_id), None)
+            if item is None:
+                return None
+            ahead = sum(n for rank, n in self._up_to_rank if rank <= item.rank)
+            return ahead + sum(1 for it in tail if (it.rank, it.seq) <= (item.rank, item.seq))
+
+    def _sort_order(self, now: float) -> None:
+        self._order, self._taken, counts = {}, set(), {}
+        for n, it in enumerate(sorted(self._items, key=lambda i: (i.rank, i.seq)), 1):
+            self._order.setdefault(it.job_id, n)
+            counts[it.rank] = counts.get(it.rank, 0) + 1
+        self._up_to_rank = sorted(counts.items())
+        self._order_at, self._order_seq = now, self._seq
+
+    def _left(self, items: list[WorkItem]) -> None:
+        """These items left the queue: their jobs are no longer placed (until the next sort)."""
+        for it in items:
+            if self._order.pop(it.job_id, None) is not None:
+                self._taken.add(it.job_id)
 
     def remove(self, job_id: str) -> bool:
         with self._cond:
             for i, it in enumerate(self._items):
                 if it.job_id == job_id:
                     del self._items[i]
+                    self._left([it])
                     return True
         return False
 
@@ -195,6 +235,7 @@ class Scheduler:
             batch = self._select()
             chosen = set(map(id, batch))
             self._items = [i for i in self._items if id(i) not in chosen]
+            self._left(batch)
             if self._items:
                 self._cond.notify()  # what is left is another worker's next batch
             return batch

@@ -393,3 +393,74 @@ def test_a_bucket_not_captured_yet_runs_from_a_larger_captured_graph(tiny_am, cl
         e._graphs.clear()
         e._capture(16, t)  # 8x the bucket: too wasteful, eager instead
         assert (16, t) in e._graphs and e._pick_graph(2, x.shape[1]) is None
+
+
+def test_a_bucket_run_uncaptured_often_is_wanted_hot_and_captured_then(tiny_engine, monkeypatch):
+    """Under a steady load the worker is seldom idle: a bucket that ran uncaptured (and not
+    held by a larger graph) HOT_MISSES times makes the engine ask for a capture between
+    batches, of that bucket; a bucket a captured graph holds does not count."""
+    from pipeline.model import engine as engine_mod
+
+    e = tiny_engine
+    captured = []
+    monkeypatch.setattr(e, "_graph_batches", [1, 8, 64])
+    monkeypatch.setattr(e, "_graph_max_frames", 4 * engine_mod.LENGTH_BUCKET)
+    monkeypatch.setattr(e, "_graphs", {})
+    monkeypatch.setattr(e, "_wanted", [])
+    monkeypatch.setattr(e, "_misses", {})
+    monkeypatch.setattr(e, "_capture", lambda b, t: captured.append((b, t)) or e._graphs.update({(b, t): "g"}))
+    for _ in range(engine_mod.HOT_MISSES - 1):
+        assert e._pick_graph(40, 20) is None  # bucket (64, 32): wanted, run op by op
+    assert not e.has_hot_work
+    e._pick_graph(3, 10)  # (8, 16): one miss
+    e._pick_graph(40, 20)
+    assert e.has_hot_work
+    e.capture_hot()
+    assert captured == [(64, 32)] and not e.has_hot_work and (64, 32) not in e._wanted
+    assert e._pick_graph(40, 20) == "g"
+    for _ in range(engine_mod.HOT_MISSES):  # (8, 16): the 64 x 32 graph is 16x it, too big
+        assert e._pick_graph(3, 10) is None
+    assert e.has_hot_work
+    e._misses.clear()
+    e._graphs[(8, 32)] = "g8"  # a graph within 4x holds it: its runs are captured ones
+    for _ in range(2 * engine_mod.HOT_MISSES):
+        assert e._pick_graph(3, 10) == "g8"
+    assert not e.has_hot_work
+
+
+def test_the_worker_captures_a_hot_bucket_between_batches(tmp_path):
+    """An engine with hot work is asked to capture after a batch even with more queued."""
+    from tests.test_reliability import FakeEngine, run_worker
+
+    class HotEngine(FakeEngine):
+        def __init__(self):
+            super().__init__()
+            self.hot, self.captures = True, 0
+
+        @property
+        def has_hot_work(self):
+            return self.hot
+
+        def capture_hot(self):
+            self.captures += 1
+            self.hot = False
+
+    engine = HotEngine()
+    run_worker(tmp_path, engine, [1000] * 5)
+    assert engine.captures == 1
+
+
+@pytest.mark.requires_cuda
+def test_a_hot_bucket_is_captured_between_batches_on_the_gpu(tiny_am, clips):
+    from pipeline.model.engine import HOT_MISSES
+
+    e = SenseVoiceEngine.from_automodel(tiny_am, "cuda", "float32")
+    e.plan_graphs([1, 2, 4], max_seconds=10.0, prefill_batch=0)
+    waves = [torch.from_numpy(c).float() for c in clips[:2]]
+    want = [x.token_ids for x in e.transcribe(waves, OPTS[:2])]
+    for _ in range(HOT_MISSES - 1):
+        assert [x.token_ids for x in e.transcribe(waves, OPTS[:2])] == want
+    assert e.has_hot_work and not e._graphs
+    e.capture_hot()
+    assert len(e._graphs) == 1 and not e.has_hot_work
+    assert [x.token_ids for x in e.transcribe(waves, OPTS[:2])] == want

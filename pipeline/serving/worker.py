@@ -154,6 +154,8 @@ class Worker(threading.Thread):
                 batch = self.scheduler.next_batch(timeout=IDLE_POLL_S if idle_work else POLL_S)
                 if batch:
                     self._run_batch(batch)
+                    if getattr(self.engine, "has_hot_work", False):  # a shape run op by op often:
+                        self.engine.capture_hot()  # captured now, even with more queued
                 elif idle_work:  # nothing queued: one short step (a graph capture, ~10-100 ms)
                     self.engine.idle_step()
             except BrokerUnavailable as e:  # the broker is down: its entries stay pending and

@@ -177,7 +177,7 @@ class JobStore:
                         "SELECT 1 FROM jobs WHERE id=? AND state=?",
                         (jid, JobState.RUNNING.value)).fetchone()):
                     moved.add(jid)
-        self.feed.publish([JobEvent(jid, JobState.RUNNING) for jid in started])
+        self.feed.publish([JobEvent(jid, JobState.RUNNING, at=now) for jid in started])
         return moved
 
     def save_segments(self, results: Iterable[SegmentResult]) -> None:
@@ -218,7 +218,7 @@ class JobStore:
     def finish_many(self, results: Iterable[tuple[str, Transcript]]) -> set[str]:
         """running -> done for a batch, in one transaction. Returns the ids that were written."""
         now = time.time()
-        written = set()
+        written, events = set(), []
         with self._transaction() as conn:
             for jid, result in results:
                 cur = conn.execute(
@@ -228,9 +228,10 @@ class JobStore:
                 )
                 if cur.rowcount:
                     written.add(jid)
+                    events.append(JobEvent(jid, JobState.DONE, at=now, result=result))
                     conn.execute("DELETE FROM segments WHERE job_id=?", (jid,))
                     calls_index.index_finished(conn, jid, result)
-        self.feed.publish([JobEvent(jid, JobState.DONE) for jid in written])
+        self.feed.publish(events)
         return written
 
     def fail(self, job_id: str, code: str, message: str) -> bool:

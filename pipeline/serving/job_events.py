@@ -27,18 +27,22 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from pipeline.domain.types import JobState
+from pipeline.domain.types import JobState, Transcript
 
 logger = logging.getLogger("sensevoice.events")
 
 
 @dataclass(frozen=True)
 class JobEvent:
-    """A committed change of one job: its new state, or (``state`` None) its progress text."""
+    """A committed change of one job: its new state, or (``state`` None) its progress text. The
+    embedded store adds what it wrote (``at``: started_at of RUNNING, finished_at of DONE; the
+    DONE result), so that the service's snapshot of the job need not read it back."""
 
     job_id: str
     state: JobState | None
     progress: str | None = None
+    at: float | None = None
+    result: Transcript | None = None
 
 
 class Feed:

@@ -119,29 +119,36 @@ class JobView:
         """A committed change (in the writer's thread: a worker, the splitter, a request): keep the
         snapshot that polls read, wake waiters."""
         if event.state is JobState.RUNNING:
-            self._mark_running(event.job_id)
+            self._mark_running(event.job_id, event.at)
         elif event.state in (JobState.DONE, JobState.FAILED):
-            self._finished(event.job_id)
+            self._finished(event)
         elif event.progress is not None:
             self._progress[event.job_id] = event.progress
             self.changes.notify(event.job_id)
 
-    def _finished(self, job_id: str) -> None:
+    def _finished(self, event: JobEvent) -> None:
+        job_id = event.job_id
         self._progress.pop(job_id, None)
         for fn in self.on_finished:
             fn(job_id)
-        try:
-            self.remember(self.broker.get(job_id))
-        except SenseVoiceError:
-            pass
+        with self._recent_lock:
+            known = self._recent.get(job_id)
+        if event.result is not None and known is not None:  # what the store wrote, not read back
+            self.remember(replace(known, state=JobState.DONE, result=event.result,
+                                  finished_at=event.at, error=None))
+        else:
+            try:
+                self.remember(self.broker.get(job_id))
+            except SenseVoiceError:
+                pass
         with self._done:
             self._done.notify_all()
         self.changes.notify(job_id)
 
-    def _mark_running(self, job_id: str) -> None:
+    def _mark_running(self, job_id: str, at: float | None = None) -> None:
         with self._recent_lock:
             job = self._recent.get(job_id)
             if job is not None:
-                self._recent[job_id] = replace(job, state=JobState.RUNNING, started_at=time.time(),
+                self._recent[job_id] = replace(job, state=JobState.RUNNING, started_at=at or time.time(),
                                                attempts=job.attempts + 1)
         self.changes.notify(job_id)

@@ -616,6 +616,41 @@ def test_workers_report_free_gpu_memory_and_liveness(redis_server):  # noqa: F81
     assert broker.live_workers() == 0 and broker.free_memory_ratios() == []
 
 
+def test_workers_report_their_model_time_and_api_processes_read_its_share(redis_server, monkeypatch):  # noqa: F811
+    """Each worker reports its model seconds so far, stamped; a reader gets each live worker's
+    share of time between its last two reports (none after one report), clipped to [0, 1];
+    a worker whose reports expire drops out."""
+    clock = [1000.0]
+    monkeypatch.setattr("pipeline.serving.broker_redis.time.time", lambda: clock[0])
+    broker = RedisBroker(redis_server.url, retention_s=60, queue_size=100, visibility_timeout_s=30.0)
+    api = RedisBroker(redis_server.url, retention_s=60, queue_size=100, visibility_timeout_s=30.0)
+    broker.report_busy("gpu-0", 5.0)
+    broker.report_busy("gpu-1", 1.0)
+    assert api.busy_shares() == []
+    clock[0] += 2.0
+    broker.report_busy("gpu-0", 5.5)  # 0.5 s of model time in 2 s
+    broker.report_busy("gpu-1", 4.0)  # 3 s in 2 s: more than the clock (overlapping batches)
+    assert sorted(api.busy_shares()) == [0.25, 1.0]
+    assert sorted(api.busy_shares()) == [0.25, 1.0]  # no new report: the last shares hold
+    clock[0] += 31.0  # both reports expired
+    assert api.busy_shares() == []
+
+
+def test_the_feeder_reports_the_worker_processs_model_time(redis_server):  # noqa: F811
+    broker = RedisBroker(redis_server.url, retention_s=60, queue_size=100, visibility_timeout_s=1.0)
+    sched = Scheduler(100, max_batch=8, max_wait_s=0.005)
+    feeder = Feeder(broker, sched, "gpu-0", prefetch=8, block_ms=50, busy_seconds=lambda: 7.5)
+    feeder.start()
+    try:
+        deadline = time.monotonic() + 5
+        while "busy:gpu-0" not in broker._live_fields() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert float(broker._live_fields()["busy:gpu-0"].split()[0]) == 7.5
+    finally:
+        feeder.stop()
+        feeder.join(5)
+
+
 # ---------------------------------------------------------------------------- shared directory
 def test_shared_dir_keeps_the_bytes_out_of_redis(redis_url, tmp_path):  # noqa: F811
     """With a shared directory, Redis holds file names; the files live as long as their values:

@@ -296,3 +296,24 @@ def test_the_cost_follows_a_busy_lane_down_as_batching_makes_streams_cheaper():
     assert load.stream_cost() == pytest.approx(0.02, rel=0.15)
     _hold_busy(load, clock, 0.0, 3.0)  # a lull: the cost only fades
     assert load.stream_cost() > 0.8 * 0.02
+
+
+def test_an_api_process_reads_the_workers_busy_share_as_model_seconds():
+    """ClusterBusy: the mean of the live workers' reported shares, integrated over time (read by
+    its own thread: the event loop never waits on Redis); no report reads as idle."""
+    from pipeline.serving.live_redis import ClusterBusy
+
+    now, shares = [0.0], [[]]
+    busy = ClusterBusy(lambda: shares[0], clock=lambda: now[0])
+    busy._thread = object()  # no reading thread: the test steps it
+    busy.update()
+    now[0] = 2.0
+    assert busy() == 0.0
+    shares[0] = [0.2, 0.6]
+    busy.update()
+    now[0] = 4.0
+    assert busy() == pytest.approx(0.8)  # 2 s at a mean share of 0.4
+    busy.shares = lambda: (_ for _ in ()).throw(ConnectionError("redis down"))
+    busy.update()  # keeps the last share
+    now[0] = 5.0
+    assert busy() == pytest.approx(1.2)

@@ -516,6 +516,7 @@ class RedisBroker:
         # live workers and their free GPU memory: field -> "expiry_ms [ratio]" (host clocks must
         # agree to well within the visibility timeout: NTP)
         self._workers = f"{prefix}:workers"
+        self._busy_reports: dict[str, tuple[float, float, float | None]] = {}  # field -> busy, at, share
         self._lane_keys = [self._counts, *self._streams]
         self._scripts = {name: self._r.register_script(src) for name, src in (
             ("enqueue", _ENQUEUE), ("mark_running", _MARK_RUNNING), ("finish", _FINISH),
@@ -869,9 +870,11 @@ class RedisBroker:
         return self._position_raw(job_id) or None
 
     def feeder(self, scheduler: Scheduler, consumer: str, prefetch: int,
-               free_memory: Callable[[], float | None]) -> "Feeder":
+               free_memory: Callable[[], float | None],
+               busy_seconds: Callable[[], float] | None = None) -> "Feeder":
         """The thread that keeps a worker process's local scheduler supplied from this broker."""
-        return Feeder(self, scheduler, consumer, prefetch=prefetch, free_memory=free_memory)
+        return Feeder(self, scheduler, consumer, prefetch=prefetch, free_memory=free_memory,
+                      busy_seconds=busy_seconds)
 
     def upload_path(self, job_id: str) -> None:
         """No file on this host to serve: the upload is read from the broker (:meth:`load_upload`)."""
@@ -965,6 +968,34 @@ class RedisBroker:
         """A worker's free GPU memory share, for admission by the api processes (expires after
         the visibility timeout with the worker)."""
         self._r.hset(self._workers, f"gpu:{consumer}", f"{self._expiry_ms()} {float(ratio)!r}")
+
+    @_translated
+    def report_busy(self, consumer: str, busy_s: float) -> None:
+        """A worker's model time so far (seconds of batches, per worker thread), stamped with the
+        time: the api processes' live admission reads the model's busy share from two reports."""
+        self._r.hset(self._workers, f"busy:{consumer}",
+                     f"{self._expiry_ms()} {float(busy_s)!r} {time.time()!r}")
+
+    @_translated
+    def busy_shares(self) -> list[float]:
+        """Each live worker's share of time its model computed between its last two reports
+        (a worker seen once has none yet)."""
+        fields = {k: v for k, v in self._live_fields().items() if k.startswith("busy:")}
+        shares = []
+        with self._lock:
+            for field in [f for f in self._busy_reports if f not in fields]:  # gone
+                del self._busy_reports[field]
+            for field, value in fields.items():
+                busy, at = (float(x) for x in value.split())
+                prev = self._busy_reports.get(field)
+                share = prev[2] if prev is not None else None
+                if prev is not None and at > prev[1]:
+                    share = min(max((busy - prev[0]) / (at - prev[1]), 0.0), 1.0)
+                if prev is None or at > prev[1]:
+                    self._busy_reports[field] = (busy, at, share)
+                if share is not None:
+                    shares.append(share)
+        return shares
 
     def _expiry_ms(self) -> int:
         return int((time.time() + self.visibility_timeout_s) * 1000)
@@ -1202,7 +1233,8 @@ class Feeder(threading.Thread):
 
     def __init__(self, broker: RedisBroker, scheduler: Scheduler, consumer: str,
                  prefetch: int = 64, block_ms: int = 1000, error_backoff_s: float = 1.0,
-                 free_memory: Callable[[], float | None] = lambda: None):
+                 free_memory: Callable[[], float | None] = lambda: None,
+                 busy_seconds: Callable[[], float] | None = None):
         super().__init__(name=f"sensevoice-feeder-{consumer}", daemon=True)
         self.broker = broker
         self.scheduler = scheduler
@@ -1214,6 +1246,7 @@ class Feeder(threading.Thread):
         self.reclaim_every_s = vt / 2
         self.error_backoff_s = error_backoff_s
         self.free_memory = free_memory  # () -> free share of this worker's GPU memory, or None
+        self.busy_seconds = busy_seconds  # () -> this process's model time so far (per worker)
         self.error: BaseException | None = None  # the latest failure (None once it works again)
         self.heartbeat = time.monotonic()
         self._stop_event = threading.Event()
@@ -1230,10 +1263,12 @@ class Feeder(threading.Thread):
                 if now >= next_beat:
                     self.broker.heartbeat(self.consumer)
                     next_beat = now + self.heartbeat_every_s
-                if now >= next_report:  # free GPU memory, for the api processes' admission
-                    ratio = self.free_memory()
+                if now >= next_report:  # free GPU memory and model time, for the api processes'
+                    ratio = self.free_memory()  # admission of jobs and of live streams
                     if ratio is not None:
                         self.broker.report_free_memory(self.consumer, ratio)
+                    if self.busy_seconds is not None:
+                        self.broker.report_busy(self.consumer, self.busy_seconds())
                     next_report = now + MEMORY_REPORT_S
                 if now >= next_reclaim:
                     self.scheduler.put_many(self.broker.reclaim(self.consumer))

@@ -484,11 +484,12 @@ class LaneLoad:
 
     * ``latency()``: how long re-decodes take now (queue + batch + compute), a time-decayed
       average (half-life ``HALF_LIFE_S``: it falls back to zero when the lane goes quiet);
-    * ``busy()``: the share of time the model computes (``busy_seconds``: its workers' batches;
-      without it, in an api process of the distributed topology, the share of time a re-decode
-      of this process's streams is in hand), an exponential average over ``BUSY_TAU_S``. (The
-      time in hand alone overstated it on the CPU: with 10 streams their re-decodes of ~8 ms
-      were in hand ~40 ms each, the rest being the hand-overs between threads);
+    * ``busy()``: the share of time the model computes (``busy_seconds``: its workers' batches,
+      or in an api process of the distributed topology what the worker processes report; without
+      it, the share of time a re-decode of this process's streams is in hand), an exponential
+      average over ``BUSY_TAU_S``. (The time in hand overstated it: on the CPU with 10 streams
+      their re-decodes of ~8 ms were in hand ~40 ms each, the rest being hand-overs between
+      threads; on the H200 it was near 1 from a few dozen streams);
     * ``stream_cost()``: the lane's busy share per stream, learned from the open streams, each
       weighed by the share of its load it brings by now (a stream's load builds up over its
       first ``RAMP_S``: its speech begins, its utterances grow); it rises fast, follows the

@@ -83,6 +83,18 @@ class Runtime:
         return None
 
     @property
+    def live_busy_seconds(self) -> Callable[[], float] | None:
+        """The model's time so far as live admission reads it: this process's workers', or (api
+        role) the worker processes' reports through the shared broker."""
+        if self.pool is not None:
+            return self.pool.busy_seconds
+        if self.broker.shared:
+            from pipeline.serving.live_redis import ClusterBusy
+
+            return ClusterBusy(self.broker.busy_shares)
+        return None
+
+    @property
     def devices(self) -> list[str]:
         return self.pool.devices if self.pool is not None else ["cpu"]
 

@@ -115,7 +115,8 @@ class WorkerPool:
             self.feeder = self.broker.feeder(
                 self.scheduler, consumer=consumer,
                 prefetch=2 * self.settings.engine.max_batch,
-                free_memory=lambda: max(self.local_free_ratios(), default=None))
+                free_memory=lambda: max(self.local_free_ratios(), default=None),
+                busy_seconds=self.busy_seconds)
             self.feeder.start()
 
     def stop(self) -> None:

@@ -30,7 +30,7 @@ def add_api(app, runtime: Runtime, bodies, pages: JobPages):
     hub = LiveHub(settings, runtime.live_decode, runtime.health,
                   registry=runtime.metrics.registry,
                   speech_device=pool.speech_device if pool is not None else "cpu",
-                  busy_seconds=pool.busy_seconds if pool is not None else None)
+                  busy_seconds=runtime.live_busy_seconds)
     app.state.live_hub = hub
     app.include_router(build_stream_router(hub))  # live captions (WebSocket), FunASR's too
     app.include_router(build_desk_router(settings, intake, view, runtime.broker))  # the desk

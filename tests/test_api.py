@@ -31,6 +31,7 @@ def test_health_and_ready(live_server):
     assert httpx.get(live_server.url + "/healthz").json() == {"status": "ok"}
     ready = httpx.get(live_server.url + "/readyz").json()
     assert ready["ready"] is True and ready["demo"] is True and "demo" in ready["model"]
+    assert ready["warm"] is True  # a CPU model has nothing to compile or capture
 
 
 def test_root_redirects_to_ui(live_server):

@@ -464,3 +464,20 @@ def test_a_hot_bucket_is_captured_between_batches_on_the_gpu(tiny_am, clips):
     e.capture_hot()
     assert len(e._graphs) == 1 and not e.has_hot_work
     assert [x.token_ids for x in e.transcribe(waves, OPTS[:2])] == want
+
+
+def test_an_engine_is_warm_once_its_planned_graphs_are_tried(tiny_engine, monkeypatch):
+    """/readyz's "warm": the graphs planned at start all tried (captured or failed); a bucket
+    wanted later under load does not make a warm engine cold again."""
+    e = tiny_engine
+    assert e.warm  # CPU: nothing planned
+    monkeypatch.setattr(e, "_graphs", {})
+    monkeypatch.setattr(e, "_misses", {})
+    monkeypatch.setattr(e, "_wanted", [(1, 16), (1, 32)])
+    monkeypatch.setattr(e, "_settled", False)
+    monkeypatch.setattr(e, "_capture", lambda b, t: e._graphs.update({(b, t): "g"}))
+    assert not e.warm
+    assert e.idle_step() and not e.warm
+    assert not e.idle_step() and e.warm
+    e._wanted.insert(0, (8, 16))  # a bucket a batch wants later
+    assert e.warm

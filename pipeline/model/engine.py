@@ -352,6 +352,7 @@ class SenseVoiceEngine:
         self._wanted: list[tuple[int, int]] = []  # buckets to capture when idle, first first
         self._failed: set[tuple[int, int]] = set()  # buckets whose capture failed: never retried
         self._misses: dict[tuple[int, int], int] = {}  # wanted bucket -> batches run uncaptured
+        self._settled = True  # the buckets planned at start have all been tried once
         self._pool = None
         self._stream = None
         self._input: torch.Tensor | None = None  # the graphs' one shared input buffer
@@ -377,6 +378,7 @@ class SenseVoiceEngine:
                                            LENGTH_BUCKET)
         self._wanted = [(b, t) for b in self._graph_batches if b <= prefill_batch
                         for t in range(LENGTH_BUCKET, self._graph_max_frames + 1, LENGTH_BUCKET)]
+        self._settled = not self._wanted
 
     def capture_graphs(self, batch_sizes: Sequence[int], max_seconds: float) -> float:
         """Plan and capture every bucket now (benchmarks; the service captures lazily). Seconds."""
@@ -452,7 +454,15 @@ class SenseVoiceEngine:
         self._misses.pop((b, t), None)
         if (b, t) not in self._graphs:
             self._capture(b, t)
+        self._settled = self._settled or not self._wanted
         return bool(self._wanted)
+
+    @property
+    def warm(self) -> bool:
+        """The compile is done and the graphs planned at start are captured: batches run at full
+        speed from here (before, the eager path serves: /readyz is ready before it is warm)."""
+        c = self.compiled
+        return (c is None or c.ready) and self._settled
 
     @property
     def has_hot_work(self) -> bool:
@@ -475,6 +485,7 @@ class SenseVoiceEngine:
             self._wanted.remove(key)
         if key not in self._graphs and key not in self._failed:
             self._capture(*key)
+        self._settled = self._settled or not self._wanted
 
     def _capture(self, b: int, t: int) -> None:
         t0 = time.perf_counter()

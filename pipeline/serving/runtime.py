@@ -83,6 +83,11 @@ class Runtime:
         return None
 
     @property
+    def warm(self) -> bool:
+        """Every model of this process compiled and its planned graphs captured (no model: True)."""
+        return self.pool is None or all(getattr(w.engine, "warm", True) for w in self.pool.workers)
+
+    @property
     def live_busy_seconds(self) -> Callable[[], float] | None:
         """The model's time so far as live admission reads it: this process's workers', or (api
         role) the worker processes' reports through the shared broker."""

@@ -28,7 +28,8 @@ def build_health_router(runtime: Runtime) -> APIRouter:
     @router.get("/readyz")
     async def readyz(request: Request):
         body = {"ready": health.ready, "state": health.state, "model": runtime.model_name,
-                "demo": runtime.is_demo, "devices": runtime.devices}
+                "demo": runtime.is_demo, "devices": runtime.devices,
+                "warm": health.ready and runtime.warm}  # ready serves; warm serves at full speed
         reason = health.error or (health.unhealthy_reason() or health.unready_reason()
                                   if health.state == "ready" else None)
         if reason:

@@ -7,6 +7,7 @@ when nothing was voiced since the last partial, and the speech scorer's gathered
 from __future__ import annotations
 
 import asyncio
+import time
 from concurrent.futures import Future
 from types import SimpleNamespace
 
@@ -317,3 +318,18 @@ def test_an_api_process_reads_the_workers_busy_share_as_model_seconds():
     busy.update()  # keeps the last share
     now[0] = 5.0
     assert busy() == pytest.approx(1.2)
+
+
+def test_the_busy_reader_thread_stops_with_the_runtime():
+    from pipeline.serving.live_redis import ClusterBusy
+
+    reads = []
+    busy = ClusterBusy(lambda: reads.append(1) or [0.5])
+    busy.READ_EVERY_S = 0.01
+    busy()  # the first read starts the thread
+    deadline = time.monotonic() + 10
+    while len(reads) < 3 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    busy.stop()
+    busy._thread.join(5)
+    assert len(reads) >= 3 and not busy._thread.is_alive()

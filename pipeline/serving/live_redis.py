@@ -489,6 +489,7 @@ class ClusterBusy:
         self._lock = threading.Lock()
         self._total, self._share, self._at = 0.0, 0.0, clock()
         self._thread: threading.Thread | None = None
+        self._stopped = threading.Event()
 
     def __call__(self) -> float:
         """Model seconds so far (per worker, averaged over the live workers)."""
@@ -516,7 +517,10 @@ class ClusterBusy:
             self._advance()  # the time so far at the old share
             self._share = sum(shares) / len(shares) if shares else 0.0
 
+    def stop(self) -> None:
+        self._stopped.set()
+
     def _run(self) -> None:
-        while True:
+        while not self._stopped.is_set():
             self.update()
-            time.sleep(self.READ_EVERY_S)
+            self._stopped.wait(self.READ_EVERY_S)

@@ -636,6 +636,16 @@ def test_workers_report_their_model_time_and_api_processes_read_its_share(redis_
     assert api.busy_shares() == []
 
 
+def test_an_api_process_has_one_busy_reader_which_stops_with_the_broker(redis_server):  # noqa: F811
+    broker = RedisBroker(redis_server.url, retention_s=60, queue_size=100, visibility_timeout_s=30.0)
+    reader = broker.busy_seconds_reader()
+    assert broker.busy_seconds_reader() is reader
+    assert reader() == 0.0  # starts its thread
+    broker.close()
+    reader._thread.join(5)
+    assert not reader._thread.is_alive()
+
+
 def test_the_feeder_reports_the_worker_processs_model_time(redis_server):  # noqa: F811
     broker = RedisBroker(redis_server.url, retention_s=60, queue_size=100, visibility_timeout_s=1.0)
     sched = Scheduler(100, max_batch=8, max_wait_s=0.005)

@@ -27,7 +27,7 @@ from pipeline.domain.types import Job, Lane, TranscribeOptions, Transcript
 from pipeline.serving.broker_sqlite import JobStore
 from pipeline.serving.job_events import Feed
 from pipeline.serving.records import SegmentResult
-from pipeline.serving.scheduler import Scheduler, WorkItem
+from pipeline.serving.scheduler import NoLiveServer, Scheduler, WorkItem
 
 
 class LiveServing(Protocol):
@@ -36,18 +36,6 @@ class LiveServing(Protocol):
 
     def start(self) -> None: ...
     def stop(self) -> None: ...
-
-
-class NoLiveServer:
-    """A live lane with no server to run: the embedded broker's (``submit_live`` puts into the
-    scheduler the workers read, and the worker answers the future itself), and a batch run's
-    (no live streams at all)."""
-
-    def start(self) -> None:
-        pass
-
-    def stop(self) -> None:
-        pass
 
 
 @runtime_checkable

@@ -94,7 +94,7 @@ from pipeline.domain.errors import (AudioGone, AudioLost, BrokerUnavailable, Job
                                     QueueFull, TooManyAttempts)
 from pipeline.serving import calls_index
 from pipeline.serving.job_events import Feed, JobEvent
-from pipeline.serving.live_redis import LiveClient, LiveServer
+from pipeline.serving.live_redis import ClusterBusy, LiveClient, LiveServer
 from pipeline.serving.payloads import Payloads
 from pipeline.serving.records import SegmentResult, dump_options, load_options
 from pipeline.serving.scheduler import Scheduler, WorkItem
@@ -517,6 +517,7 @@ class RedisBroker:
         # agree to well within the visibility timeout: NTP)
         self._workers = f"{prefix}:workers"
         self._busy_reports: dict[str, tuple[float, float, float | None]] = {}  # field -> busy, at, share
+        self._cluster_busy: ClusterBusy | None = None
         self._lane_keys = [self._counts, *self._streams]
         self._scripts = {name: self._r.register_script(src) for name, src in (
             ("enqueue", _ENQUEUE), ("mark_running", _MARK_RUNNING), ("finish", _FINISH),
@@ -622,6 +623,8 @@ class RedisBroker:
     def close(self) -> None:
         if self._live is not None:
             self._live.close()
+        if self._cluster_busy is not None:
+            self._cluster_busy.stop()
         self._r.close()
 
     # ------------------------------------------------------------------ health
@@ -975,6 +978,13 @@ class RedisBroker:
         time: the api processes' live admission reads the model's busy share from two reports."""
         self._r.hset(self._workers, f"busy:{consumer}",
                      f"{self._expiry_ms()} {float(busy_s)!r} {time.time()!r}")
+
+    def busy_seconds_reader(self) -> ClusterBusy:
+        """The worker processes' model time as an api process's live admission reads it (one
+        reader per broker, its thread started by the first read, stopped by ``close``)."""
+        if self._cluster_busy is None:
+            self._cluster_busy = ClusterBusy(self.busy_shares)
+        return self._cluster_busy
 
     @_translated
     def busy_shares(self) -> list[float]:

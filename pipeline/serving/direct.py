@@ -16,11 +16,10 @@ from typing import TYPE_CHECKING
 from pipeline.audio.decode import Resampler
 from pipeline.audio.decoder_pool import Decoder
 from pipeline.domain.types import Lane, TranscribeOptions, Transcript
-from pipeline.serving.broker import NoLiveServer
 from pipeline.serving.intake import decode_upload, wave_seconds
 from pipeline.serving.long_audio import load_segmenter, split_pieces
 from pipeline.serving.metrics import Metrics
-from pipeline.serving.scheduler import Scheduler, WorkItem
+from pipeline.serving.scheduler import NoLiveServer, Scheduler, WorkItem
 from pipeline.serving.worker_pool import WorkerPool, visible_devices
 
 if TYPE_CHECKING:

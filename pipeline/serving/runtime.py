@@ -35,7 +35,6 @@ from pipeline.serving.worker_pool import WorkerPool, visible_devices
 
 if TYPE_CHECKING:
     from pipeline.model.loading import ModelSource
-    from pipeline.serving.live_redis import ClusterBusy
     from pipeline.serving.live import LiveDecode
 
 logger = logging.getLogger("sensevoice.runtime")
@@ -58,7 +57,6 @@ class Runtime:
     on_purge: list[Callable[[list[str]], None]] = field(default_factory=list)
     startup: dict[str, float] = field(default_factory=dict)
     janitor: Janitor | None = None
-    cluster_busy: ClusterBusy | None = None  # api role: the worker processes' model time
 
     @property
     def source(self) -> ModelSource | None:
@@ -93,7 +91,9 @@ class Runtime:
     def live_busy_seconds(self) -> Callable[[], float] | None:
         """The model's time so far as live admission reads it: this process's workers', or (api
         role) the worker processes' reports through the shared broker."""
-        return self.pool.busy_seconds if self.pool is not None else self.cluster_busy
+        if self.pool is not None:
+            return self.pool.busy_seconds
+        return self.broker.busy_seconds_reader() if self.broker.shared else None
 
     @property
     def devices(self) -> list[str]:
@@ -146,8 +146,7 @@ class Runtime:
     def stop(self) -> None:
         if self.janitor is not None:
             self.janitor.stop()
-        if self.cluster_busy is not None:
-            self.cluster_busy.stop()
+
         if self.intake is not None:
             self.intake.long_audio.stop()
         if self.pool is not None:
@@ -188,10 +187,6 @@ def build_runtime(settings: Settings | None = None, role: str | None = None, *, 
     view = JobView(broker) if serves_api else None
     health = Health(settings, broker, pool, on_change=view.changes.notify_all if view else lambda: None)
     runtime = Runtime(settings, broker, metrics, health, view, None, pool)
-    if pool is None and broker.shared:  # read by its own thread from the first live stream on
-        from pipeline.serving.live_redis import ClusterBusy
-
-        runtime.cluster_busy = ClusterBusy(broker.busy_shares)
     metrics.set_queue_depth_fn(lambda: len(broker))
     metrics.set_lanes_fn(broker.queue_depth)
     metrics.set_jobs_by_state_fn(broker.counts)

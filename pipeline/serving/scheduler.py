@@ -62,6 +62,18 @@ class WorkItem:
         return LIVE_FINAL_RANK if self.final else LIVE_RANK
 
 
+class NoLiveServer:
+    """A live lane with no server to run: the embedded broker's (its live re-decodes are put
+    into this scheduler and the worker answers each future itself) and a batch run's (no live
+    streams at all)."""
+
+    def start(self) -> None:
+        pass
+
+    def stop(self) -> None:
+        pass
+
+
 class Scheduler:
     def __init__(self, maxsize: int, max_batch: int = 64, max_wait_s: float = 0.002,
                  max_batch_seconds: float = 1200.0, retry_after_s: int = 2,

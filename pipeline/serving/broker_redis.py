@@ -541,6 +541,17 @@ class RedisBroker:
     def _k(self, kind: str, job_id: str) -> str:
         return f"{self.prefix}:{kind}:{job_id}"
 
+    # the store's own index (pipeline/serving/calls_index.py: the calls listing's summaries and
+    # search texts beside the job records) reads and writes through these two
+    @property
+    def client(self) -> redis.Redis:
+        """The connection pool's client."""
+        return self._r
+
+    def key(self, kind: str, job_id: str) -> str:
+        """A job's key of one kind ("job", "search", ...) under this broker's prefix."""
+        return self._k(kind, job_id)
+
     def _held_values(self, job_id: str, pieces: set[int] | None = None) -> str:
         with self._lock:
             return ",".join(v for v in self._held_by_job.get(job_id, ())

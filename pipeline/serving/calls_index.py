@@ -264,19 +264,19 @@ def redis_index_finished(broker, written: Iterable[str], results: list[tuple[str
     if not todo:
         return
     try:
-        pipe = broker._r.pipeline(transaction=False)
+        pipe = broker.client.pipeline(transaction=False)
         for jid, _ in todo:
-            pipe.hmget(broker._k("job", jid), "audio_seconds", "filename")
+            pipe.hmget(broker.key("job", jid), "audio_seconds", "filename")
         meta = pipe.execute()
         keys, args = [], []
         for (jid, t), (seconds, filename) in zip(todo, meta):
             if seconds is None:
                 continue
             name = filename.decode("utf-8", "replace") if filename else ""
-            keys += (broker._k("job", jid), broker._k("search", jid))
+            keys += (broker.key("job", jid), broker.key("search", jid))
             args += (_summary_json(t, float(seconds)), search_text(t, None, name))
         if keys:
-            broker._r.register_script(_SET_SUMMARIES)(keys=keys, args=args)
+            broker.client.register_script(_SET_SUMMARIES)(keys=keys, args=args)
     except Exception as e:  # the finish itself is stored; the listing backfills
         logger.warning("could not index %d finished job(s): %s", len(todo), e)
 
@@ -286,8 +286,8 @@ class RedisCalls:
 
     def __init__(self, broker):
         self.broker = broker
-        self._set_summaries = broker._r.register_script(_SET_SUMMARIES)
-        self._find = broker._r.register_script(_FIND)
+        self._set_summaries = broker.client.register_script(_SET_SUMMARIES)
+        self._find = broker.client.register_script(_FIND)
 
     def _unavailable(self, e: Exception):
         from pipeline.serving.broker_redis import UNAVAILABLE
@@ -299,7 +299,7 @@ class RedisCalls:
     def update_review(self, job_id: str, patch: Patch) -> tuple[Job, Review]:
         import redis
 
-        key = self.broker._k("job", job_id)
+        key = self.broker.key("job", job_id)
         out: dict = {}
 
         def attempt(pipe) -> None:
@@ -311,11 +311,11 @@ class RedisCalls:
             pipe.multi()
             pipe.hset(key, "review", json.dumps(new.to_dict(), ensure_ascii=False))
             search = search_text(result, new, job.filename)
-            pipe.set(self.broker._k("search", job_id), search, pxat=expires if expires > 0 else None)
+            pipe.set(self.broker.key("search", job_id), search, pxat=expires if expires > 0 else None)
             out["job"], out["review"] = job, new
 
         try:
-            self.broker._r.transaction(attempt, key)
+            self.broker.client.transaction(attempt, key)
         except redis.RedisError as e:
             err = self._unavailable(e)
             if err is None:
@@ -331,7 +331,7 @@ class RedisCalls:
 
         with_search = bool(search)
 
-        r = self.broker._r
+        r = self.broker.client
         try:
             if ids is None:
                 ids = [i.decode() for i in r.zrevrange(calls_key(self.broker.prefix), 0, MAX_LISTED - 1)]
@@ -340,10 +340,10 @@ class RedisCalls:
                 chunk = ids[a:a + REDIS_CHUNK]
                 pipe = r.pipeline(transaction=False)
                 for jid in chunk:
-                    pipe.hmget(self.broker._k("job", jid), *_FIELDS)
+                    pipe.hmget(self.broker.key("job", jid), *_FIELDS)
                 got = pipe.execute()
                 if with_search:  # inside Redis: only the indices of the texts that hold it come back
-                    hits = set(self._find(keys=[self.broker._k("search", j) for j in chunk],
+                    hits = set(self._find(keys=[self.broker.key("search", j) for j in chunk],
                                           args=[search.encode("utf-8")]))
                     got = [v + [search.encode("utf-8") if k + 1 in hits else None]
                            for k, v in enumerate(got)]
@@ -377,14 +377,14 @@ class RedisCalls:
             review=_review(v[7]), search=search if query and query in search else "")
 
     def _backfill(self, jid: str) -> tuple[bytes | None, str]:
-        key = self.broker._k("job", jid)
-        raw, seconds, filename = self.broker._r.hmget(key, "result", "audio_seconds", "filename")
+        key = self.broker.key("job", jid)
+        raw, seconds, filename = self.broker.client.hmget(key, "result", "audio_seconds", "filename")
         if raw is None:
             return None, ""
         result = Transcript.from_dict(json.loads(raw))
         summary = _summary_json(result, float(seconds or 0))
         search = search_text(result, None, filename.decode("utf-8", "replace") if filename else "")
-        self._set_summaries(keys=[key, self.broker._k("search", jid)], args=[summary, search])
+        self._set_summaries(keys=[key, self.broker.key("search", jid)], args=[summary, search])
         return summary.encode(), search
 
 

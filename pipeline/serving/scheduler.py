@@ -94,11 +94,11 @@ class Scheduler:
         self._last_put = 0.0  # monotonic time of the latest arrival
         self._gap_before_last = float("inf")  # seconds between the two latest arrivals
         # position reads: the serving order as last sorted (job -> place, first piece's), when,
-        # the last seq it holds, items up to each rank then; jobs taken since (not queued)
+        # the last seq it holds, the items of each rank then; jobs taken since (not queued)
         self._order: dict[str, int] = {}
         self._order_at = -float("inf")
         self._order_seq = 0
-        self._up_to_rank: list[tuple[int, int]] = []
+        self._rank_counts: list[tuple[int, int]] = []
         self._taken: set[str] = set()
 
     def __len__(self) -> int:
@@ -179,7 +179,7 @@ class Scheduler:
             item = next((it for it in reversed(tail) if it.job_id == job_id), None)
             if item is None:
                 return None
-            ahead = sum(n for rank, n in self._up_to_rank if rank <= item.rank)
+            ahead = sum(n for rank, n in self._rank_counts if rank <= item.rank)
             return ahead + sum(1 for it in tail if (it.rank, it.seq) <= (item.rank, item.seq))
 
     def _sort_order(self, now: float) -> None:
@@ -187,7 +187,7 @@ class Scheduler:
         for n, it in enumerate(sorted(self._items, key=lambda i: (i.rank, i.seq)), 1):
             self._order.setdefault(it.job_id, n)
             counts[it.rank] = counts.get(it.rank, 0) + 1
-        self._up_to_rank = sorted(counts.items())
+        self._rank_counts = sorted(counts.items())
         self._order_at, self._order_seq = now, self._seq
 
     def _left(self, items: list[WorkItem]) -> None:

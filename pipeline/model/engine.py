@@ -569,13 +569,14 @@ class SenseVoiceEngine:
             return None
         key = (bb, _round_up(t, LENGTH_BUCKET))
         graph = self._graphs.get(key)
-        if graph is None:
-            if key not in self._failed:
-                if key in self._wanted:
-                    self._wanted.remove(key)
-                self._wanted.insert(0, key)
-            graph = self._covering(key)
-            if graph is None and key not in self._failed:
+        if graph is not None:
+            return graph
+        graph = self._covering(key)
+        if key not in self._failed:
+            if key in self._wanted:
+                self._wanted.remove(key)
+            self._wanted.insert(0, key)
+            if graph is None:
                 self._misses[key] = self._misses.get(key, 0) + 1
         return graph
 

@@ -1008,14 +1008,12 @@ class RedisBroker:
                 del self._busy_reports[field]
             for field, value in fields.items():
                 busy, at = (float(x) for x in value.split())
-                prev = self._busy_reports.get(field)
-                share = prev[2] if prev is not None else None
-                if prev is not None and at > prev[1]:
-                    share = min(max((busy - prev[0]) / (at - prev[1]), 0.0), 1.0)
-                if prev is None or at > prev[1]:
-                    self._busy_reports[field] = (busy, at, share)
-                if share is not None:
-                    shares.append(share)
+                last = self._busy_reports.get(field)
+                if last is None or at > last[1]:  # a new report: the share since the one before
+                    share = None if last is None else min(max((busy - last[0]) / (at - last[1]), 0.0), 1.0)
+                    last = self._busy_reports[field] = (busy, at, share)
+                if last[2] is not None:
+                    shares.append(last[2])
         return shares
 
     def _expiry_ms(self) -> int:

@@ -701,8 +701,8 @@ class LiveMetrics:
                              "Recent live re-decode latency (time-decayed average): over "
                              "live_latency_budget_s, new streams are refused.", registry=r)
         self.busy = Gauge("sensevoice_live_lane_busy_ratio",
-                          "Share of time the live lane has this process's re-decodes in hand "
-                          "(exponential average over 3 s).", registry=r)
+                          "Share of time the live lane's model computes, as live admission reads "
+                          "it (exponential average over 3 s).", registry=r)
         self.stream_cost = Gauge("sensevoice_live_stream_cost_ratio",
                                  "The live lane's busy share one stream brings, as learned: new "
                                  "streams are refused once the open ones would take it past "
@@ -717,9 +717,9 @@ class LiveHub:
                  speech_device: str = "cpu", limits: LiveLimits | None = None,
                  scorer: StreamScorer | None = None,
                  busy_seconds: Callable[[], float] | None = None):
-        """``busy_seconds``: the seconds this process's model has computed so far (its workers),
-        where the lane's busy share is read; None (the distributed topology's api process): the
-        share of time a re-decode of its streams is in hand."""
+        """``busy_seconds``: the seconds the model has computed so far (this process's workers, or
+        in an api process of the distributed topology the worker processes' reports), where the
+        lane's busy share is read; None: the share of time a re-decode of its streams is in hand."""
         self.settings = settings
         self.decode = decode  # the live lane (None: this process holds no model)
         self.health = health  # .not_serving(): why the model cannot serve now, or None

@@ -493,10 +493,11 @@ class ClusterBusy:
 
     def __call__(self) -> float:
         """Model seconds so far (per worker, averaged over the live workers)."""
-        if self._thread is None:
-            self._thread = threading.Thread(target=self._run, name="sensevoice-cluster-busy", daemon=True)
-            self._thread.start()
         with self._lock:
+            if self._thread is None:  # the first read starts the reading thread (once)
+                self._thread = threading.Thread(target=self._run, name="sensevoice-cluster-busy",
+                                                daemon=True)
+                self._thread.start()
             return self._advance()
 
     def _advance(self) -> float:

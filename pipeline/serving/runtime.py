@@ -146,7 +146,6 @@ class Runtime:
     def stop(self) -> None:
         if self.janitor is not None:
             self.janitor.stop()
-
         if self.intake is not None:
             self.intake.long_audio.stop()
         if self.pool is not None:

@@ -109,8 +109,7 @@ class Worker(threading.Thread):
         """Wait for a launched batch, then store and announce its results (finisher thread, or
         the worker's own when nothing else is queued)."""
         batch, waves, pending, t_start, t0, moved = job
-        self._waiting_since = time.monotonic()
-        waited = time.monotonic()
+        waited = self._waiting_since = time.monotonic()
         try:
             outs = pending.result()
         except Exception as e:

@@ -596,17 +596,20 @@ def test_feeder_rides_out_an_outage(redis_server):  # noqa: F811
 
 
 def test_workers_report_free_gpu_memory_and_liveness(redis_server):  # noqa: F811
-    """A worker's feeder reports its free GPU memory share (for the api processes' admission) and
-    its liveness; both expire with the worker."""
+    """A worker's feeder reports its free GPU memory share (for the api processes' admission),
+    its model time (for their live admission) and its liveness; they expire with the worker."""
     broker = RedisBroker(redis_server.url, retention_s=60, queue_size=100, visibility_timeout_s=1.0)
     sched = Scheduler(100, max_batch=8, max_wait_s=0.005)
-    feeder = Feeder(broker, sched, "gpu-0", prefetch=8, block_ms=50, free_memory=lambda: 0.42)
+    feeder = Feeder(broker, sched, "gpu-0", prefetch=8, block_ms=50, free_memory=lambda: 0.42,
+                    busy_seconds=lambda: 7.5)
     feeder.start()
     try:
         deadline = time.monotonic() + 5
-        while broker.free_memory_ratios() != [0.42] and time.monotonic() < deadline:
+        while ((broker.free_memory_ratios() != [0.42] or "busy:gpu-0" not in broker._live_fields())
+               and time.monotonic() < deadline):
             time.sleep(0.02)
         assert broker.free_memory_ratios() == [0.42] and broker.live_workers() == 1
+        assert float(broker._live_fields()["busy:gpu-0"].split()[0]) == 7.5
     finally:
         feeder.stop()
         feeder.join(5)
@@ -644,21 +647,6 @@ def test_an_api_process_has_one_busy_reader_which_stops_with_the_broker(redis_se
     broker.close()
     reader._thread.join(5)
     assert not reader._thread.is_alive()
-
-
-def test_the_feeder_reports_the_worker_processs_model_time(redis_server):  # noqa: F811
-    broker = RedisBroker(redis_server.url, retention_s=60, queue_size=100, visibility_timeout_s=1.0)
-    sched = Scheduler(100, max_batch=8, max_wait_s=0.005)
-    feeder = Feeder(broker, sched, "gpu-0", prefetch=8, block_ms=50, busy_seconds=lambda: 7.5)
-    feeder.start()
-    try:
-        deadline = time.monotonic() + 5
-        while "busy:gpu-0" not in broker._live_fields() and time.monotonic() < deadline:
-            time.sleep(0.02)
-        assert float(broker._live_fields()["busy:gpu-0"].split()[0]) == 7.5
-    finally:
-        feeder.stop()
-        feeder.join(5)
 
 
 # ---------------------------------------------------------------------------- shared directory

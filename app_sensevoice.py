@@ -43,6 +43,11 @@ def parse_args(argv=None):
                     help="api (HTTP, UI, decoding), worker (one GPU's model), all (default)")
     ap.add_argument("--supervise", action="store_true",
                     help="run the server as a child process and restart it when it exits non-zero")
+    ap.add_argument("--web-processes", type=int, help="HTTP processes of the embedded server on one "
+                    "port (0 = auto: 2-4 on a CUDA host, else 1); see SENSEVOICE_WEB_PROCESSES")
+    # a sibling web process (pipeline/web/siblings.py): started by the owner, never by hand
+    ap.add_argument("--sibling-dir", help=argparse.SUPPRESS)
+    ap.add_argument("--sibling-fd", type=int, help=argparse.SUPPRESS)
     return ap.parse_args(argv)
 
 
@@ -139,15 +144,21 @@ def main(argv=None) -> int:
     from pipeline.web.edge import uvicorn_options
     from pipeline.domain.errors import ModelUnavailable, UnsafeDirectory
     from pipeline.serving.runtime import build_runtime
+    from pipeline.web.siblings import SiblingTrust, WebSiblings, web_processes
 
     overrides = {k: v for k, v in {"model": args.model, "device": args.device, "host": args.host,
                                    "port": args.port, "data_dir": args.data_dir,
-                                   "broker": args.broker, "role": args.role}.items() if v is not None}
+                                   "broker": args.broker, "role": args.role,
+                                   "web_processes": args.web_processes}.items() if v is not None}
     if args.demo:
         overrides["demo"] = True
     if args.api_only:
         overrides["ui"] = False
     overrides.setdefault("exit_on_fatal", True)
+    if args.sibling_dir:  # the api role over the owner's store; the UI stays with the owner
+        from pipeline.web.siblings import run_sibling
+
+        return run_sibling(Settings(**{**overrides, "role": "api", "ui": False}), args.sibling_dir, args.sibling_fd)
     settings = Settings(**overrides)
     if settings.server.role == "worker" and settings.engine.resolved_device() == "cuda":
         gpus = gpu_count()
@@ -174,8 +185,20 @@ def main(argv=None) -> int:
     # counts per client and in all, on top of uvicorn's httptools protocol
     # counts per client and in all, on top of uvicorn's httptools protocol; X-Forwarded-For only
     # from SENSEVOICE_TRUSTED_PROXIES
-    uvicorn.run(app, host=settings.server.host, port=settings.server.port, log_level="info", loop="uvloop",
-                access_log=settings.server.access_log, **uvicorn_options(settings))
+    options = dict(log_level="info", loop="uvloop", access_log=settings.server.access_log, **uvicorn_options(settings))
+    processes = web_processes(settings)
+    if processes <= 1:
+        uvicorn.run(app, host=settings.server.host, port=settings.server.port, **options)
+        return 0
+    # sibling web processes on the same port: uploads and polls on more cores (pipeline/web/siblings.py)
+    listener = uvicorn.Config(app, host=settings.server.host, port=settings.server.port).bind_socket()
+    siblings = WebSiblings(settings, runtime, processes, sys.argv[1:] if argv is None else list(argv), listener)
+    siblings.start()
+    try:
+        uvicorn.Server(uvicorn.Config(SiblingTrust(app, siblings.secret), **options)).run(
+            sockets=[listener, siblings.relay])
+    finally:
+        siblings.stop()
     return 0
 
 

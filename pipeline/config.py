@@ -60,6 +60,12 @@ class ServerSettings(BaseModel):
     gil_switch_ms: float = Field(
         0.5, ge=0, description="Python's thread switch interval, ms (0 = Python's own 5 ms). Smaller "
         "hands the GIL to the event loop sooner when threads compete (poll latency under load).")
+    web_processes: int = Field(
+        0, ge=0, le=64, description="HTTP processes of the embedded server: this one (the store's "
+        "writer, the GPU loop, the UI, live captions) and N-1 sibling web processes on the same "
+        "port that take uploads and polls (the REST API's hot routes) so that HTTP, decoding and "
+        "polling use more than one core; the rest they relay to this one. 0 = auto: on a CUDA "
+        "host a quarter of the cores (2 to 4), else 1.")
     exit_on_fatal: bool = Field(
         False, description="Exit the process (code 3) on a fatal device error or a hung worker, so a "
         "supervisor restarts it; set by main().")
@@ -333,6 +339,7 @@ GROUP_OF = {
     'access_log': ('server', 'access_log'),
     'gil_switch_ms': ('server', 'gil_switch_ms'),
     'exit_on_fatal': ('server', 'exit_on_fatal'),
+    'web_processes': ('server', 'web_processes'),
     'hung_timeout_s': ('server', 'hung_timeout_s'),
     'loop_stall_timeout_s': ('server', 'loop_stall_timeout_s'),
     'trusted_proxies': ('server', 'trusted_proxies'),

@@ -71,11 +71,14 @@ class JobStore:
     :class:`JobEvent` on ``feed`` (the embedded topology's counterpart of what the Redis broker's
     readers see)."""
 
-    def __init__(self, data_dir: str | Path):
+    def __init__(self, data_dir: str | Path, owner: bool = True):
+        """``owner``: the process that writes the store (it creates the schema and clears the
+        writes a crash cut short); a sibling web process (``owner=False``) only reads it and
+        spools uploads."""
         self.data_dir = Path(data_dir)
         self.spool_dir = self.data_dir / "spool"
         self.spool_dir.mkdir(parents=True, exist_ok=True)
-        for stale in self.spool_dir.glob("*.tmp"):  # a write cut short by a crash
+        for stale in self.spool_dir.glob("*.tmp") if owner else ():  # a write cut short by a crash
             stale.unlink(missing_ok=True)
         self.db_path = self.data_dir / "jobs.sqlite3"
         self._local = threading.local()
@@ -83,9 +86,10 @@ class JobStore:
         self._write_conn: sqlite3.Connection | None = None
         self.feed = Feed()
         self._inserts: GroupCommit[tuple] = GroupCommit(self._insert_jobs)
-        with self._conn() as c:
-            c.executescript(SCHEMA)
-            calls_index.ensure_schema(c)  # the calls table's summaries and reviews
+        if owner:
+            with self._conn() as c:
+                c.executescript(SCHEMA)
+                calls_index.ensure_schema(c)  # the calls table's summaries and reviews
 
     # ------------------------------------------------------------------ plumbing
     def _conn(self) -> sqlite3.Connection:
@@ -125,7 +129,13 @@ class JobStore:
         fails (disk full, file-size limit, I/O error) leaves nothing behind: no temporary file,
         no spool file without its row; it raises StorageFull (507) or StorageError (503). The rows
         of submits that arrive together are inserted in one transaction (:class:`GroupCommit`)."""
-        path = self.spool_path(job.id)
+        self.spool(job.id, upload)
+        self.insert(job)
+
+    def spool(self, job_id: str, upload: bytes) -> None:
+        """Write a job's upload durably (fsync) under its server-made name; StorageFull or
+        StorageError, with no file left behind, when that fails."""
+        path = self.spool_path(job_id)
         tmp = path.with_suffix(".tmp")
         try:
             with open(tmp, "wb") as f:
@@ -133,11 +143,19 @@ class JobStore:
                 f.flush()
                 os.fsync(f.fileno())
             os.replace(tmp, path)
+        except OSError as e:
+            tmp.unlink(missing_ok=True)
+            path.unlink(missing_ok=True)
+            logger.error("storing job %s failed: %s", job_id, e)
+            raise storage_error(e) from None
+
+    def insert(self, job: Job) -> None:
+        """Insert a queued job whose upload is spooled (its spool file is deleted if this fails)."""
+        try:
             self._inserts((job.id, JobState.QUEUED.value, int(job.lane), dump_options(job.options),
                            job.filename, job.audio_seconds, job.created_at))
         except (OSError, sqlite3.Error) as e:
-            tmp.unlink(missing_ok=True)
-            path.unlink(missing_ok=True)
+            self.spool_path(job.id).unlink(missing_ok=True)
             logger.error("storing job %s failed: %s", job.id, e)
             raise storage_error(e) from None
 

@@ -124,7 +124,7 @@ class Runtime:
             self.startup["total_s"] = time.perf_counter() - t0
             self.health.set_state("ready")
             logger.info("ready (%s role%s) on %s (model %s%s) in %.1f s", self.settings.server.role,
-                        ", redis broker" if self.broker.shared else "", ", ".join(self.devices),
+                        f", {type(self.broker).__name__}" if self.broker.shared else "", ", ".join(self.devices),
                         self.source.name if self.source else "none",
                         ", DEMO" if self.is_demo else "", self.startup["total_s"])
         except Exception as e:
@@ -164,11 +164,12 @@ class Runtime:
 
 
 def build_runtime(settings: Settings | None = None, role: str | None = None, *, resolve: bool = False,
-                  source: ModelSource | None = None) -> Runtime:
+                  source: ModelSource | None = None, broker: Broker | None = None) -> Runtime:
     """Compose the process that ``settings`` describe (``role`` defaults to ``settings.server.role``).
     Nothing heavy happens here: the model loads in ``Runtime.start``. ``resolve=True`` finds the
     model now (a missing local directory or an unreachable hub raises
-    :class:`~pipeline.domain.errors.ModelUnavailable` before a server starts)."""
+    :class:`~pipeline.domain.errors.ModelUnavailable` before a server starts). ``broker``: one
+    made by the caller (a sibling web process's, pipeline/web/siblings.py)."""
     settings = settings or Settings()
     role = role or settings.server.role
     serves_api, serves_worker = role in ("all", "api"), role in ("all", "worker")
@@ -178,7 +179,8 @@ def build_runtime(settings: Settings | None = None, role: str | None = None, *, 
     scheduler = Scheduler(settings.limits.queue_size, settings.engine.max_batch, settings.engine.max_wait_ms / 1e3,
                           settings.engine.max_batch_seconds, settings.limits.retry_after_s,
                           finals_alone=not devices[0].startswith("cuda"))
-    broker = connect_broker(settings, scheduler)
+    if broker is None:  # (a sibling web process brings its own; a broker's len() is its queue)
+        broker = connect_broker(settings, scheduler)
     metrics = Metrics(devices)
     pool = WorkerPool(settings, broker, scheduler, metrics, devices, source) if serves_worker else None
     if pool is not None and resolve:

@@ -1,0 +1,247 @@
+"""The embedded store as a sibling web process sees it (``--web-processes``): a shared broker
+(``shared`` True: the owner process writes what changes, this one reads SQLite to see it).
+
+A submit is decoded and its upload spooled (fsync'd) here; the job's row and its work item go to
+the owner in one message (:class:`~pipeline.serving.sibling_hub.SiblingHub`), which inserts the
+row and queues the item, or refuses both (a full queue: 503, the spool file removed). Polls read
+the job from SQLite here (WAL: never waiting on the writer) and ask the owner only for a queued
+job's place in its queue."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import os
+import secrets
+import socket
+import threading
+import time
+from concurrent.futures import Future
+from dataclasses import replace
+from pathlib import Path
+
+from pipeline.domain.errors import BrokerUnavailable, NotReady
+from pipeline.domain.types import Job, JobState, Lane, Transcript
+from pipeline.serving import sibling_wire as wire
+from pipeline.serving.broker_sqlite import JobStore
+from pipeline.serving.scheduler import WorkItem
+
+logger = logging.getLogger("sensevoice.siblings")
+
+STATE_TTL_S = 0.1  # the owner's queue and health, as admission and probes read them, this fresh
+CALL_TIMEOUT_S = 60.0  # a request the owner has not answered in this long fails (503)
+
+
+class HubClient:
+    """One connection to the owner's hub, shared by this process's threads: requests carry ids,
+    a reader thread hands each reply to its caller. A lost connection fails every waiting call
+    with BrokerUnavailable and calls ``on_lost`` (the sibling then stops: the owner is gone)."""
+
+    def __init__(self, path: str, secret: str, on_lost=None):
+        self.on_lost = on_lost
+        self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self._sock.connect(path)
+        self._send_lock = threading.Lock()
+        self._ids = itertools.count(1)
+        self._waiting: dict[int, Future] = {}
+        self._lock = threading.Lock()
+        self._closed = False
+        wire.send_frame(self._sock, self._send_lock, {"op": "hello", "secret": secret})
+        self._reader = threading.Thread(target=self._read, name="sensevoice-hub-client", daemon=True)
+        self._reader.start()
+
+    def call(self, op: str, payload: bytes | memoryview = b"", **fields):
+        rid = next(self._ids)
+        fut: Future = Future()
+        with self._lock:
+            if self._closed:
+                raise BrokerUnavailable("the server's main process does not answer; try again")
+            self._waiting[rid] = fut
+        try:
+            wire.send_frame(self._sock, self._send_lock, {"op": op, "rid": rid, **fields}, payload)
+            reply = fut.result(CALL_TIMEOUT_S)
+        except (OSError, TimeoutError) as e:
+            raise BrokerUnavailable(f"the server's main process does not answer ({type(e).__name__}); "
+                                    "try again") from None
+        finally:
+            with self._lock:
+                self._waiting.pop(rid, None)
+        if "error" in reply:
+            raise wire.error_from_head(reply["error"])
+        return reply.get("ok")
+
+    def _read(self) -> None:
+        try:
+            while True:
+                head, _ = wire.recv_frame(self._sock)
+                with self._lock:
+                    fut = self._waiting.get(head.get("rid"))
+                if fut is not None and not fut.done():
+                    fut.set_result(head)
+        except (wire.WireClosed, OSError):
+            pass
+        with self._lock:
+            was_open, self._closed = not self._closed, True
+            waiting = list(self._waiting.values())
+        for fut in waiting:
+            if not fut.done():
+                fut.set_exception(OSError("the hub connection closed"))
+        if was_open and self.on_lost is not None:
+            self.on_lost()
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+        try:
+            self._sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        self._sock.close()
+
+
+class SiblingBroker(JobStore):
+    """A sibling web process's broker: reads from the store, writes through the owner."""
+
+    shared = True
+
+    def __init__(self, data_dir: str | Path, hub_path: str, secret: str, on_lost=None):
+        super().__init__(data_dir, owner=False)
+        self.hub = HubClient(hub_path, secret, on_lost)
+        self._pending: dict[str, Job] = {}  # created here: the row goes with the first work item
+        self._pending_lock = threading.Lock()
+        self._state: tuple[float, dict] = (0.0, {})
+
+    # -- accept
+    def create(self, job: Job, upload: bytes) -> None:
+        self.spool(job.id, upload)
+        with self._pending_lock:
+            self._pending[job.id] = job
+
+    def _take_pending(self, job_id: str) -> Job | None:
+        with self._pending_lock:
+            return self._pending.pop(job_id, None)
+
+    def put(self, item: WorkItem, force: bool = False) -> None:
+        job = self._take_pending(item.job_id)
+        if job is not None:
+            try:
+                self.hub.call("submit", wire.item_audio(item), job=wire.job_head(job),
+                              item=wire.item_head(item), force=force)
+            except BaseException:
+                with self._pending_lock:  # refused: the caller discards it (the spool file goes)
+                    self._pending[job.id] = job
+                raise
+        else:
+            self.hub.call("put", wire.item_audio(item), item=wire.item_head(item), force=force)
+
+    def _flush(self, job_id: str) -> None:
+        job = self._take_pending(job_id)
+        if job is not None:
+            self.hub.call("insert", job=wire.job_head(job))
+
+    def discard(self, job_id: str) -> None:
+        if self._take_pending(job_id) is not None:
+            self.delete_spool(job_id)  # never sent: the owner has no row of it
+        else:
+            self.hub.call("discard", job_id=job_id)
+
+    def check_capacity(self) -> None:
+        """The owner answers a full queue at the submit itself; this is the early answer from its
+        last reported state (before decoding)."""
+        if self._owner_state().get("full"):
+            from pipeline.domain.errors import QueueFull
+
+            raise QueueFull("the queue is full; try again shortly")
+
+    def mark_running(self, job_ids, already_running_ok: bool = False) -> set[str]:
+        """Only a long recording without speech is marked here, just before its empty result."""
+        ids = list(job_ids)
+        for job_id in ids:
+            self._flush(job_id)
+        return set(ids)
+
+    def finish(self, job_id: str, result: Transcript) -> bool:
+        if result.segments or result.raw_text:
+            raise NotImplementedError("a sibling web process finishes no transcribed job")
+        return bool(self.hub.call("finish_empty", job_id=job_id)["finished"])
+
+    def submit_live(self, item: WorkItem) -> Future:
+        raise NotReady("live captions are served by the server's main process")
+
+    # -- read
+    def get(self, job_id: str) -> Job:
+        job = super().get(job_id)
+        if job.state is JobState.QUEUED:
+            return replace(job, position=self.position(job_id))
+        return job
+
+    async def aget(self, job_id: str) -> Job:
+        return await asyncio.to_thread(self.get, job_id)
+
+    def position(self, job_id: str) -> int | None:
+        try:
+            return self.hub.call("position", job_id=job_id)["position"]
+        except BrokerUnavailable:
+            return None
+
+    def upload_path(self, job_id: str) -> Path | None:
+        return self.spool_path(job_id)
+
+    def _owner_state(self) -> dict:
+        at, state = self._state
+        now = time.monotonic()
+        if now - at > STATE_TTL_S:
+            try:
+                state = self.hub.call("state")
+            except BrokerUnavailable:
+                state = {}
+            self._state = (now, state)
+        return state
+
+    def queue_depth(self) -> dict[Lane, int]:
+        return {Lane(int(k)): v for k, v in self._owner_state().get("lanes", {}).items()}
+
+    def __len__(self) -> int:
+        return int(self._owner_state().get("depth", 0))
+
+    def free_memory_ratios(self) -> list[float]:
+        return list(self._owner_state().get("free", []))
+
+    def live_workers(self) -> int:
+        return 1 if self._owner_state().get("serving") else 0
+
+    def live_lane_stats(self):
+        return None
+
+    def busy_seconds_reader(self):
+        return lambda: 0.0
+
+    def config_warnings(self) -> list[str]:
+        return []
+
+    def ping(self) -> bool:
+        return bool(self._owner_state())
+
+    # -- keep: the owner recovers the queue and keeps retention
+    def recover(self) -> list[Job]:
+        return []
+
+    def purge(self, finished_before: float) -> list[str]:
+        return []
+
+    def close(self) -> None:
+        self.hub.close()
+        super().close()
+
+
+def new_secret() -> str:
+    return secrets.token_hex(32)
+
+
+def stop_self() -> None:
+    """The owner is gone: stop this sibling as SIGTERM would (uvicorn's graceful shutdown)."""
+    import signal
+
+    logger.warning("the server's main process is gone: this web process stops")
+    os.kill(os.getpid(), signal.SIGTERM)

@@ -1,0 +1,125 @@
+"""The wire between the embedded server's sibling web processes and the process that owns the
+store and the GPU loop (``--web-processes``): one Unix socket per sibling, framed messages.
+
+A frame is ``<II`` (header length, payload length), a JSON header, then the payload bytes (a
+work item's float32 audio, or nothing). Requests carry ``rid``; each reply carries the same
+``rid`` and either ``ok`` (with the op's values) or ``error`` (a domain error's code and
+message, raised again on the sibling's side as the same class). The socket lives in a private
+directory (0700) and the first frame of a connection must carry the owner's secret: nothing
+else on the host can speak on it.
+"""
+
+from __future__ import annotations
+
+import socket
+import struct
+import threading
+
+import numpy as np
+import orjson
+import torch
+
+from pipeline.domain import errors as domain_errors
+from pipeline.domain.types import Job, JobState, Lane
+from pipeline.serving.records import dump_options, load_options
+from pipeline.serving.scheduler import WorkItem
+
+FRAME = struct.Struct("<II")
+MAX_HEADER_BYTES = 1 << 20
+MAX_PAYLOAD_BYTES = 1 << 31  # a work item's audio: at most the longest accepted recording, float32
+
+
+class WireClosed(ConnectionError):
+    """The other end closed the socket (or sent a frame this side cannot read)."""
+
+
+def send_frame(sock: socket.socket, lock: threading.Lock, head: dict, payload: bytes | memoryview = b"") -> None:
+    data = orjson.dumps(head)
+    payload = memoryview(payload).cast("B")  # bytes, whatever the item size of the buffer
+    with lock:
+        sock.sendall(FRAME.pack(len(data), len(payload)) + data)
+        if payload:
+            sock.sendall(payload)
+
+
+def _recv_exactly(sock: socket.socket, n: int) -> bytearray:
+    buf = bytearray(n)
+    view = memoryview(buf)
+    while view:
+        got = sock.recv_into(view)
+        if got == 0:
+            raise WireClosed("the other end closed the connection")
+        view = view[got:]
+    return buf
+
+
+def recv_frame(sock: socket.socket) -> tuple[dict, bytearray]:
+    """The next frame: its header and payload. WireClosed at the end of the stream."""
+    head_len, payload_len = FRAME.unpack(_recv_exactly(sock, FRAME.size))
+    if head_len > MAX_HEADER_BYTES or payload_len > MAX_PAYLOAD_BYTES:
+        raise WireClosed(f"a frame of {head_len} + {payload_len} bytes is not one of ours")
+    head = orjson.loads(_recv_exactly(sock, head_len))
+    return head, (_recv_exactly(sock, payload_len) if payload_len else bytearray())
+
+
+# ---------------------------------------------------------------------------- values
+def job_head(job: Job) -> dict:
+    return {"id": job.id, "lane": int(job.lane), "options": dump_options(job.options),
+            "filename": job.filename, "audio_seconds": job.audio_seconds, "created_at": job.created_at}
+
+
+def job_from_head(h: dict) -> Job:
+    return Job(id=str(h["id"]), state=JobState.QUEUED, options=load_options(h["options"]),
+               lane=Lane(int(h["lane"])), created_at=float(h["created_at"]),
+               audio_seconds=float(h["audio_seconds"]), filename=str(h["filename"]))
+
+
+def item_head(item: WorkItem) -> dict:
+    return {"job_id": item.job_id, "lane": int(item.lane), "options": dump_options(item.options),
+            "n_samples": item.n_samples, "piece": item.piece, "pieces": item.pieces,
+            "start_s": item.start_s, "speaker": item.speaker}
+
+
+def item_audio(item: WorkItem) -> memoryview:
+    """The item's wave as float32 bytes (exact: what this process decoded is what the GPU gets)."""
+    wave = item.audio
+    if not isinstance(wave, torch.Tensor):
+        raise TypeError("a sibling's work item carries its decoded wave")
+    return memoryview(np.ascontiguousarray(wave.detach().float().cpu().numpy()))
+
+
+def item_from_head(h: dict, audio: bytearray) -> WorkItem:
+    wave = torch.from_numpy(np.frombuffer(audio, dtype=np.float32))
+    if wave.numel() != int(h["n_samples"]):
+        wave = wave.view(-1, int(h["n_samples"]))  # [channels, n]: a split call's wave
+    return WorkItem(str(h["job_id"]), Lane(int(h["lane"])), load_options(h["options"]), int(h["n_samples"]),
+                    audio=wave, piece=int(h["piece"]), pieces=int(h["pieces"]), start_s=float(h["start_s"]),
+                    speaker=h["speaker"])
+
+
+def error_head(e: domain_errors.SenseVoiceError) -> dict:
+    return {"code": e.code, "message": e.message, "retry_after": getattr(e, "retry_after", None)}
+
+
+def _error_classes() -> dict[str, type[domain_errors.SenseVoiceError]]:
+    found: dict[str, type[domain_errors.SenseVoiceError]] = {}
+    todo = [domain_errors.SenseVoiceError]
+    while todo:
+        cls = todo.pop()
+        found.setdefault(cls.code, cls)
+        todo.extend(cls.__subclasses__())
+    return found
+
+
+def error_from_head(h: dict) -> domain_errors.SenseVoiceError:
+    """The domain error a reply names (an unknown code: a 500 with its message)."""
+    cls = _error_classes().get(str(h.get("code")), domain_errors.SenseVoiceError)
+    message = str(h.get("message", ""))
+    if issubclass(cls, domain_errors.Busy):
+        return cls(message, h.get("retry_after"))
+    try:
+        return cls(message)
+    except TypeError:  # an error whose constructor takes more: its code and message still travel
+        e = domain_errors.SenseVoiceError(message)
+        e.code, e.status = cls.code, cls.status
+        return e

@@ -1,0 +1,332 @@
+"""The embedded server on more than one core (``--web-processes N``, SENSEVOICE_WEB_PROCESSES).
+
+One process (the owner) holds what must be one: the store's writer, the scheduler and the GPU
+loop, the Gradio UI (its sessions live in memory) and the live captions. On one event loop and one
+GIL it served ~250 uploads/s of the no-op engine on two cores: HTTP, decoding and polling took
+the loop. N-1 sibling web processes accept on the same listening socket (the kernel hands each
+connection to one of them) and serve the REST API's hot routes themselves -- ``POST /api/jobs``,
+``GET /api/jobs/{id}``, ``POST /v1/audio/transcriptions``: decoded and spooled there, the job's
+row and work item handed to the owner in one message (pipeline/serving/sibling_hub.py), polls read
+from SQLite -- and relay every other request (the UI, live captions, exports, probes, metrics) to
+the owner over a private Unix socket, with the client's address in a header that the owner
+believes only from that socket and with the secret they share.
+
+The owner starts the siblings, starts one again when it dies (what it had accepted is in the
+store), and stops them with itself; a sibling whose owner is gone stops (``stop_self``)."""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import logging
+import os
+import re
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+from pipeline.domain.errors import NotReady
+from pipeline.serving.broker_sibling import new_secret
+from pipeline.serving.sibling_hub import SiblingHub
+from pipeline.web.edge import refuse
+
+logger = logging.getLogger("sensevoice.siblings")
+
+SIBLING_HEADER = b"x-sensevoice-sibling"  # the shared secret: a relayed request
+CLIENT_HEADER = b"x-sensevoice-client"  # the client's address as the sibling saw it
+HOP_BY_HOP = frozenset((b"connection", b"keep-alive", b"transfer-encoding", b"upgrade", b"te", b"trailer",
+                        b"proxy-connection", b"proxy-authorization", SIBLING_HEADER, CLIENT_HEADER))
+WS_OWN_HEADERS = frozenset((b"host", b"sec-websocket-key", b"sec-websocket-version",
+                            b"sec-websocket-extensions", b"sec-websocket-protocol"))
+JOB_PATH = re.compile(r"/api/jobs/[^/]+")
+RESTART_DELAY_S = 1.0  # a sibling that died is started again after this long
+MAX_AUTO = 4
+
+
+def web_processes(settings) -> int:
+    """How many HTTP processes the embedded server runs (``web_processes``; 0 = auto: a quarter
+    of the cores, 2 to 4, on a CUDA host -- the GPU waits on the HTTP work there -- else 1: on a
+    CPU host the model needs the cores). Only the embedded topology's ``all`` role has siblings."""
+    if settings.server.role != "all" or settings.broker.url:
+        return 1
+    if settings.server.web_processes > 0:
+        return settings.server.web_processes
+    if not settings.engine.resolved_device().startswith("cuda"):
+        return 1
+    return max(2, min(MAX_AUTO, (os.cpu_count() or 1) // 4))
+
+
+def owned(method: str, path: str) -> bool:
+    """The requests a sibling serves itself (the rest go to the owner)."""
+    if method == "POST":
+        return path in ("/api/jobs", "/v1/audio/transcriptions")
+    return method in ("GET", "HEAD") and JOB_PATH.fullmatch(path) is not None
+
+
+# ---------------------------------------------------------------------------- the owner's side
+class SiblingTrust:
+    """ASGI, outermost in the owner: a request relayed by a sibling (on the private Unix socket,
+    with the shared secret) counts as its client's address; the two headers are removed from
+    every request, so no client can name an address for itself."""
+
+    def __init__(self, app, secret: str):
+        self.app, self.secret = app, secret.encode()
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] in ("http", "websocket"):
+            headers = scope["headers"]
+            if any(k in (SIBLING_HEADER, CLIENT_HEADER) for k, _ in headers):
+                token = client = None
+                kept = []
+                for k, v in headers:
+                    if k == SIBLING_HEADER:
+                        token = v
+                    elif k == CLIENT_HEADER:
+                        client = v
+                    else:
+                        kept.append((k, v))
+                scope = dict(scope, headers=kept)
+                if scope.get("client") is None and token is not None and hmac.compare_digest(token, self.secret):
+                    host = (client or b"").decode("latin-1")
+                    scope["client"] = (host, 0) if host else None
+        await self.app(scope, receive, send)
+
+
+class WebSiblings:
+    """The owner's siblings: a private directory (0700) with the hub's and the relay's sockets
+    and the secret, the listening socket they share, and the processes."""
+
+    def __init__(self, settings, runtime, count: int, argv: list[str], listener: socket.socket):
+        self.settings, self.count, self.argv, self.listener = settings, count, argv, listener
+        self.dir = Path(tempfile.mkdtemp(prefix="sensevoice-web-"))
+        self.secret = new_secret()
+        secret_file = self.dir / "secret"
+        secret_file.touch(mode=0o600)
+        secret_file.write_text(self.secret)
+        self.hub = SiblingHub(str(self.dir / "hub.sock"), self.secret, runtime.broker, runtime.view.remember,
+                              lambda: owner_state(runtime))
+        self.relay = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.relay.bind(str(self.dir / "relay.sock"))
+        self.relay.listen(2048)
+        self._procs: list[subprocess.Popen | None] = [None] * (count - 1)
+        self._stopped = threading.Event()
+        self._watch = threading.Thread(target=self._keep_running, name="sensevoice-siblings", daemon=True)
+
+    def start(self) -> None:
+        self.hub.start()
+        for i in range(len(self._procs)):
+            self._procs[i] = self._spawn(i)
+        self._watch.start()
+        logger.info("%d sibling web processes share the port (%s)", len(self._procs), self.dir)
+
+    def _spawn(self, i: int) -> subprocess.Popen:
+        app = Path(__file__).resolve().parent.parent.parent / "app_sensevoice.py"
+        fd = self.listener.fileno()
+        return subprocess.Popen([sys.executable, str(app), *self.argv, "--sibling-dir", str(self.dir),
+                                 "--sibling-fd", str(fd)], pass_fds=(fd,))
+
+    def _keep_running(self) -> None:
+        while not self._stopped.wait(RESTART_DELAY_S):
+            for i, proc in enumerate(self._procs):
+                if proc is not None and proc.poll() is not None and not self._stopped.is_set():
+                    logger.warning("sibling web process %d exited with %s; starting it again", i + 1,
+                                   proc.returncode)
+                    self._procs[i] = self._spawn(i)
+
+    def pids(self) -> list[int]:
+        return [p.pid for p in self._procs if p is not None]
+
+    def stop(self) -> None:
+        self._stopped.set()
+        for p in self._procs:
+            if p is not None and p.poll() is None:
+                p.terminate()
+        deadline = time.monotonic() + 10
+        for p in self._procs:
+            if p is not None:
+                try:
+                    p.wait(max(0.1, deadline - time.monotonic()))
+                except subprocess.TimeoutExpired:
+                    p.kill()
+        self.hub.stop()
+        self.relay.close()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def owner_state(runtime) -> dict:
+    """What a sibling's probes and admission read of the owner."""
+    from pipeline.domain.errors import QueueFull
+
+    broker = runtime.broker
+    try:
+        broker.check_capacity()
+        full = False
+    except QueueFull:
+        full = True
+    pool = runtime.pool
+    return {"serving": runtime.health.state == "ready" and runtime.health.not_serving() is None,
+            "depth": len(broker), "lanes": {str(int(k)): v for k, v in broker.queue_depth().items()},
+            "free": pool.local_free_ratios() if pool is not None else [], "full": full}
+
+
+# ---------------------------------------------------------------------------- a sibling's side
+class SiblingFront:
+    """ASGI, a sibling's whole app: its own routes (``owned``) to the local app, the rest relayed."""
+
+    def __init__(self, local, relay: OwnerRelay):
+        self.local, self.relay = local, relay
+
+    async def __call__(self, scope, receive, send):
+        kind = scope["type"]
+        if kind == "lifespan" or (kind == "http" and owned(scope["method"], scope["path"])):
+            return await self.local(scope, receive, send)
+        if kind == "http":
+            return await self.relay.http(scope, receive, send)
+        if kind == "websocket":
+            return await self.relay.websocket(scope, receive, send)
+
+
+class OwnerRelay:
+    """Relays HTTP (streamed both ways: uploads, event streams) and WebSockets to the owner."""
+
+    def __init__(self, path: str, secret: str):
+        self.path, self.secret = path, secret.encode()
+        self._client = None
+
+    def _http(self):
+        import httpx
+
+        if self._client is None:
+            self._client = httpx.AsyncClient(
+                transport=httpx.AsyncHTTPTransport(uds=self.path), base_url="http://owner",
+                timeout=httpx.Timeout(connect=5.0, read=None, write=60.0, pool=30.0),
+                limits=httpx.Limits(max_connections=1024, max_keepalive_connections=64))
+        return self._client
+
+    def _headers(self, scope, drop=HOP_BY_HOP) -> list[tuple[bytes, bytes]]:
+        out = [(k, v) for k, v in scope["headers"] if k not in drop and k not in HOP_BY_HOP]
+        client = scope.get("client")
+        return out + [(SIBLING_HEADER, self.secret), (CLIENT_HEADER, (client[0] if client else "").encode())]
+
+    @staticmethod
+    def _target(scope) -> str:
+        path = scope.get("raw_path") or scope["path"].encode()
+        query = scope.get("query_string") or b""
+        return (path + (b"?" + query if query else b"")).decode("latin-1")
+
+    async def http(self, scope, receive, send) -> None:
+        import httpx
+
+        has_body = any(k in (b"content-length", b"transfer-encoding") for k, _ in scope["headers"])
+
+        async def body():
+            while True:
+                message = await receive()
+                if message["type"] == "http.disconnect":
+                    raise ConnectionResetError("the client went away")
+                yield message.get("body", b"")
+                if not message.get("more_body"):
+                    return
+
+        client = self._http()
+        request = client.build_request(scope["method"], self._target(scope), headers=self._headers(scope),
+                                       content=body() if has_body else None)
+        try:
+            response = await client.send(request, stream=True)
+        except httpx.TransportError:
+            return await refuse(scope, send, NotReady("the server's main process does not answer; try again"))
+        try:
+            await send({"type": "http.response.start", "status": response.status_code,
+                        "headers": [(k, v) for k, v in response.headers.raw if k.lower() not in HOP_BY_HOP]})
+            async for chunk in response.aiter_raw():
+                await send({"type": "http.response.body", "body": chunk, "more_body": True})
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
+        except (httpx.TransportError, OSError):
+            pass  # either end went away mid-answer: the connection closes
+        finally:
+            await response.aclose()
+
+    async def websocket(self, scope, receive, send) -> None:
+        from websockets.asyncio.client import unix_connect
+        from websockets.exceptions import ConnectionClosed, InvalidStatus
+
+        if (await receive())["type"] != "websocket.connect":
+            return
+        host = next((v for k, v in scope["headers"] if k == b"host"), b"owner").decode("latin-1")
+        headers = [(k.decode("latin-1"), v.decode("latin-1"))
+                   for k, v in self._headers(scope, drop=WS_OWN_HEADERS | HOP_BY_HOP)]
+        try:
+            upstream = await unix_connect(self.path, f"ws://{host}{self._target(scope)}",
+                                          additional_headers=headers, open_timeout=10, max_size=None,
+                                          subprotocols=scope.get("subprotocols") or None, compression=None)
+        except InvalidStatus as e:  # the owner refused the upgrade (a guard): the same refusal
+            status = e.response.status_code
+            return await send({"type": "websocket.close", "code": 1013 if status >= 500 else 1008})
+        except (OSError, asyncio.TimeoutError):
+            return await send({"type": "websocket.close", "code": 1013})
+        await send({"type": "websocket.accept", "subprotocol": upstream.subprotocol})
+
+        async def down():
+            try:
+                async for message in upstream:
+                    key = "text" if isinstance(message, str) else "bytes"
+                    await send({"type": "websocket.send", key: message})
+            except ConnectionClosed:
+                pass
+            code = upstream.close_code or 1000
+            await send({"type": "websocket.close", "code": code, "reason": upstream.close_reason or ""})
+
+        async def up():
+            while True:
+                message = await receive()
+                if message["type"] == "websocket.disconnect":
+                    await upstream.close(code=message.get("code", 1000))
+                    return
+                data = message.get("text") if message.get("text") is not None else message.get("bytes")
+                await upstream.send(data)
+
+        tasks = [asyncio.ensure_future(down()), asyncio.ensure_future(up())]
+        try:
+            await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for t in tasks:
+                t.cancel()
+            await upstream.close()
+
+    async def aclose(self) -> None:
+        if self._client is not None:
+            await self._client.aclose()
+
+
+def run_sibling(settings, sibling_dir: str, fd: int) -> int:
+    """A sibling web process: the api role over the owner's store, on the inherited socket."""
+    import uvicorn
+
+    from pipeline.serving.broker_sibling import SiblingBroker, stop_self
+    from pipeline.serving.runtime import build_runtime
+    from pipeline.web.app import create_app
+    from pipeline.web.edge import uvicorn_options
+
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # (a line per relayed request otherwise)
+    folder = Path(sibling_dir)
+    secret = (folder / "secret").read_text()
+    deadline = time.monotonic() + 30
+    while True:  # the owner's hub starts with it; a sibling started with the owner may be early
+        try:
+            broker = SiblingBroker(settings.server.data_dir, str(folder / "hub.sock"), secret, on_lost=stop_self)
+            break
+        except OSError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.2)
+    runtime = build_runtime(settings, role="api", broker=broker)
+    app = SiblingFront(create_app(runtime=runtime), OwnerRelay(str(folder / "relay.sock"), secret))
+    config = uvicorn.Config(app, log_level="warning", loop="uvloop", access_log=settings.server.access_log,
+                            **uvicorn_options(settings))
+    uvicorn.Server(config).run(sockets=[socket.socket(fileno=fd)])
+    return 0

@@ -5,7 +5,8 @@
 # no-op engine for both) and after (this tree), one call, same machine:
 #   1. the worker process: bench/broker_worker.py --shared (Feeder, Scheduler, Worker, Redis; the
 #      shared directory in /dev/shm, as on one host);
-#   2. the one-process default: bench/noop_server.py --demo under bench/load_test.py;
+#   2. the embedded default: bench/noop_server.py --demo under bench/load_test.py, one process and
+#      with sibling web processes (WEB_PROCS="1 2 3": --web-processes of each run);
 #   3. the batch CLI's local mode: bench/cli_local.py (its own before/after in one process);
 #   4. live captions: the demo model's server pinned, bench/live_load.py from other cores, streams
 #      offered over --spread-s: admitted (held at the targets) and refused per row.
@@ -44,16 +45,21 @@ fi
 if [[ " $SECTIONS " == *" 2 "* ]]; then
 echo "## 2. one-process default, no-op engine (load_test, 10 s WAV)" | tee -a "$OUT/summary.txt"
 port=7900
-for tree in .base .; do
+# this tree once per WEB_PROCS value (--web-processes: the owner and its sibling web processes, all
+# pinned to the same two cores); .base (when carried) once
+for run in ${BASE_RUN-.base:1} $(for n in ${WEB_PROCS:-1 2}; do echo .:$n; done); do
+  tree=${run%%:*} procs=${run##*:}
+  [ -d $tree ] || continue
   port=$((port + 1))
+  web=$([ $tree = . ] && echo "--web-processes $procs")
   (cd $tree && PYTHONPATH=$(pp $tree) $PIN python3 bench/noop_server.py --demo --device cpu --api-only --port $port \
-     --data-dir "$(mktemp -d)" >"$OUT/server-${port}.log" 2>&1) &
+     --data-dir "$(mktemp -d)" $web >"$OUT/server-${port}.log" 2>&1) &
   for _ in $(seq 600); do python3 -c "import sys,urllib.request; urllib.request.urlopen(sys.argv[1], timeout=2)" \
     http://127.0.0.1:$port/readyz 2>/dev/null && break; sleep 0.5; done
   OUT=$OUT/load-$port $GEN python3 bench/load_test.py --url http://127.0.0.1:$port --submitters ${SUBMITTERS:-32} \
     --client-processes 4 --seconds ${SECS:-20} --pollers 200 --clips 10 --finish-timeout 60 2>&1 | tail -1 \
-    | sed "s|^|$tree: |" | tee -a "$OUT/summary.txt"
-  pkill -f "noop_server.py --demo --device cpu --api-only --port $port"; sleep 2
+    | sed "s|^|$tree ($web): |" | tee -a "$OUT/summary.txt"
+  pkill -f "noop_server.py --demo --device cpu --api-only --port $port"; sleep 3
 done
 fi
 if [[ " $SECTIONS " == *" 3 "* ]]; then

@@ -144,7 +144,7 @@ def main(argv=None) -> int:
     from pipeline.web.edge import uvicorn_options
     from pipeline.domain.errors import ModelUnavailable, UnsafeDirectory
     from pipeline.serving.runtime import build_runtime
-    from pipeline.web.siblings import SiblingTrust, WebSiblings, web_processes
+    from pipeline.web.siblings import WebSiblings, web_processes
 
     overrides = {k: v for k, v in {"model": args.model, "device": args.device, "host": args.host,
                                    "port": args.port, "data_dir": args.data_dir,
@@ -195,8 +195,7 @@ def main(argv=None) -> int:
     siblings = WebSiblings(settings, runtime, processes, sys.argv[1:] if argv is None else list(argv), listener)
     siblings.start()
     try:
-        uvicorn.Server(uvicorn.Config(SiblingTrust(app, siblings.secret), **options)).run(
-            sockets=[listener, siblings.relay])
+        siblings.serve(app, **options)
     finally:
         siblings.stop()
     return 0

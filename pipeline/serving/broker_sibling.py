@@ -30,6 +30,7 @@ from pipeline.serving.scheduler import WorkItem
 logger = logging.getLogger("sensevoice.siblings")
 
 STATE_TTL_S = 0.1  # the owner's queue and health, as admission and probes read them, this fresh
+PLACED_KEPT = 1024  # submit answers' places kept until read (a long recording's is never read)
 CALL_TIMEOUT_S = 60.0  # a request the owner has not answered in this long fails (503)
 
 
@@ -111,6 +112,7 @@ class SiblingBroker(JobStore):
         self._pending: dict[str, Job] = {}  # created here: the row goes with the first work item
         self._pending_lock = threading.Lock()
         self._state: tuple[float, dict] = (0.0, {})
+        self._placed: dict[str, int | None] = {}  # a submit's place as the owner answered it
 
     # -- accept
     def create(self, job: Job, upload: bytes) -> None:
@@ -126,8 +128,12 @@ class SiblingBroker(JobStore):
         job = self._take_pending(item.job_id)
         if job is not None:
             try:
-                self.hub.call("submit", wire.item_audio(item), job=wire.job_head(job),
-                              item=wire.item_head(item), force=force)
+                placed = self.hub.call("submit", wire.item_audio(item), job=wire.job_head(job),
+                                       item=wire.item_head(item), force=force)
+                with self._pending_lock:  # read once, by the submit's answer (position)
+                    self._placed[job.id] = placed["position"]
+                    if len(self._placed) > PLACED_KEPT:  # (a long job's submit reads none)
+                        self._placed.pop(next(iter(self._placed)))
             except BaseException:
                 with self._pending_lock:  # refused: the caller discards it (the spool file goes)
                     self._pending[job.id] = job
@@ -180,6 +186,9 @@ class SiblingBroker(JobStore):
         return await asyncio.to_thread(self.get, job_id)
 
     def position(self, job_id: str) -> int | None:
+        with self._pending_lock:
+            if job_id in self._placed:
+                return self._placed.pop(job_id)
         try:
             return self.hub.call("position", job_id=job_id)["position"]
         except BrokerUnavailable:

@@ -39,6 +39,8 @@ class SiblingHub:
         self._pool = ThreadPoolExecutor(HANDLER_THREADS, thread_name_prefix="sensevoice-hub")
         self._stopped = threading.Event()
         self._conns: set[socket.socket] = set()
+        self.accepted = 0  # jobs the siblings submitted that this process took
+        self._count_lock = threading.Lock()
         self._thread = threading.Thread(target=self._accept, name="sensevoice-hub", daemon=True)
 
     def start(self) -> None:
@@ -109,6 +111,8 @@ class SiblingHub:
                 self.broker.discard(job.id)
                 raise
             self.remember(job)
+            with self._count_lock:
+                self.accepted += 1
             return {"position": self.broker.position(job.id)}
         if op == "put":
             self.broker.put(wire.item_from_head(head["item"], payload), force=bool(head.get("force")))

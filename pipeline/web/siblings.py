@@ -138,10 +138,27 @@ class WebSiblings:
                                    proc.returncode)
                     self._procs[i] = self._spawn(i)
 
+    def serve(self, app, **options) -> None:
+        """Run the owner's server on the shared port and the relay socket until it stops; the
+        siblings stop first (their submits in flight still reach the hub), then the owner's app.
+        (uvicorn re-raises the signal it stopped on after ``run``: cleaning up after it is too late.)"""
+        import uvicorn
+
+        siblings = self
+
+        class OwnerServer(uvicorn.Server):
+            async def shutdown(self, sockets=None):
+                await asyncio.to_thread(siblings.stop)
+                await super().shutdown(sockets)
+
+        OwnerServer(uvicorn.Config(SiblingTrust(app, self.secret), **options)).run(sockets=[self.listener, self.relay])
+
     def pids(self) -> list[int]:
         return [p.pid for p in self._procs if p is not None]
 
     def stop(self) -> None:
+        if self._stopped.is_set():
+            return
         self._stopped.set()
         for p in self._procs:
             if p is not None and p.poll() is None:
@@ -154,6 +171,7 @@ class WebSiblings:
                 except subprocess.TimeoutExpired:
                     p.kill()
         self.hub.stop()
+        logger.info("sibling web processes accepted %d jobs", self.hub.accepted)
         self.relay.close()
         shutil.rmtree(self.dir, ignore_errors=True)
 
@@ -264,9 +282,15 @@ class OwnerRelay:
             upstream = await unix_connect(self.path, f"ws://{host}{self._target(scope)}",
                                           additional_headers=headers, open_timeout=10, max_size=None,
                                           subprotocols=scope.get("subprotocols") or None, compression=None)
-        except InvalidStatus as e:  # the owner refused the upgrade (a guard): the same refusal
-            status = e.response.status_code
-            return await send({"type": "websocket.close", "code": 1013 if status >= 500 else 1008})
+        except InvalidStatus as e:  # the owner refused the upgrade (a guard): the same answer
+            response = e.response
+            if "websocket.http.response" in scope.get("extensions", {}):
+                await send({"type": "websocket.http.response.start", "status": response.status_code,
+                            "headers": [(k.lower().encode("latin-1"), v.encode("latin-1"))
+                                        for k, v in response.headers.raw_items()
+                                        if k.lower().encode("latin-1") not in HOP_BY_HOP]})
+                return await send({"type": "websocket.http.response.body", "body": response.body or b""})
+            return await send({"type": "websocket.close", "code": 1013 if response.status_code >= 500 else 1008})
         except (OSError, asyncio.TimeoutError):
             return await send({"type": "websocket.close", "code": 1013})
         await send({"type": "websocket.accept", "subprotocol": upstream.subprotocol})
@@ -303,29 +327,37 @@ class OwnerRelay:
             await self._client.aclose()
 
 
-def run_sibling(settings, sibling_dir: str, fd: int) -> int:
-    """A sibling web process: the api role over the owner's store, on the inherited socket."""
-    import uvicorn
-
-    from pipeline.serving.broker_sibling import SiblingBroker, stop_self
+def sibling_app(settings, sibling_dir: str | Path, on_lost=None) -> SiblingFront:
+    """A sibling web process's app: the api role over the owner's store (``settings``: the
+    owner's, role api, no UI), the rest relayed to the owner."""
+    from pipeline.serving.broker_sibling import SiblingBroker
     from pipeline.serving.runtime import build_runtime
     from pipeline.web.app import create_app
-    from pipeline.web.edge import uvicorn_options
 
-    logging.getLogger("httpx").setLevel(logging.WARNING)  # (a line per relayed request otherwise)
     folder = Path(sibling_dir)
     secret = (folder / "secret").read_text()
     deadline = time.monotonic() + 30
     while True:  # the owner's hub starts with it; a sibling started with the owner may be early
         try:
-            broker = SiblingBroker(settings.server.data_dir, str(folder / "hub.sock"), secret, on_lost=stop_self)
+            broker = SiblingBroker(settings.server.data_dir, str(folder / "hub.sock"), secret, on_lost=on_lost)
             break
         except OSError:
             if time.monotonic() > deadline:
                 raise
             time.sleep(0.2)
     runtime = build_runtime(settings, role="api", broker=broker)
-    app = SiblingFront(create_app(runtime=runtime), OwnerRelay(str(folder / "relay.sock"), secret))
+    return SiblingFront(create_app(runtime=runtime), OwnerRelay(str(folder / "relay.sock"), secret))
+
+
+def run_sibling(settings, sibling_dir: str, fd: int) -> int:
+    """A sibling web process (``app_sensevoice --sibling-dir``): serves on the inherited socket."""
+    import uvicorn
+
+    from pipeline.serving.broker_sibling import stop_self
+    from pipeline.web.edge import uvicorn_options
+
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # (a line per relayed request otherwise)
+    app = sibling_app(settings, sibling_dir, on_lost=stop_self)
     config = uvicorn.Config(app, log_level="warning", loop="uvloop", access_log=settings.server.access_log,
                             **uvicorn_options(settings))
     uvicorn.Server(config).run(sockets=[socket.socket(fileno=fd)])

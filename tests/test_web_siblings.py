@@ -1,0 +1,305 @@
+"""Sibling web processes (``--web-processes``, pipeline/web/siblings.py): a sibling serves uploads
+and polls over the owner's store and relays everything else to the owner.
+
+The pair fixture runs both ends in this process on loopback (the owner's app on a port and on its
+private relay socket, the sibling's app on a port of its own), so that each request's path is
+known; the last test runs real processes sharing one port, killed with SIGKILL."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pytest
+import torch
+import websockets
+
+from pipeline.domain.errors import QueueFull, StorageError
+from pipeline.domain.types import Job, JobState, Lane, TranscribeOptions
+from pipeline.serving import sibling_wire as wire
+from pipeline.serving.broker import EmbeddedBroker
+from pipeline.serving.broker_sibling import SiblingBroker
+from pipeline.serving.intake import new_job_id
+from pipeline.serving.scheduler import Scheduler, WorkItem
+from pipeline.serving.sibling_hub import SiblingHub
+from pipeline.web.siblings import SiblingTrust, WebSiblings, owned, sibling_app, web_processes
+from tests.conftest import MODEL_CACHE, free_port, make_settings
+from tests.test_reliability import wait_ready
+
+pytest_plugins = ["tests.fixtures_media"]
+ROOT = Path(__file__).resolve().parent.parent
+
+
+# ---------------------------------------------------------------------------- units
+def test_work_items_and_errors_cross_the_wire_unchanged():
+    mono = torch.linspace(-1, 1, 1600)
+    stereo = torch.stack([mono, -mono])
+    for wave in (mono, stereo):
+        item = WorkItem("j", Lane.INTERACTIVE, TranscribeOptions(language="en", split_channels=wave.dim() == 2),
+                        int(wave.shape[-1]), audio=wave, piece=2, pieces=5, start_s=1.5, speaker="left")
+        back = wire.item_from_head(json.loads(json.dumps(wire.item_head(item))),
+                                   bytearray(bytes(wire.item_audio(item).cast("B"))))
+        assert torch.equal(back.audio, wave)  # float32, exactly: the same tokens either way
+        assert (back.job_id, back.lane, back.options, back.n_samples, back.piece, back.pieces, back.start_s,
+                back.speaker) == ("j", Lane.INTERACTIVE, item.options, 1600, 2, 5, 1.5, "left")
+    e = wire.error_from_head(wire.error_head(QueueFull("full", retry_after=7)))
+    assert isinstance(e, QueueFull) and e.retry_after == 7 and e.message == "full"
+    assert isinstance(wire.error_from_head(wire.error_head(StorageError("disk"))), StorageError)
+
+
+def test_only_the_hot_rest_routes_are_the_siblings_own():
+    assert owned("POST", "/api/jobs") and owned("GET", "/api/jobs/abc") and owned("POST", "/v1/audio/transcriptions")
+    for method, path in [("GET", "/ui/"), ("GET", "/api/jobs/abc/export"), ("DELETE", "/api/jobs/abc"),
+                         ("GET", "/metrics"), ("GET", "/readyz"), ("POST", "/api/batches"), ("GET", "/api/stream")]:
+        assert not owned(method, path)
+
+
+def test_web_processes_auto_is_one_on_a_cpu_host_and_never_beside_redis(tmp_path):
+    assert web_processes(make_settings(tmp_path, tmp_path)) == 1
+    assert web_processes(make_settings(tmp_path, tmp_path, web_processes=3)) == 3
+    assert web_processes(make_settings(tmp_path, tmp_path, web_processes=3, broker="redis://x:1/0")) == 1
+    assert web_processes(make_settings(tmp_path, tmp_path, web_processes=3, role="worker")) == 1
+
+
+def test_a_relayed_address_is_believed_from_the_relay_socket_with_the_secret_only():
+    seen = []
+
+    async def app(scope, receive, send):
+        seen.append((scope.get("client"), [k for k, _ in scope["headers"]]))
+
+    trust = SiblingTrust(app, "s3cret")
+    relayed = [(b"x-sensevoice-sibling", b"s3cret"), (b"x-sensevoice-client", b"10.1.2.3"), (b"host", b"h")]
+    cases = [(None, relayed, ("10.1.2.3", 0)),  # the relay socket (no peer address), the secret
+             (("127.0.0.1", 5000), relayed, ("127.0.0.1", 5000)),  # a TCP client naming itself
+             (None, [(b"x-sensevoice-sibling", b"guess"), relayed[1]], None)]  # a wrong secret
+    for client, headers, expected in cases:
+        asyncio.run(trust({"type": "http", "client": client, "headers": headers}, None, None))
+        got, names = seen.pop()
+        assert got == expected
+        assert b"x-sensevoice-sibling" not in names and b"x-sensevoice-client" not in names
+
+
+def test_the_hub_refuses_a_connection_without_the_secret(tmp_path):
+    broker = EmbeddedBroker(tmp_path, Scheduler(8))
+    hub = SiblingHub(str(tmp_path / "hub.sock"), "right", broker, lambda job: None, dict)
+    hub.start()
+    try:
+        with pytest.raises(Exception):
+            SiblingBroker(tmp_path, str(tmp_path / "hub.sock"), "wrong").hub.call("state")
+        assert SiblingBroker(tmp_path, str(tmp_path / "hub.sock"), "right").ping() is False  # {}: no state
+    finally:
+        hub.stop()
+
+
+def test_a_refused_submit_leaves_no_row_and_no_spooled_upload(tmp_path):
+    """The owner's queue is full: the sibling's submit is refused whole (503 queue_full)."""
+    broker = EmbeddedBroker(tmp_path, Scheduler(0))  # a queue that holds nothing
+    hub = SiblingHub(str(tmp_path / "hub.sock"), "k", broker, lambda job: None, dict)
+    hub.start()
+    try:
+        sib = SiblingBroker(tmp_path, str(tmp_path / "hub.sock"), "k")
+        job = Job(id=new_job_id(), state=JobState.QUEUED, options=TranscribeOptions(), lane=Lane.BULK,
+                  created_at=time.time(), audio_seconds=0.1, filename="a.wav")
+        sib.create(job, b"RIFF upload bytes")
+        assert sib.spool_path(job.id).exists()
+        with pytest.raises(QueueFull):
+            sib.put(WorkItem(job.id, Lane.BULK, job.options, 1600, audio=torch.zeros(1600)))
+        sib.discard(job.id)  # what the intake does with a refused submit
+        assert not sib.spool_path(job.id).exists()
+        assert broker.counts()["queued"] == 0
+    finally:
+        hub.stop()
+
+
+# ---------------------------------------------------------------------------- both ends, one process
+class Served:
+    def __init__(self, app, sockets):
+        import uvicorn
+
+        from pipeline.web.edge import uvicorn_options
+
+        self.server = uvicorn.Server(uvicorn.Config(app, log_level="warning", **uvicorn_options(app_settings(app))))
+        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": sockets}, daemon=True)
+        self.thread.start()
+
+    def stop(self):
+        self.server.should_exit = True
+        self.thread.join(15)
+
+
+def app_settings(app):
+    inner = getattr(app, "local", None) or getattr(app, "app", None) or app
+    return inner.state.runtime.settings
+
+
+def tcp_listener() -> tuple[socket.socket, str]:
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    sock.listen(128)
+    return sock, f"http://127.0.0.1:{sock.getsockname()[1]}"
+
+
+@pytest.fixture(scope="module")
+def pair(demo_dir, tmp_path_factory):
+    from pipeline.web.app import create_app
+
+    data = tmp_path_factory.mktemp("siblings")
+    settings = make_settings(demo_dir, data, segment_threshold_s=8.0)
+    owner_app = create_app(settings)
+    runtime = owner_app.state.runtime
+    owner_sock, owner_url = tcp_listener()
+    siblings = WebSiblings(settings, runtime, 1, [], owner_sock)  # the hub and the relay, no process
+    siblings.start()
+    owner = Served(SiblingTrust(owner_app, siblings.secret), [owner_sock, siblings.relay])
+    sib_settings = make_settings(demo_dir, data, segment_threshold_s=8.0, role="api", ui=False)
+    sib_sock, sib_url = tcp_listener()
+    sibling = Served(sibling_app(sib_settings, siblings.dir), [sib_sock])
+    for url in (owner_url, sib_url):
+        deadline = time.monotonic() + 120
+        while httpx.get(url + "/readyz", timeout=5).status_code != 200:
+            assert time.monotonic() < deadline, "not ready"
+            time.sleep(0.2)
+    yield owner_url, sib_url, siblings
+    sibling.stop()
+    owner.stop()
+    siblings.stop()
+
+
+def submit(url: str, path: Path, **params) -> httpx.Response:
+    with open(path, "rb") as f:
+        return httpx.post(url + "/api/jobs", files={"file": (path.name, f)}, params=params, timeout=90)
+
+
+def test_a_siblings_job_gives_the_owners_tokens(pair, speech_clip):
+    owner, sib, siblings = pair
+    before = siblings.hub.accepted
+    direct = submit(owner, speech_clip, wait=60)
+    via = submit(sib, speech_clip)
+    assert via.status_code == 202 and via.json()["status"] == "queued"
+    assert siblings.hub.accepted == before + 1  # the sibling took it, the owner queued it
+    jid = via.json()["id"]
+    deadline = time.monotonic() + 60
+    while (job := httpx.get(f"{sib}/api/jobs/{jid}", timeout=10).json())["status"] != "done":
+        assert time.monotonic() < deadline, job
+        time.sleep(0.1)
+    assert job["result"]["raw_text"] == direct.json()["result"]["raw_text"] != ""
+    assert httpx.get(f"{owner}/api/jobs/{jid}", timeout=10).json()["result"] == job["result"]
+    # ?wait= and the OpenAI route wait in the sibling for the owner's worker
+    waited = submit(sib, speech_clip, wait=60)
+    assert waited.status_code == 200 and waited.json()["result"]["raw_text"] == job["result"]["raw_text"]
+    with open(speech_clip, "rb") as f:
+        r = httpx.post(sib + "/v1/audio/transcriptions", files={"file": ("a.wav", f)},
+                       data={"model": "sensevoice-small", "response_format": "text"}, timeout=90)
+    assert r.status_code == 200 and r.text.strip() == direct.json()["result"]["text"].strip()
+
+
+def test_a_long_recording_is_split_by_the_sibling_and_finished_by_the_owner(pair, long_call):
+    owner, sib, siblings = pair
+    r = submit(sib, long_call, wait=120)
+    assert r.status_code == 200, r.text
+    assert r.json()["status"] == "done" and len(r.json()["result"]["segments"]) >= 2
+
+
+def test_everything_else_is_relayed_to_the_owner(pair, speech_clip):
+    owner, sib, _ = pair
+    assert httpx.get(sib + "/ui/", timeout=30).status_code == 200
+    jid = submit(sib, speech_clip, wait=60).json()["id"]
+    export = httpx.get(f"{sib}/api/jobs/{jid}/result", params={"format": "srt"}, timeout=30)
+    assert export.status_code == 200 and "-->" in export.text
+    assert httpx.get(f"{sib}/api/jobs/{jid}/audio", timeout=30).content == speech_clip.read_bytes()
+    assert "sensevoice_" in httpx.get(sib + "/metrics", timeout=30).text
+    # a guard of the owner answers the same through the relay
+    refused = httpx.post(sib + "/api/batches", headers={"Origin": "http://evil.example"}, timeout=30)
+    assert refused.status_code == 403 and refused.json()["error"]["code"] == "cross_site_request"
+    missing = httpx.get(f"{sib}/api/jobs/{new_job_id()}", timeout=30)
+    assert missing.status_code == 404 and missing.json()["error"]["code"] == "job_not_found"
+
+
+def test_live_captions_are_relayed_to_the_owner(pair, speech_clip):
+    _, sib, _ = pair
+    import wave
+
+    with wave.open(str(speech_clip)) as w:
+        pcm = w.readframes(w.getnframes())
+
+    async def run():
+        url = sib.replace("http://", "ws://") + "/api/stream"
+        async with websockets.connect(url, proxy=None, max_size=None) as ws:
+            for i in range(0, len(pcm), 6400):
+                await ws.send(pcm[i:i + 6400])
+            await ws.send(json.dumps({"type": "end"}))
+            messages = [json.loads(m) async for m in ws]
+            return messages, ws.close_code
+
+    messages, code = asyncio.run(run())
+    assert code == 1000 and any(m.get("type") == "final" and m.get("text") for m in messages), messages
+    with pytest.raises(websockets.exceptions.InvalidStatus) as refused:
+        asyncio.run(websockets.connect(sib.replace("http://", "ws://") + "/api/stream", proxy=None,
+                                       origin="http://evil.example").__aenter__())
+    assert refused.value.response.status_code == 403
+
+
+# ---------------------------------------------------------------------------- real processes, one port
+def test_siblings_share_the_port_and_come_back_after_sigkill(demo_dir, tmp_path, speech_clip):
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    cmd = [sys.executable, str(ROOT / "app_sensevoice.py"), "--model", str(demo_dir), "--device", "cpu",
+           "--port", str(port), "--data-dir", str(tmp_path / "data"), "--web-processes", "2"]
+    log = open(tmp_path / "owner.log", "w+")
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
+                            env={**os.environ, "SENSEVOICE_CACHE_DIR": str(MODEL_CACHE)})
+
+    def children() -> list[int]:
+        out = subprocess.run(["pgrep", "-f", f"port {port} .*sibling-dir"], capture_output=True, text=True)
+        return [int(p) for p in out.stdout.split()]
+
+    try:
+        wait_ready(url, proc)
+        deadline = time.monotonic() + 60
+        while not children():
+            assert time.monotonic() < deadline
+            time.sleep(0.2)
+        first = children()
+
+        def burst(n: int) -> list[str]:
+            ids = []
+            for _ in range(n):  # a connection each: the kernel hands each to one of the processes
+                r = submit(url, speech_clip)
+                assert r.status_code == 202, r.text
+                ids.append(r.json()["id"])
+            return ids
+
+        ids = burst(24)
+        os.kill(first[0], signal.SIGKILL)
+        deadline = time.monotonic() + 60
+        while not (children() and children() != first):
+            assert time.monotonic() < deadline, "the sibling was not started again"
+            time.sleep(0.2)
+        wait_ready(url, proc)
+        ids += burst(12)
+        for jid in ids:
+            deadline = time.monotonic() + 60
+            while (r := httpx.get(f"{url}/api/jobs/{jid}", timeout=10)).json()["status"] != "done":
+                assert r.status_code == 200 and time.monotonic() < deadline, r.text
+                time.sleep(0.1)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(30)
+    deadline = time.monotonic() + 15
+    while children():  # the siblings stop with the owner: none keeps the port
+        assert time.monotonic() < deadline, "a sibling outlived its owner"
+        time.sleep(0.2)
+    log.seek(0)
+    text = log.read()
+    accepted = int(text.split("sibling web processes accepted ")[1].split()[0])
+    assert accepted > 0, text[-2000:]

@@ -16,6 +16,8 @@ import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
+import torch
+
 from pipeline.domain.errors import SenseVoiceError
 from pipeline.domain.types import Transcript
 from pipeline.serving import sibling_wire as wire
@@ -30,9 +32,11 @@ class SiblingHub:
     process's embedded broker, ``remember`` the job view's (a job a sibling accepted is known
     here like one accepted here), ``state`` what a sibling's probes and admission read."""
 
-    def __init__(self, path: str, secret: str, broker, remember: Callable, state: Callable[[], dict]):
+    def __init__(self, path: str, secret: str, broker, remember: Callable, state: Callable[[], dict],
+                 device: str = "cpu"):
         self.path, self.secret = path, secret
         self.broker, self.remember, self.state = broker, remember, state
+        self.device = torch.device(device)  # where this process's own uploads' waves wait (its GPU)
         self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self._sock.bind(path)
         self._sock.listen(64)
@@ -100,13 +104,24 @@ class SiblingHub:
         except OSError:
             pass  # the sibling is gone; what it sent was handled (a job it accepted runs)
 
+    def _item(self, head: dict, payload: bytearray):
+        """The work item, its wave where this process's own uploads put theirs: a batch of waves
+        on one device is padded there (a batch of host and device waves went back through the
+        host, synchronising the GPU: the H200 ran 375 jobs/s with 4 web processes)."""
+        item = wire.item_from_head(head["item"], payload)
+        if self.device.type != "cpu":
+            item.audio = item.audio.to(self.device)
+            if item.audio.is_cuda:  # ready before the worker's stream reads it
+                torch.cuda.current_stream(item.audio.device).synchronize()
+        return item
+
     def _handle(self, head: dict, payload: bytearray):
         op = head.get("op")
         if op == "submit":  # a new job: its row, then its (first) work item, or neither
             job = wire.job_from_head(head["job"])
             self.broker.insert(job)
             try:
-                self.broker.put(wire.item_from_head(head["item"], payload), force=bool(head.get("force")))
+                self.broker.put(self._item(head, payload), force=bool(head.get("force")))
             except SenseVoiceError:
                 self.broker.discard(job.id)
                 raise
@@ -115,7 +130,7 @@ class SiblingHub:
                 self.accepted += 1
             return {"position": self.broker.position(job.id)}
         if op == "put":
-            self.broker.put(wire.item_from_head(head["item"], payload), force=bool(head.get("force")))
+            self.broker.put(self._item(head, payload), force=bool(head.get("force")))
             return {}
         if op == "insert":  # a job whose work items follow (a long recording's pieces)
             job = wire.job_from_head(head["job"])

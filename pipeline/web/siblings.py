@@ -109,7 +109,7 @@ class WebSiblings:
         secret_file.touch(mode=0o600)
         secret_file.write_text(self.secret)
         self.hub = SiblingHub(str(self.dir / "hub.sock"), self.secret, runtime.broker, runtime.view.remember,
-                              lambda: owner_state(runtime))
+                              lambda: owner_state(runtime), device=runtime.intake.resampler.device)
         self.relay = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self.relay.bind(str(self.dir / "relay.sock"))
         self.relay.listen(2048)

@@ -44,7 +44,7 @@ def parse_args(argv=None):
     ap.add_argument("--supervise", action="store_true",
                     help="run the server as a child process and restart it when it exits non-zero")
     ap.add_argument("--web-processes", type=int, help="HTTP processes of the embedded server on one "
-                    "port (0 = auto: 2-4 on a CUDA host, else 1); see SENSEVOICE_WEB_PROCESSES")
+                    "port (0 = auto: 2 on a CUDA host, else 1); see SENSEVOICE_WEB_PROCESSES")
     # a sibling web process (pipeline/web/siblings.py): started by the owner, never by hand
     ap.add_argument("--sibling-dir", help=argparse.SUPPRESS)
     ap.add_argument("--sibling-fd", type=int, help=argparse.SUPPRESS)

@@ -64,8 +64,8 @@ class ServerSettings(BaseModel):
         0, ge=0, le=64, description="HTTP processes of the embedded server: this one (the store's "
         "writer, the GPU loop, the UI, live captions) and N-1 sibling web processes on the same "
         "port that take uploads and polls (the REST API's hot routes) so that HTTP, decoding and "
-        "polling use more than one core; the rest they relay to this one. 0 = auto: on a CUDA "
-        "host a quarter of the cores (2 to 4), else 1.")
+        "polling use more than one core; the rest they relay to this one. 0 = auto: 2 on a CUDA "
+        "host with 4 cores or more, else 1 (a CPU model needs the cores).")
     exit_on_fatal: bool = Field(
         False, description="Exit the process (code 3) on a fatal device error or a hung worker, so a "
         "supervisor restarts it; set by main().")

@@ -45,20 +45,21 @@ WS_OWN_HEADERS = frozenset((b"host", b"sec-websocket-key", b"sec-websocket-versi
                             b"sec-websocket-extensions", b"sec-websocket-protocol"))
 JOB_PATH = re.compile(r"/api/jobs/[^/]+")
 RESTART_DELAY_S = 1.0  # a sibling that died is started again after this long
-MAX_AUTO = 4
+AUTO_ON_GPU = 2  # web processes on a CUDA host (H200: 2 and 4 served alike, 2 with poll p99 46 ms, 4 240)
 
 
 def web_processes(settings) -> int:
-    """How many HTTP processes the embedded server runs (``web_processes``; 0 = auto: a quarter
-    of the cores, 2 to 4, on a CUDA host -- the GPU waits on the HTTP work there -- else 1: on a
-    CPU host the model needs the cores). Only the embedded topology's ``all`` role has siblings."""
+    """How many HTTP processes the embedded server runs (``web_processes``; 0 = auto: 2 on a CUDA
+    host with 4 cores or more -- the GPU waits on the HTTP work there; on the H200 2 served as
+    many jobs as 4 with a quarter of the poll p99, docs/BENCHMARKS.md -- else 1: on a CPU host the
+    model needs the cores). Only the embedded topology's ``all`` role has siblings."""
     if settings.server.role != "all" or settings.broker.url:
         return 1
     if settings.server.web_processes > 0:
         return settings.server.web_processes
-    if not settings.engine.resolved_device().startswith("cuda"):
+    if not settings.engine.resolved_device().startswith("cuda") or (os.cpu_count() or 1) < 4:
         return 1
-    return max(2, min(MAX_AUTO, (os.cpu_count() or 1) // 4))
+    return AUTO_ON_GPU
 
 
 def owned(method: str, path: str) -> bool:

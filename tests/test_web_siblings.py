@@ -303,3 +303,54 @@ def test_siblings_share_the_port_and_come_back_after_sigkill(demo_dir, tmp_path,
     text = log.read()
     accepted = int(text.split("sibling web processes accepted ")[1].split()[0])
     assert accepted > 0, text[-2000:]
+
+
+def test_a_relay_without_its_owner_answers_503_not_ready(tmp_path):
+    from pipeline.web.siblings import OwnerRelay
+
+    sent = []
+
+    async def receive():
+        return {"type": "http.request", "body": b"", "more_body": False}
+
+    async def send(message):
+        sent.append(message)
+
+    relay = OwnerRelay(str(tmp_path / "gone.sock"), "k")
+    scope = {"type": "http", "method": "GET", "path": "/ui/", "raw_path": b"/ui/", "query_string": b"",
+             "headers": [(b"host", b"127.0.0.1")], "client": ("127.0.0.1", 1)}
+    asyncio.run(relay.http(scope, receive, send))
+    assert sent[0]["status"] == 503
+    assert json.loads(sent[1]["body"])["error"]["code"] == "not_ready"
+
+
+def test_a_sibling_stops_when_its_owner_is_killed(demo_dir, tmp_path):
+    """SIGKILL of the main process: its sibling hears the hub close and stops; the port is free."""
+    port = free_port()
+    cmd = [sys.executable, str(ROOT / "app_sensevoice.py"), "--model", str(demo_dir), "--device", "cpu",
+           "--port", str(port), "--data-dir", str(tmp_path / "data"), "--web-processes", "2", "--api-only"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            env={**os.environ, "SENSEVOICE_CACHE_DIR": str(MODEL_CACHE)})
+    try:
+        wait_ready(f"http://127.0.0.1:{port}", proc)
+        deadline = time.monotonic() + 60
+        while not (kids := subprocess.run(["pgrep", "-f", f"port {port} .*sibling-dir"], capture_output=True,
+                                          text=True).stdout.split()):
+            assert time.monotonic() < deadline
+            time.sleep(0.2)
+    finally:
+        proc.kill()
+        proc.wait(10)
+    def alive(pid: str) -> bool:
+        try:
+            return "sibling-dir" in Path(f"/proc/{pid}/cmdline").read_text(errors="replace")
+        except OSError:  # gone
+            return False
+
+    deadline = time.monotonic() + 30
+    while any(alive(k) for k in kids):
+        assert time.monotonic() < deadline, "a sibling outlived its killed owner"
+        time.sleep(0.2)
+    with socket.socket() as s:  # nothing listens on the port any more
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        s.bind(("127.0.0.1", port))

@@ -132,12 +132,23 @@ class WebSiblings:
                                  "--sibling-fd", str(fd)], pass_fds=(fd,))
 
     def _keep_running(self) -> None:
-        while not self._stopped.wait(RESTART_DELAY_S):
+        """Start a sibling that exited again: after 1 s, or (one that keeps dying within 30 s of
+        its start) after twice its last delay, up to 30 s."""
+        n = len(self._procs)
+        started, died, delay = [time.monotonic()] * n, [None] * n, [RESTART_DELAY_S] * n
+        while not self._stopped.wait(RESTART_DELAY_S / 4):
             for i, proc in enumerate(self._procs):
-                if proc is not None and proc.poll() is not None and not self._stopped.is_set():
-                    logger.warning("sibling web process %d exited with %s; starting it again", i + 1,
-                                   proc.returncode)
+                if proc is None or proc.poll() is None or self._stopped.is_set():
+                    continue
+                now = time.monotonic()
+                if died[i] is None:
+                    died[i] = now
+                    delay[i] = min(30.0, delay[i] * 2) if now - started[i] < 30 else RESTART_DELAY_S
+                    logger.warning("sibling web process %d exited with %s; starting it again in %.0f s",
+                                   i + 1, proc.returncode, delay[i])
+                if now - died[i] >= delay[i]:
                     self._procs[i] = self._spawn(i)
+                    started[i], died[i] = now, None
 
     def serve(self, app, **options) -> None:
         """Run the owner's server on the shared port and the relay socket until it stops; the
@@ -259,6 +270,8 @@ class OwnerRelay:
             response = await client.send(request, stream=True)
         except httpx.TransportError:
             return await refuse(scope, send, NotReady("the server's main process does not answer; try again"))
+        except ConnectionResetError:
+            return  # the client went away while its body was relayed: no one to answer
         try:
             await send({"type": "http.response.start", "status": response.status_code,
                         "headers": [(k, v) for k, v in response.headers.raw if k.lower() not in HOP_BY_HOP]})

@@ -93,6 +93,23 @@ def test_stale_tmp_files_are_removed_at_start(tmp_path):
     assert not (spool / "cut-short.tmp").exists()
 
 
+def test_recovery_removes_old_spooled_uploads_that_no_job_names(tmp_path):
+    """A process killed between spooling an upload and inserting its row (a sibling web process
+    mid-submit, or the embedded store's own create) left a file no job names: the owner's recovery
+    removes it once it is older than a submit's two steps could be apart."""
+    store = JobStore(tmp_path / "data")
+    kept = _job()
+    store.create(kept, b"a job's upload")
+    orphan, fresh = store.spool_path("orphan-of-a-crash"), store.spool_path("being-submitted")
+    orphan.write_bytes(b"left behind")
+    fresh.write_bytes(b"its row comes next")
+    old = time.time() - 3600
+    os.utime(orphan, (old, old))
+    os.utime(store.spool_path(kept.id), (old, old))
+    assert [j.id for j in store.recover()] == [kept.id]
+    assert not orphan.exists() and fresh.exists() and store.spool_path(kept.id).exists()
+
+
 def _wav_bytes(seconds: float, rate: int = 16000) -> bytes:
     import io
     import wave

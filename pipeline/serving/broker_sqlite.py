@@ -30,6 +30,7 @@ from pipeline.serving.records import SegmentResult, dump_options, load_options, 
 logger = logging.getLogger("sensevoice.jobs")
 
 MAX_ATTEMPTS = 3  # a job that was running during 3 crashes is failed, not retried forever
+ORPHAN_AGE_S = 60.0  # a spooled upload without a row this old is a crash's leftover (recover)
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS jobs (
@@ -293,7 +294,25 @@ class JobStore:
                          (JobState.QUEUED.value, JobState.RUNNING.value))
         rows = self._conn().execute("SELECT * FROM jobs WHERE state=? ORDER BY seq",
                             (JobState.QUEUED.value,)).fetchall()
+        self._sweep_orphans()
         return [_row_to_job(r) for r in rows]
+
+    def _sweep_orphans(self, min_age_s: float = ORPHAN_AGE_S) -> None:
+        """Delete spooled uploads that no job row names: a process killed between spooling an
+        upload and inserting its row (the client got no answer) left them. Only files older than
+        ``min_age_s``: a sibling web process may be between the two steps right now."""
+        known = {r[0] for r in self._conn().execute("SELECT id FROM jobs")}
+        cutoff = time.time() - min_age_s
+        swept = 0
+        for path in self.spool_dir.glob("*.upload"):
+            try:
+                if path.stem not in known and path.stat().st_mtime < cutoff:
+                    path.unlink()
+                    swept += 1
+            except OSError:
+                pass  # gone meanwhile
+        if swept:
+            logger.info("removed %d spooled uploads without a job (a crash between spool and insert)", swept)
 
     def purge(self, finished_before: float) -> list[str]:
         """Delete results and audio of jobs finished before ``finished_before`` (unix s); the row

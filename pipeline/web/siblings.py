@@ -53,8 +53,8 @@ def web_processes(settings) -> int:
     host with 4 cores or more -- the GPU waits on the HTTP work there; on the H200 2 served as
     many jobs as 4 with a quarter of the poll p99, docs/BENCHMARKS.md -- else 1: on a CPU host the
     model needs the cores). Only the embedded topology's ``all`` role has siblings."""
-    if settings.server.role != "all" or settings.broker.url:
-        return 1
+    if settings.server.role != "all" or settings.broker.url or not hasattr(socket, "AF_UNIX"):
+        return 1  # (siblings need Unix sockets and inherited descriptors: POSIX)
     if settings.server.web_processes > 0:
         return settings.server.web_processes
     if not settings.engine.resolved_device().startswith("cuda") or (os.cpu_count() or 1) < 4:

@@ -66,6 +66,10 @@ class ServerSettings(BaseModel):
         "port that take uploads and polls (the REST API's hot routes) so that HTTP, decoding and "
         "polling use more than one core; the rest they relay to this one. 0 = auto: 2 on a CUDA "
         "host with 4 cores or more, else 1 (a CPU model needs the cores).")
+    web_owner_accepts: bool = Field(
+        True, description="With sibling web processes: this process accepts public connections "
+        "too (False: only the siblings do, and this one serves the GPU loop, the store and what "
+        "they relay to it).")
     exit_on_fatal: bool = Field(
         False, description="Exit the process (code 3) on a fatal device error or a hung worker, so a "
         "supervisor restarts it; set by main().")
@@ -340,6 +344,7 @@ GROUP_OF = {
     'gil_switch_ms': ('server', 'gil_switch_ms'),
     'exit_on_fatal': ('server', 'exit_on_fatal'),
     'web_processes': ('server', 'web_processes'),
+    'web_owner_accepts': ('server', 'web_owner_accepts'),
     'hung_timeout_s': ('server', 'hung_timeout_s'),
     'loop_stall_timeout_s': ('server', 'loop_stall_timeout_s'),
     'trusted_proxies': ('server', 'trusted_proxies'),

@@ -354,3 +354,27 @@ def test_a_sibling_stops_when_its_owner_is_killed(demo_dir, tmp_path):
     with socket.socket() as s:  # nothing listens on the port any more
         s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         s.bind(("127.0.0.1", port))
+
+
+def test_an_owner_that_does_not_accept_leaves_every_upload_to_its_siblings(demo_dir, tmp_path, speech_clip):
+    """SENSEVOICE_WEB_OWNER_ACCEPTS=false: the public port is the siblings' alone (the owner runs
+    the GPU loop and the store), and what they relay still reaches it (the UI)."""
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    cmd = [sys.executable, str(ROOT / "app_sensevoice.py"), "--model", str(demo_dir), "--device", "cpu",
+           "--port", str(port), "--data-dir", str(tmp_path / "data"), "--web-processes", "2"]
+    log = open(tmp_path / "owner.log", "w+")
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
+                            env={**os.environ, "SENSEVOICE_CACHE_DIR": str(MODEL_CACHE),
+                                 "SENSEVOICE_WEB_OWNER_ACCEPTS": "false"})
+    try:
+        wait_ready(url, proc)
+        for _ in range(6):
+            r = submit(url, speech_clip, wait=60)
+            assert r.status_code == 200 and r.json()["status"] == "done", r.text
+        assert httpx.get(url + "/ui/", timeout=30).status_code == 200
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(30)
+    log.seek(0)
+    assert "sibling web processes accepted 6 jobs" in log.read()

@@ -163,7 +163,8 @@ class WebSiblings:
                 await asyncio.to_thread(siblings.stop)
                 await super().shutdown(sockets)
 
-        OwnerServer(uvicorn.Config(SiblingTrust(app, self.secret), **options)).run(sockets=[self.listener, self.relay])
+        public = [self.listener] if self.settings.server.web_owner_accepts else []  # (else: siblings only)
+        OwnerServer(uvicorn.Config(SiblingTrust(app, self.secret), **options)).run(sockets=[*public, self.relay])
 
     def pids(self) -> list[int]:
         return [p.pid for p in self._procs if p is not None]

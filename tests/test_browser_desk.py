@@ -88,6 +88,15 @@ ENGLISH_LEFT = """([ok, skip]) => {
 TRANSCRIPTS = ".sv-text, .sv-raw, .sv-edit-text, .sv-edit-model-text, .sv-edit-input, .sv-live-text"
 
 
+def wait_no_english(page, timeout_ms: int = 15_000) -> None:
+    """Until no English is left on the page (the check english_left makes), or time out."""
+    try:
+        page.wait_for_function(f"(args) => ({ENGLISH_LEFT})(args).length === 0",
+                               arg=[list(LATIN_OK), TRANSCRIPTS], timeout=timeout_ms)
+    except Exception:
+        pass  # the assertion that follows names what is left
+
+
 def english_left(page) -> list[str]:
     """Every piece of text, label, title or placeholder on a Chinese page still in English."""
     return page.evaluate(ENGLISH_LEFT, [list(LATIN_OK), TRANSCRIPTS])
@@ -312,6 +321,9 @@ def test_phone_scrolls_to_the_result_and_fits(phone_server, browser, clip_factor
         if lang == "zh":  # the page as it opens, the empty upload widget's words included
             pg.wait_for_function("() => /点击上传/.test(document.querySelector('#sv-audio').innerText)",
                                  timeout=15_000)
+            # Gradio's own words can be Chinese before the page's are (a loaded CI machine showed
+            # 13 English texts left at that moment): wait for the page's, then check
+            wait_no_english(pg)
             assert english_left(pg) == []
         # a text file: the app's own error box in the page's language, not Gradio's toast
         pg.locator("input[type=file]").first.set_input_files(

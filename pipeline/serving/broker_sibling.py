@@ -13,7 +13,6 @@ import asyncio
 import itertools
 import logging
 import os
-import secrets
 import socket
 import threading
 import time
@@ -21,7 +20,7 @@ from concurrent.futures import Future
 from dataclasses import replace
 from pathlib import Path
 
-from pipeline.domain.errors import BrokerUnavailable, NotReady
+from pipeline.domain.errors import BrokerUnavailable, NotReady, QueueFull
 from pipeline.domain.types import Job, JobState, Lane, Transcript
 from pipeline.serving import sibling_wire as wire
 from pipeline.serving.broker_sqlite import JobStore
@@ -156,8 +155,6 @@ class SiblingBroker(JobStore):
         """The owner answers a full queue at the submit itself; this is the early answer from its
         last reported state (before decoding)."""
         if self._owner_state().get("full"):
-            from pipeline.domain.errors import QueueFull
-
             raise QueueFull("the queue is full; try again shortly")
 
     def mark_running(self, job_ids, already_running_ok: bool = False) -> set[str]:
@@ -242,10 +239,6 @@ class SiblingBroker(JobStore):
     def close(self) -> None:
         self.hub.close()
         super().close()
-
-
-def new_secret() -> str:
-    return secrets.token_hex(32)
 
 
 def stop_self() -> None:

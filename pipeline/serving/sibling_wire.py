@@ -11,6 +11,7 @@ else on the host can speak on it.
 
 from __future__ import annotations
 
+import functools
 import socket
 import struct
 import threading
@@ -101,6 +102,7 @@ def error_head(e: domain_errors.SenseVoiceError) -> dict:
     return {"code": e.code, "message": e.message, "retry_after": getattr(e, "retry_after", None)}
 
 
+@functools.cache
 def _error_classes() -> dict[str, type[domain_errors.SenseVoiceError]]:
     found: dict[str, type[domain_errors.SenseVoiceError]] = {}
     todo = [domain_errors.SenseVoiceError]

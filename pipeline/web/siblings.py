@@ -21,6 +21,7 @@ import hmac
 import logging
 import os
 import re
+import secrets
 import shutil
 import socket
 import subprocess
@@ -31,7 +32,6 @@ import time
 from pathlib import Path
 
 from pipeline.domain.errors import NotReady
-from pipeline.serving.broker_sibling import new_secret
 from pipeline.serving.sibling_hub import SiblingHub
 from pipeline.web.edge import refuse
 
@@ -103,9 +103,9 @@ class WebSiblings:
     and the secret, the listening socket they share, and the processes."""
 
     def __init__(self, settings, runtime, count: int, argv: list[str], listener: socket.socket):
-        self.settings, self.count, self.argv, self.listener = settings, count, argv, listener
+        self.settings, self.argv, self.listener = settings, argv, listener
         self.dir = Path(tempfile.mkdtemp(prefix="sensevoice-web-"))
-        self.secret = new_secret()
+        self.secret = secrets.token_hex(32)
         secret_file = self.dir / "secret"
         secret_file.touch(mode=0o600)
         secret_file.write_text(self.secret)
@@ -114,14 +114,14 @@ class WebSiblings:
         self.relay = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self.relay.bind(str(self.dir / "relay.sock"))
         self.relay.listen(2048)
-        self._procs: list[subprocess.Popen | None] = [None] * (count - 1)
+        self._count = count - 1
+        self._procs: list[subprocess.Popen] = []
         self._stopped = threading.Event()
         self._watch = threading.Thread(target=self._keep_running, name="sensevoice-siblings", daemon=True)
 
     def start(self) -> None:
         self.hub.start()
-        for i in range(len(self._procs)):
-            self._procs[i] = self._spawn(i)
+        self._procs = [self._spawn(i) for i in range(self._count)]
         self._watch.start()
         logger.info("%d sibling web processes share the port (%s)", len(self._procs), self.dir)
 
@@ -138,7 +138,7 @@ class WebSiblings:
         started, died, delay = [time.monotonic()] * n, [None] * n, [RESTART_DELAY_S] * n
         while not self._stopped.wait(RESTART_DELAY_S / 4):
             for i, proc in enumerate(self._procs):
-                if proc is None or proc.poll() is None or self._stopped.is_set():
+                if proc.poll() is None or self._stopped.is_set():
                     continue
                 now = time.monotonic()
                 if died[i] is None:
@@ -166,23 +166,19 @@ class WebSiblings:
         public = [self.listener] if self.settings.server.web_owner_accepts else []  # (else: siblings only)
         OwnerServer(uvicorn.Config(SiblingTrust(app, self.secret), **options)).run(sockets=[*public, self.relay])
 
-    def pids(self) -> list[int]:
-        return [p.pid for p in self._procs if p is not None]
-
     def stop(self) -> None:
         if self._stopped.is_set():
             return
         self._stopped.set()
         for p in self._procs:
-            if p is not None and p.poll() is None:
+            if p.poll() is None:
                 p.terminate()
         deadline = time.monotonic() + 10
         for p in self._procs:
-            if p is not None:
-                try:
-                    p.wait(max(0.1, deadline - time.monotonic()))
-                except subprocess.TimeoutExpired:
-                    p.kill()
+            try:
+                p.wait(max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                p.kill()
         self.hub.stop()
         logger.info("sibling web processes accepted %d jobs", self.hub.accepted)
         self.relay.close()
@@ -239,8 +235,8 @@ class OwnerRelay:
                 limits=httpx.Limits(max_connections=1024, max_keepalive_connections=64))
         return self._client
 
-    def _headers(self, scope, drop=HOP_BY_HOP) -> list[tuple[bytes, bytes]]:
-        out = [(k, v) for k, v in scope["headers"] if k not in drop and k not in HOP_BY_HOP]
+    def _headers(self, scope, drop: frozenset = frozenset()) -> list[tuple[bytes, bytes]]:
+        out = [(k, v) for k, v in scope["headers"] if k not in HOP_BY_HOP and k not in drop]
         client = scope.get("client")
         return out + [(SIBLING_HEADER, self.secret), (CLIENT_HEADER, (client[0] if client else "").encode())]
 
@@ -292,7 +288,7 @@ class OwnerRelay:
             return
         host = next((v for k, v in scope["headers"] if k == b"host"), b"owner").decode("latin-1")
         headers = [(k.decode("latin-1"), v.decode("latin-1"))
-                   for k, v in self._headers(scope, drop=WS_OWN_HEADERS | HOP_BY_HOP)]
+                   for k, v in self._headers(scope, drop=WS_OWN_HEADERS)]
         try:
             upstream = await unix_connect(self.path, f"ws://{host}{self._target(scope)}",
                                           additional_headers=headers, open_timeout=10, max_size=None,

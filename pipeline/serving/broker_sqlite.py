@@ -301,12 +301,11 @@ class JobStore:
         """Delete spooled uploads that no job row names: a process killed between spooling an
         upload and inserting its row (the client got no answer) left them. Only files older than
         ``min_age_s``: a sibling web process may be between the two steps right now."""
-        known = {r[0] for r in self._conn().execute("SELECT id FROM jobs")}
-        cutoff = time.time() - min_age_s
-        swept = 0
-        for path in self.spool_dir.glob("*.upload"):
+        conn, cutoff, swept = self._conn(), time.time() - min_age_s, 0
+        for path in self.spool_dir.glob("*.upload"):  # (the files kept, not every row ever stored)
             try:
-                if path.stem not in known and path.stat().st_mtime < cutoff:
+                if path.stat().st_mtime < cutoff and conn.execute(
+                        "SELECT 1 FROM jobs WHERE id=?", (path.stem,)).fetchone() is None:
                     path.unlink()
                     swept += 1
             except OSError:

@@ -19,7 +19,6 @@ import time
 from pathlib import Path
 
 import httpx
-import numpy as np
 import pytest
 import torch
 import websockets
@@ -250,26 +249,37 @@ def test_live_captions_are_relayed_to_the_owner(pair, speech_clip):
 
 
 # ---------------------------------------------------------------------------- real processes, one port
+def start_owner(demo_dir, tmp_path, port: int, log, **env) -> subprocess.Popen:
+    """The app with 2 web processes on ``port`` (the demo model on the CPU), ready."""
+    cmd = [sys.executable, str(ROOT / "app_sensevoice.py"), "--model", str(demo_dir), "--device", "cpu",
+           "--port", str(port), "--data-dir", str(tmp_path / "data"), "--web-processes", "2"]
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
+                            env={**os.environ, "SENSEVOICE_CACHE_DIR": str(MODEL_CACHE), **env})
+    wait_ready(f"http://127.0.0.1:{port}", proc)
+    return proc
+
+
+def siblings_on(port: int) -> list[int]:
+    out = subprocess.run(["pgrep", "-f", f"port {port} .*sibling-dir"], capture_output=True, text=True)
+    return [int(p) for p in out.stdout.split()]
+
+
+def wait_siblings(port: int, timeout_s: float = 60) -> list[int]:
+    deadline = time.monotonic() + timeout_s
+    while not (found := siblings_on(port)):
+        assert time.monotonic() < deadline, "no sibling web process started"
+        time.sleep(0.2)
+    return found
+
+
 def test_siblings_share_the_port_and_come_back_after_sigkill(demo_dir, tmp_path, speech_clip):
     port = free_port()
     url = f"http://127.0.0.1:{port}"
-    cmd = [sys.executable, str(ROOT / "app_sensevoice.py"), "--model", str(demo_dir), "--device", "cpu",
-           "--port", str(port), "--data-dir", str(tmp_path / "data"), "--web-processes", "2"]
     log = open(tmp_path / "owner.log", "w+")
-    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
-                            env={**os.environ, "SENSEVOICE_CACHE_DIR": str(MODEL_CACHE)})
-
-    def children() -> list[int]:
-        out = subprocess.run(["pgrep", "-f", f"port {port} .*sibling-dir"], capture_output=True, text=True)
-        return [int(p) for p in out.stdout.split()]
+    proc = start_owner(demo_dir, tmp_path, port, log)
 
     try:
-        wait_ready(url, proc)
-        deadline = time.monotonic() + 60
-        while not children():
-            assert time.monotonic() < deadline
-            time.sleep(0.2)
-        first = children()
+        first = wait_siblings(port)
 
         def burst(n: int) -> list[str]:
             ids = []
@@ -282,7 +292,7 @@ def test_siblings_share_the_port_and_come_back_after_sigkill(demo_dir, tmp_path,
         ids = burst(24)
         os.kill(first[0], signal.SIGKILL)
         deadline = time.monotonic() + 60
-        while not (children() and children() != first):
+        while not (siblings_on(port) and siblings_on(port) != first):
             assert time.monotonic() < deadline, "the sibling was not started again"
             time.sleep(0.2)
         wait_ready(url, proc)
@@ -296,7 +306,7 @@ def test_siblings_share_the_port_and_come_back_after_sigkill(demo_dir, tmp_path,
         proc.send_signal(signal.SIGTERM)
         proc.wait(30)
     deadline = time.monotonic() + 15
-    while children():  # the siblings stop with the owner: none keeps the port
+    while siblings_on(port):  # the siblings stop with the owner: none keeps the port
         assert time.monotonic() < deadline, "a sibling outlived its owner"
         time.sleep(0.2)
     log.seek(0)
@@ -327,21 +337,13 @@ def test_a_relay_without_its_owner_answers_503_not_ready(tmp_path):
 def test_a_sibling_stops_when_its_owner_is_killed(demo_dir, tmp_path):
     """SIGKILL of the main process: its sibling hears the hub close and stops; the port is free."""
     port = free_port()
-    cmd = [sys.executable, str(ROOT / "app_sensevoice.py"), "--model", str(demo_dir), "--device", "cpu",
-           "--port", str(port), "--data-dir", str(tmp_path / "data"), "--web-processes", "2", "--api-only"]
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                            env={**os.environ, "SENSEVOICE_CACHE_DIR": str(MODEL_CACHE)})
+    proc = start_owner(demo_dir, tmp_path, port, subprocess.DEVNULL)
     try:
-        wait_ready(f"http://127.0.0.1:{port}", proc)
-        deadline = time.monotonic() + 60
-        while not (kids := subprocess.run(["pgrep", "-f", f"port {port} .*sibling-dir"], capture_output=True,
-                                          text=True).stdout.split()):
-            assert time.monotonic() < deadline
-            time.sleep(0.2)
+        kids = wait_siblings(port)
     finally:
         proc.kill()
         proc.wait(10)
-    def alive(pid: str) -> bool:
+    def alive(pid: int) -> bool:
         try:
             return "sibling-dir" in Path(f"/proc/{pid}/cmdline").read_text(errors="replace")
         except OSError:  # gone
@@ -361,14 +363,9 @@ def test_an_owner_that_does_not_accept_leaves_every_upload_to_its_siblings(demo_
     the GPU loop and the store), and what they relay still reaches it (the UI)."""
     port = free_port()
     url = f"http://127.0.0.1:{port}"
-    cmd = [sys.executable, str(ROOT / "app_sensevoice.py"), "--model", str(demo_dir), "--device", "cpu",
-           "--port", str(port), "--data-dir", str(tmp_path / "data"), "--web-processes", "2"]
     log = open(tmp_path / "owner.log", "w+")
-    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
-                            env={**os.environ, "SENSEVOICE_CACHE_DIR": str(MODEL_CACHE),
-                                 "SENSEVOICE_WEB_OWNER_ACCEPTS": "false"})
+    proc = start_owner(demo_dir, tmp_path, port, log, SENSEVOICE_WEB_OWNER_ACCEPTS="false")
     try:
-        wait_ready(url, proc)
         for _ in range(6):
             r = submit(url, speech_clip, wait=60)
             assert r.status_code == 200 and r.json()["status"] == "done", r.text

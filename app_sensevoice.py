@@ -144,7 +144,7 @@ def main(argv=None) -> int:
     from pipeline.web.edge import uvicorn_options
     from pipeline.domain.errors import ModelUnavailable, UnsafeDirectory
     from pipeline.serving.runtime import build_runtime
-    from pipeline.web.siblings import WebSiblings, web_processes
+    from pipeline.web.siblings import WebSiblings, run_sibling, web_processes
 
     overrides = {k: v for k, v in {"model": args.model, "device": args.device, "host": args.host,
                                    "port": args.port, "data_dir": args.data_dir,
@@ -156,8 +156,6 @@ def main(argv=None) -> int:
         overrides["ui"] = False
     overrides.setdefault("exit_on_fatal", True)
     if args.sibling_dir:  # the api role over the owner's store; the UI stays with the owner
-        from pipeline.web.siblings import run_sibling
-
         return run_sibling(Settings(**{**overrides, "role": "api", "ui": False}), args.sibling_dir, args.sibling_fd)
     settings = Settings(**overrides)
     if settings.server.role == "worker" and settings.engine.resolved_device() == "cuda":

@@ -327,6 +327,22 @@ def test_16_bit_waves_on_the_gpu_go_through_pinned_rows(tiny_am, clips):
         assert [x.token_ids for x in e.transcribe(pcm[1:], OPTS[1:len(pcm)])] == want[1:]
 
 
+@pytest.mark.requires_cuda
+def test_a_batch_of_host_and_gpu_waves_is_padded_on_the_gpu(tiny_am, clips):
+    """The embedded server's batches mix WAV uploads' 16-bit host samples (spooled, mapped),
+    decoded uploads' float waves on the GPU and live re-decodes' host floats: the padded batch is
+    the all-host batch's, value for value, and the tokens are the float waves'."""
+    e = SenseVoiceEngine.from_automodel(tiny_am, "cuda", "float32")
+    pcm = [_pcm16(c) for c in clips]
+    floats = [w.float() / 32768 for w in pcm]
+    mixed = [w if k % 3 == 0 else floats[k].cuda() if k % 3 == 1 else floats[k] for k, w in enumerate(pcm)]
+    want = e._padded(floats)
+    got = e._padded(mixed)
+    assert got.device.type == "cuda" and torch.equal(got, want)
+    assert [x.token_ids for x in e.transcribe(mixed, OPTS[:len(pcm)])] == \
+        [x.token_ids for x in e.transcribe(floats, OPTS[:len(pcm)])]
+
+
 def test_the_background_compile_thread_runs_with_its_starters_torch_thread_count():
     """torch.compile's guards compare the intra-op thread count: the compile thread must have
     the worker's, even after another thread (a live stream's VAD, one thread) changed the

@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 
 import httpx
+import numpy as np
 import pytest
 import torch
 import websockets
@@ -116,6 +117,74 @@ def test_a_refused_submit_leaves_no_row_and_no_spooled_upload(tmp_path):
         sib.discard(job.id)  # what the intake does with a refused submit
         assert not sib.spool_path(job.id).exists()
         assert broker.counts()["queued"] == 0
+    finally:
+        hub.stop()
+
+
+def test_frames_that_arrive_together_are_read_as_one_batch():
+    a, b = socket.socketpair()
+    lock = threading.Lock()
+    for k in range(3):
+        wire.send_frame(a, lock, {"k": k})
+    reader = wire.FrameReader(b)
+    got = [reader.next()]
+    while reader.ready():
+        got.append(reader.next())
+    assert [h["k"] for h, _ in got] == [0, 1, 2] and not got[0][1]  # and ready() did not wait
+    big = memoryview(np.arange(300_000, dtype=np.float32))  # past the reader's buffer: read in place
+    sender = threading.Thread(target=wire.send_frame, args=(a, lock, {"k": 3}, big))  # (fills the socket)
+    sender.start()
+    head, payload = reader.next()
+    sender.join()
+    assert head == {"k": 3} and bytes(payload) == bytes(big.cast("B")) and not reader.ready()
+    a.close()
+    assert not reader.ready()
+    with pytest.raises(wire.WireClosed):
+        reader.next()
+
+
+def test_the_hub_commits_submits_that_arrive_together_in_one_group(tmp_path):
+    """A sibling's submits that reach the owner together are one batch: their rows in one group
+    commit, each item queued or refused on its own (a full queue refuses the rest, rows gone),
+    a WAV job's audio the owner's own mapping of the spool file (no payload crossed)."""
+    from pipeline.audio.wav import pcm16_mono_layout
+    from pipeline.serving.broker_sqlite import SpooledPcm16
+    from tests.test_spooled_audio import wav
+
+    broker = EmbeddedBroker(tmp_path, Scheduler(5))
+    hub = SiblingHub(str(tmp_path / "hub.sock"), "k", broker, lambda job: None, dict)
+    hub.start()
+    try:
+        sib = SiblingBroker(tmp_path, str(tmp_path / "hub.sock"), "k")
+        data = wav(np.arange(16000, dtype=np.int16))
+        layout = pcm16_mono_layout(data, max_seconds=60)
+        frames = []
+        for k in range(8):
+            job = Job(id=new_job_id(), state=JobState.QUEUED, options=TranscribeOptions(), lane=Lane.BULK,
+                      created_at=time.time(), audio_seconds=1.0, filename=f"{k}.wav")
+            sib.spool(job.id, data)
+            item = WorkItem(job.id, Lane.BULK, job.options, 16000, audio=sib.spooled_audio(job.id, layout))
+            assert not wire.item_audio(item)  # nothing but the header crosses
+            frames.append({"op": "submit", "rid": k, "job": wire.job_head(job), "item": wire.item_head(item)})
+        raw = socket.socket(socket.AF_UNIX)
+        raw.connect(str(tmp_path / "hub.sock"))
+        lock = threading.Lock()
+        wire.send_frame(raw, lock, {"op": "hello", "secret": "k"})
+        groups = broker._inserts.groups
+        wire.send_frames(raw, lock, frames)
+        reader = wire.FrameReader(raw)
+        replies = sorted((reader.next()[0] for _ in frames), key=lambda r: r["rid"])
+        assert broker._inserts.groups == groups + 1  # eight rows, one transaction
+        assert [("ok" in r) for r in replies] == [True] * 5 + [False] * 3
+        assert {r["error"]["code"] for r in replies[5:]} == {"queue_full"}
+        assert broker.counts()["queued"] == 5
+        refused = [f["job"]["id"] for f in frames[5:]]
+        assert not any(broker.spool_path(j).exists() for j in refused)
+        items = broker.claim("t", 8)
+        assert len(items) == 5 and all(isinstance(i.audio, SpooledPcm16) for i in items)
+        assert items[0].audio.path == broker.spool_path(items[0].job_id)
+        assert torch.equal(items[0].audio.load(), torch.arange(16000, dtype=torch.int16))
+        raw.close()
     finally:
         hub.stop()
 

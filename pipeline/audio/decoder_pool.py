@@ -69,7 +69,7 @@ from pipeline.audio.decode_worker import (
     STATUS_OK,
     resolve_target,
 )
-from pipeline.audio.wav import read_pcm16_wav
+from pipeline.audio.wav import Pcm16Layout, pcm16_mono_layout, read_pcm16_wav
 from pipeline.domain.errors import DecoderCrashed, DecoderOutOfMemory, DecodeTimeout
 
 logger = logging.getLogger("sensevoice.decoder")
@@ -280,6 +280,15 @@ class Decoder:
     @target.setter
     def target(self, target: str | Callable) -> None:
         self._target = _target_name(target)
+
+    def pcm16_layout(self, data: bytes, *, max_seconds: float = DEFAULT_MAX_SECONDS,
+                     max_bytes: int | None = None) -> Pcm16Layout | None:
+        """Where a mono 16 kHz 16-bit PCM WAV upload keeps the samples this decoder would return
+        (scaled), or None: any other upload is decoded (``__call__``)."""
+        if not (self.fast_wav and self.target == DEFAULT_TARGET):
+            return None
+        _check_size(len(data), max_bytes)
+        return pcm16_mono_layout(data, max_seconds=max_seconds)
 
     def __call__(self, data: bytes, *, max_seconds: float = DEFAULT_MAX_SECONDS,
                  max_bytes: int | None = None, channel: int | None = None) -> DecodedAudio:

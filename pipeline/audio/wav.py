@@ -14,6 +14,7 @@ as before (with its error messages). The samples are bit-identical to the decode
 from __future__ import annotations
 
 import struct
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -27,10 +28,42 @@ MAX_CHANNELS = 2  # a split stereo call; more channels go to the decoder process
 MAX_CHUNKS = 64  # chunk headers walked before the file counts as unusual (decoder's job then)
 
 
+@dataclass(frozen=True)
+class Pcm16Layout:
+    """Where a mono 16 kHz 16-bit PCM WAV keeps its samples: ``frames`` little-endian int16 values
+    from byte ``offset`` of the file. Such an upload's bytes are its audio: the spooled copy is
+    read as it is (mapped), never converted (:class:`~pipeline.serving.broker_sqlite.SpooledPcm16`)."""
+
+    offset: int
+    frames: int
+
+    @property
+    def seconds(self) -> float:
+        return self.frames / SAMPLE_RATE_HZ
+
+
 def read_pcm16_wav(data: bytes | bytearray | memoryview, *, max_seconds: float,
                    channel: int | None = None) -> DecodedAudio | None:
     """The mono mix (or ``channel``) of a 16 kHz 16-bit PCM WAV, or None when ``data`` is not one
     this reader takes (the caller decodes it in a decoder process instead)."""
+    found = _locate(data, max_seconds)
+    if found is None:
+        return None
+    view, channels, body, frames = found
+    return _samples(view[body:body + frames * 2 * channels], channels, channel)
+
+
+def pcm16_mono_layout(data: bytes | bytearray | memoryview, *, max_seconds: float) -> Pcm16Layout | None:
+    """Where the samples of a mono 16 kHz 16-bit PCM WAV are (the ones :func:`read_pcm16_wav`
+    scales), or None for anything else (stereo too: its mix is computed)."""
+    found = _locate(data, max_seconds)
+    if found is None or found[1] != 1:
+        return None
+    return Pcm16Layout(found[2], found[3])
+
+
+def _locate(data: bytes | bytearray | memoryview, max_seconds: float) -> tuple[memoryview, int, int, int] | None:
+    """(view, channels, byte offset of the samples, frames) of a WAV this reader takes, or None."""
     view = memoryview(data)
     if len(view) < 12 or view[0:4] != b"RIFF" or view[8:12] != b"WAVE":
         return None
@@ -53,7 +86,10 @@ def read_pcm16_wav(data: bytes | bytearray | memoryview, *, max_seconds: float,
             # a streamed WAV states 0 or 0xFFFFFFFF; a truncated one more than it holds: what is
             # there is what the decoder process would return too
             end = len(view) if size in (0, 0xFFFFFFFF) else min(body + size, len(view))
-            return _samples(view[body:end], fmt, max_seconds, channel)
+            frames = (end - body) // (2 * fmt)
+            if frames < MIN_AUDIO_SECONDS * SAMPLE_RATE_HZ or frames > max_seconds * SAMPLE_RATE_HZ:
+                return None  # the decoder process says why, in its words
+            return view, fmt, body, frames
         if size & 1:  # padded to an even size by RIFF's rule, but FFmpeg refuses some of
             return None  # these: the decoder process decides, so that both paths agree
         pos = body + size
@@ -75,11 +111,8 @@ def _pcm16_format(fmt: memoryview) -> int | None:
     return channels
 
 
-def _samples(pcm: memoryview, channels: int, max_seconds: float,
-             channel: int | None) -> DecodedAudio | None:
+def _samples(pcm: memoryview, channels: int, channel: int | None) -> DecodedAudio:
     frames = len(pcm) // (2 * channels)
-    if frames < MIN_AUDIO_SECONDS * SAMPLE_RATE_HZ or frames > max_seconds * SAMPLE_RATE_HZ:
-        return None  # the decoder process says why, in its words
     columns = np.frombuffer(pcm, dtype="<i2", count=frames * channels).reshape(frames, channels)
     scale = np.float32(2.0 ** -15)
     if channel is not None:

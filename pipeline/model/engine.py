@@ -524,23 +524,38 @@ class SenseVoiceEngine:
         return t.pin_memory().to(self.device, non_blocking=True)
 
     def _padded(self, waves: Sequence[torch.Tensor]) -> torch.Tensor:
-        """The waves as one zero-padded float32 batch on the device (host waves: one padded host
-        batch, one asynchronous copy). 16-bit PCM waves (the distributed worker's) cross as
-        int16 and are scaled on the device."""
+        """The waves as one zero-padded float32 batch on the device. Host waves cross in one
+        asynchronous copy per sample type, gathered into pinned memory; 16-bit PCM waves (spooled
+        WAV uploads, the distributed worker's) cross as int16 and are scaled on the device;
+        waves already on the device are padded there (a batch may mix both: the embedded server's
+        decoded uploads wait on the GPU, its WAV uploads' samples in their spool files)."""
         pad = torch.nn.utils.rnn.pad_sequence
         if all(w.device == self.device for w in waves):
             return pad([as_float_wave(w) for w in waves], batch_first=True)
-        dtype = waves[0].dtype
-        if self.device.type == "cuda" and dtype in (torch.int16, torch.float32) \
-                and all(w.dtype == dtype and w.device.type == "cpu" for w in waves):
-            # one copy: each wave into its row of pinned memory (live re-decodes' float waves
-            # too: pad + pin_memory took a quarter of the worker's time under 94 live streams)
-            n = max(int(w.shape[0]) for w in waves)
-            host = gather_rows(waves, torch.empty((len(waves), n), dtype=dtype, pin_memory=True))
-            return as_float_wave(host.to(self.device, non_blocking=True))
-        if all(w.dtype == torch.int16 for w in waves):
-            return as_float_wave(pad([w.cpu() for w in waves], batch_first=True))
-        return self._to_device(pad([as_float_wave(w.cpu()) for w in waves], batch_first=True))
+        if self.device.type != "cuda":
+            return pad([as_float_wave(w.to(self.device)) for w in waves], batch_first=True)
+        n = max(int(w.shape[0]) for w in waves)
+        groups: dict[torch.dtype, list[int]] = {}
+        on_device: list[int] = []
+        for i, w in enumerate(waves):
+            if w.device == self.device:
+                on_device.append(i)
+            else:
+                groups.setdefault(w.dtype if w.dtype == torch.int16 else torch.float32, []).append(i)
+        parts = []
+        for dtype, rows in groups.items():  # one copy: each wave into its row of pinned memory
+            host = [waves[i] if waves[i].dtype == dtype else waves[i].float() for i in rows]
+            width = max(int(w.shape[0]) for w in host)
+            pinned = gather_rows(host, torch.empty((len(rows), width), dtype=dtype, pin_memory=True))
+            parts.append((rows, as_float_wave(pinned.to(self.device, non_blocking=True))))
+        if not on_device and len(parts) == 1 and parts[0][1].shape[1] == n:
+            return parts[0][1]  # (the rows are the waves' order)
+        out = torch.zeros((len(waves), n), dtype=torch.float32, device=self.device)
+        for rows, batch in parts:
+            out[torch.tensor(rows, device=self.device), :batch.shape[1]] = batch
+        for i in on_device:
+            out[i, :waves[i].shape[0]] = as_float_wave(waves[i])
+        return out
 
     def features(self, waves: Sequence[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
         """16 kHz waves (1-D float32, any device) -> padded features on the device."""

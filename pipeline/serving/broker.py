@@ -22,12 +22,13 @@ from typing import Protocol, runtime_checkable
 
 import torch
 
+from pipeline.audio.wav import Pcm16Layout
 from pipeline.domain.errors import NotReady
 from pipeline.domain.types import Job, Lane, TranscribeOptions, Transcript
 from pipeline.serving.broker_sqlite import JobStore
 from pipeline.serving.job_events import Feed
 from pipeline.serving.records import SegmentResult
-from pipeline.serving.scheduler import NoLiveServer, Scheduler, WorkItem
+from pipeline.serving.scheduler import DeferredAudio, NoLiveServer, Scheduler, WorkItem
 
 
 class LiveServing(Protocol):
@@ -46,6 +47,7 @@ class Broker(Protocol):
 
     shared: bool  # other processes read and write it too (no local event for their changes)
     feed: Feed  # this process's committed writes (subscribe)
+    spools_pcm16: bool  # a mono 16-bit WAV upload's job reads its samples from the stored upload
 
     # -- accept (api side)
     def create(self, job: Job, upload: bytes) -> None: ...
@@ -76,6 +78,7 @@ class Broker(Protocol):
     def position(self, job_id: str) -> int | None: ...
     def load_upload(self, job_id: str) -> bytes: ...
     def upload_path(self, job_id: str) -> Path | None: ...
+    def spooled_audio(self, job_id: str, layout: Pcm16Layout) -> DeferredAudio: ...  # (spools_pcm16)
     def counts(self) -> dict[str, int]: ...
     def queue_depth(self) -> dict[Lane, int]: ...
     def __len__(self) -> int: ...

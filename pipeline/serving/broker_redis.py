@@ -478,6 +478,7 @@ class RedisBroker:
     write it too)."""
 
     shared = True
+    spools_pcm16 = False  # an upload's samples go to the workers in its payload (shared file or Redis)
 
     def __init__(self, url: str, retention_s: float, queue_size: int,
                  visibility_timeout_s: float = 60.0, max_attempts: int = 3, retry_after_s: int = 2,
@@ -893,6 +894,9 @@ class RedisBroker:
     def upload_path(self, job_id: str) -> None:
         """No file on this host to serve: the upload is read from the broker (:meth:`load_upload`)."""
         return None
+
+    def spooled_audio(self, job_id: str, layout) -> None:
+        raise NotImplementedError("the Redis broker carries each job's samples in its payload (spools_pcm16 False)")
 
     def submit_live(self, item: WorkItem) -> Future:
         """One live re-decode through Redis to whichever worker takes it first (the live lane,

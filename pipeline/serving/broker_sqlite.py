@@ -10,16 +10,20 @@ from __future__ import annotations
 
 import json
 import logging
+import mmap
 import os
 import sqlite3
 import threading
 import time
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Iterator, Sequence
 
 import numpy as np
+import torch
 
+from pipeline.audio.wav import Pcm16Layout
 from pipeline.domain.errors import JobGone, JobNotFound, TooManyAttempts
 from pipeline.domain.types import Job, JobError, JobState, Lane, Transcript, Word
 from pipeline.serving import calls_index
@@ -61,6 +65,30 @@ CREATE TABLE IF NOT EXISTS segments (
     PRIMARY KEY (job_id, idx)
 );
 """
+
+
+@dataclass(frozen=True)
+class SpooledPcm16:
+    """A job's audio that is its spooled upload's own samples (a mono 16 kHz 16-bit PCM WAV:
+    ``frames`` int16 values at byte ``offset``), mapped when the worker takes it: no float copy
+    of it waits in the queue or crosses a socket, and the engine's gather is its one copy (as for
+    the distributed worker's shared files). The file is never changed once renamed into place
+    and a private mapping keeps its pages when it is deleted."""
+
+    path: Path
+    offset: int
+    frames: int
+
+    def load(self) -> torch.Tensor:
+        fd = os.open(self.path, os.O_RDONLY)
+        try:
+            if os.fstat(fd).st_size < self.offset + 2 * self.frames:
+                raise ValueError("the spooled upload is shorter than its samples")
+            pages = mmap.mmap(fd, 0, access=mmap.ACCESS_COPY)
+        finally:
+            os.close(fd)
+        samples = np.frombuffer(pages, dtype="<i2", count=self.frames, offset=self.offset)
+        return torch.from_numpy(samples if self.offset % 2 == 0 else samples.copy())
 
 
 class JobStore:
@@ -124,6 +152,12 @@ class JobStore:
     def spool_path(self, job_id: str) -> Path:
         return self.spool_dir / f"{job_id}.upload"  # server-made name; the client's name is never a path
 
+    spools_pcm16 = True  # a mono 16-bit WAV's job reads its samples from the spooled upload
+
+    def spooled_audio(self, job_id: str, layout: Pcm16Layout) -> SpooledPcm16:
+        """The audio of a job whose spooled upload is a mono 16 kHz 16-bit PCM WAV (``layout``)."""
+        return SpooledPcm16(self.spool_path(job_id), int(layout.offset), int(layout.frames))
+
     # ------------------------------------------------------------------ writes
     def create(self, job: Job, upload: bytes) -> None:
         """Spool the upload (fsync) and insert the job, before the submit answers. A write that
@@ -152,13 +186,25 @@ class JobStore:
 
     def insert(self, job: Job) -> None:
         """Insert a queued job whose upload is spooled (its spool file is deleted if this fails)."""
-        try:
-            self._inserts((job.id, JobState.QUEUED.value, int(job.lane), dump_options(job.options),
-                           job.filename, job.audio_seconds, job.created_at))
-        except (OSError, sqlite3.Error) as e:
-            self.spool_path(job.id).unlink(missing_ok=True)
-            logger.error("storing job %s failed: %s", job.id, e)
-            raise storage_error(e) from None
+        error = self.insert_many([job])[0]
+        if error is not None:
+            raise error
+
+    def insert_many(self, jobs: Sequence[Job]) -> list[Exception | None]:
+        """Insert queued jobs whose uploads are spooled, in the store's group commits; for each
+        job None, or the error (StorageFull, StorageError) that refused it (its spool file gone)."""
+        rows = [(job.id, JobState.QUEUED.value, int(job.lane), dump_options(job.options),
+                 job.filename, job.audio_seconds, job.created_at) for job in jobs]
+        out: list[Exception | None] = []
+        for job, error in zip(jobs, self._inserts.many(rows)):
+            if isinstance(error, (OSError, sqlite3.Error)):
+                self.spool_path(job.id).unlink(missing_ok=True)
+                logger.error("storing job %s failed: %s", job.id, error)
+                error = storage_error(error)
+            elif error is not None:
+                raise error  # a bug, not the disk: as before, it propagates
+            out.append(error)
+        return out
 
     def _insert_jobs(self, rows: Sequence[tuple]) -> None:
         with self._transaction() as conn:

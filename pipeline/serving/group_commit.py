@@ -40,10 +40,19 @@ class GroupCommit(Generic[T]):
         self.groups = 0  # groups written (a count for tests and benchmarks)
 
     def __call__(self, item: T) -> None:
-        entry = _Entry(item)
+        error = self.many([item])[0]
+        if error is not None:
+            raise error
+
+    def many(self, items: Sequence[T]) -> list[BaseException | None]:
+        """Commit ``items`` (one caller's rows: they join the groups in order); for each, None
+        or the error of the group that wrote it."""
+        entries = [_Entry(item) for item in items]
+        if not entries:
+            return []
         with self._cond:
-            self._pending.append(entry)
-            while not entry.done:
+            self._pending.extend(entries)
+            while not entries[-1].done:
                 if self._busy:
                     self._cond.wait()
                     continue
@@ -62,5 +71,4 @@ class GroupCommit(Generic[T]):
                 self.groups += 1
                 self._busy = False
                 self._cond.notify_all()
-        if entry.error is not None:
-            raise entry.error
+        return [e.error for e in entries]

@@ -18,6 +18,7 @@ import torch
 
 from pipeline.audio.decode import Resampler
 from pipeline.audio.decoder_pool import Decoder
+from pipeline.audio.wav import Pcm16Layout
 from pipeline.domain.errors import MemoryPressure, NotReady, SenseVoiceError
 from pipeline.domain.tags import SAMPLE_RATE_HZ
 from pipeline.domain.types import Job, JobState, Lane, TranscribeOptions
@@ -75,15 +76,20 @@ class Intake:
         self.broker.check_capacity()  # cheap early answers before decoding
         self.long_audio.check(options)
         self._check_memory()
-        wave = self.decode(data, options)
+        layout = self._pcm16_layout(data)
+        wave = self.decode(data, options) if layout is None else None
         job = Job(id=new_job_id(), state=JobState.QUEUED, options=options, lane=lane,
-                  created_at=time.time(), audio_seconds=wave_seconds(wave),
+                  created_at=time.time(), audio_seconds=layout.seconds if wave is None else wave_seconds(wave),
                   filename=display_name(filename))
         if self.long_audio.is_long(job.audio_seconds, options):
-            return self.long_audio.accept(job, data, wave)
+            return self.long_audio.accept(job, data, self.decode(data, options) if wave is None else wave)
         self.broker.create(job, data)
         try:
-            self.broker.put(WorkItem(job.id, lane, options, int(wave.shape[-1]), audio=wave))
+            if wave is None:  # the spooled upload's own samples, read when the worker takes them
+                item = WorkItem(job.id, lane, options, layout.frames, audio=self.broker.spooled_audio(job.id, layout))
+            else:
+                item = WorkItem(job.id, lane, options, int(wave.shape[-1]), audio=wave)
+            self.broker.put(item)
         except SenseVoiceError:
             self.broker.discard(job.id)
             raise
@@ -98,6 +104,15 @@ class Intake:
         if ratios and max(ratios) < self.settings.limits.min_free_memory_ratio:
             raise MemoryPressure(
                 f"the GPU is short of memory ({max(ratios):.0%} free); try again in a few seconds")
+
+    def _pcm16_layout(self, data: bytes) -> Pcm16Layout | None:
+        """A mono 16 kHz 16-bit PCM WAV's samples in the upload, when the broker reads a job's
+        audio from its stored upload: such an upload is never converted (to float, to the GPU)
+        here; anything else is decoded (None)."""
+        if not self.broker.spools_pcm16:
+            return None
+        limits = self.settings.limits
+        return self.decoder.pcm16_layout(data, max_seconds=limits.max_audio_seconds, max_bytes=limits.max_upload_bytes)
 
     def decode(self, data: bytes, options: TranscribeOptions) -> torch.Tensor:
         """Upload bytes -> 16 kHz wave on the device: [n] mono, or [channels, n] for split calls."""

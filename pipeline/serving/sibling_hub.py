@@ -14,7 +14,6 @@ import logging
 import socket
 import threading
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 
 import torch
 
@@ -24,7 +23,7 @@ from pipeline.serving import sibling_wire as wire
 
 logger = logging.getLogger("sensevoice.siblings")
 
-HANDLER_THREADS = 16  # submits handled at once (their row inserts share group commits)
+MAX_BATCH = 256  # requests of one sibling handled as one batch (its submits' rows: one group commit)
 
 
 class SiblingHub:
@@ -40,7 +39,6 @@ class SiblingHub:
         self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self._sock.bind(path)
         self._sock.listen(64)
-        self._pool = ThreadPoolExecutor(HANDLER_THREADS, thread_name_prefix="sensevoice-hub")
         self._stopped = threading.Event()
         self._conns: set[socket.socket] = set()
         self.accepted = 0  # jobs the siblings submitted that this process took
@@ -58,7 +56,6 @@ class SiblingHub:
             except OSError:
                 pass
             s.close()
-        self._pool.shutdown(wait=False, cancel_futures=True)
 
     def _accept(self) -> None:
         while not self._stopped.is_set():
@@ -70,18 +67,18 @@ class SiblingHub:
 
     def _serve(self, conn: socket.socket) -> None:
         lock = threading.Lock()
+        reader = wire.FrameReader(conn)
         try:
-            head, _ = wire.recv_frame(conn)
+            head, _ = reader.next()
             if head.get("op") != "hello" or not hmac.compare_digest(str(head.get("secret", "")), self.secret):
                 logger.warning("a connection to the sibling socket without the secret: closed")
                 return
             self._conns.add(conn)
             while not self._stopped.is_set():
-                head, payload = wire.recv_frame(conn)
-                if head.get("op") in ("submit", "put"):  # blocking writes: many at once share a commit
-                    self._pool.submit(self._answer, conn, lock, head, payload)
-                else:
-                    self._answer(conn, lock, head, payload)
+                frames = [reader.next()]
+                while len(frames) < MAX_BATCH and reader.ready():  # all that came together
+                    frames.append(reader.next())
+                self._handle_frames(conn, lock, frames)
         except (wire.WireClosed, OSError):
             pass
         except Exception:  # a frame this side cannot read: the connection ends (the sibling restarts)
@@ -90,45 +87,72 @@ class SiblingHub:
             self._conns.discard(conn)
             conn.close()
 
-    def _answer(self, conn: socket.socket, lock: threading.Lock, head: dict, payload: bytearray) -> None:
+    def _handle_frames(self, conn: socket.socket, lock: threading.Lock, frames: list) -> None:
+        """A batch of requests, in order; the submits among them as groups: their rows in the
+        store's group commit together, then each item queued (or refused), the replies in one write."""
+        replies: list[dict] = []
+        submits: list = []
+        for head, payload in frames:
+            if head.get("op") == "submit":
+                submits.append((head, payload))
+                continue
+            replies += self._submit_group(submits)
+            submits = []
+            replies.append(self._answer(head, lambda h=head, p=payload: self._handle(h, p)))
+        replies += self._submit_group(submits)
+        try:
+            wire.send_frames(conn, lock, replies)
+        except OSError:
+            pass  # the sibling is gone; what it sent was handled (a job it accepted runs)
+
+    def _submit_group(self, submits: list) -> list[dict]:
+        if not submits:
+            return []
+        jobs = [wire.job_from_head(head["job"]) for head, _ in submits]
+        errors = self.broker.insert_many(jobs)
+        return [self._answer(head, lambda h=head, p=payload, j=job, e=error: self._place(h, p, j, e))
+                for (head, payload), job, error in zip(submits, jobs, errors)]
+
+    def _place(self, head: dict, payload, job, insert_error: Exception | None) -> dict:
+        """A new job whose row is inserted (or refused: ``insert_error``): its (first) work item
+        queued, or the row discarded again -- a job is accepted whole or not at all."""
+        if insert_error is not None:
+            raise insert_error
+        try:
+            self.broker.put(self._item(head, payload), force=bool(head.get("force")))
+        except BaseException:
+            self.broker.discard(job.id)
+            raise
+        self.remember(job)
+        with self._count_lock:
+            self.accepted += 1
+        return {"position": self.broker.position(job.id)}
+
+    @staticmethod
+    def _answer(head: dict, call: Callable[[], object]) -> dict:
         reply: dict = {"rid": head.get("rid")}
         try:
-            reply["ok"] = self._handle(head, payload)
+            reply["ok"] = call()
         except SenseVoiceError as e:
             reply["error"] = wire.error_head(e)
         except Exception as e:  # a bug, not the client's fault: the sibling answers 500
             logger.exception("sibling request %s failed", head.get("op"))
             reply["error"] = {"code": "internal_error", "message": f"internal error: {type(e).__name__}"}
-        try:
-            wire.send_frame(conn, lock, reply)
-        except OSError:
-            pass  # the sibling is gone; what it sent was handled (a job it accepted runs)
+        return reply
 
-    def _item(self, head: dict, payload: bytearray):
-        """The work item, its wave where this process's own uploads put theirs: a batch of waves
-        on one device is padded there (a batch of host and device waves went back through the
-        host, synchronising the GPU: the H200 ran 375 jobs/s with 4 web processes)."""
-        item = wire.item_from_head(head["item"], payload)
-        if self.device.type != "cpu":
+    def _item(self, head: dict, payload):
+        """The work item: a mono 16-bit WAV's the spooled samples (mapped when the worker takes
+        them, as this process's own uploads'); a decoded wave where this process's own decoded
+        uploads put theirs: a batch of waves on one device is padded there."""
+        item = wire.item_from_head(head["item"], payload, self.broker.spooled_audio)
+        if isinstance(item.audio, torch.Tensor) and self.device.type != "cpu":
             item.audio = item.audio.to(self.device)
             if item.audio.is_cuda:  # ready before the worker's stream reads it
                 torch.cuda.current_stream(item.audio.device).synchronize()
         return item
 
-    def _handle(self, head: dict, payload: bytearray):
+    def _handle(self, head: dict, payload):
         op = head.get("op")
-        if op == "submit":  # a new job: its row, then its (first) work item, or neither
-            job = wire.job_from_head(head["job"])
-            self.broker.insert(job)
-            try:
-                self.broker.put(self._item(head, payload), force=bool(head.get("force")))
-            except SenseVoiceError:
-                self.broker.discard(job.id)
-                raise
-            self.remember(job)
-            with self._count_lock:
-                self.accepted += 1
-            return {"position": self.broker.position(job.id)}
         if op == "put":
             self.broker.put(self._item(head, payload), force=bool(head.get("force")))
             return {}

@@ -2,7 +2,8 @@
 store and the GPU loop (``--web-processes``): one Unix socket per sibling, framed messages.
 
 A frame is ``<II`` (header length, payload length), a JSON header, then the payload bytes (a
-work item's float32 audio, or nothing). Requests carry ``rid``; each reply carries the same
+work item's float32 audio, or nothing: a mono 16-bit WAV's job names its samples' place in the
+spool file both processes see). Requests carry ``rid``; each reply carries the same
 ``rid`` and either ``ok`` (with the op's values) or ``error`` (a domain error's code and
 message, raised again on the sibling's side as the same class). The socket lives in a private
 directory (0700) and the first frame of a connection must carry the owner's secret: nothing
@@ -12,6 +13,7 @@ else on the host can speak on it.
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 import socket
 import struct
 import threading
@@ -20,10 +22,12 @@ import numpy as np
 import orjson
 import torch
 
+from pipeline.audio.wav import Pcm16Layout
 from pipeline.domain import errors as domain_errors
 from pipeline.domain.types import Job, JobState, Lane
 from pipeline.serving.records import dump_options, load_options
-from pipeline.serving.scheduler import WorkItem
+from pipeline.serving.broker_sqlite import SpooledPcm16
+from pipeline.serving.scheduler import DeferredAudio, WorkItem
 
 FRAME = struct.Struct("<II")
 MAX_HEADER_BYTES = 1 << 20
@@ -41,6 +45,81 @@ def send_frame(sock: socket.socket, lock: threading.Lock, head: dict, payload: b
         sock.sendall(FRAME.pack(len(data), len(payload)) + data)
         if payload:
             sock.sendall(payload)
+
+
+def send_frames(sock: socket.socket, lock: threading.Lock, heads: list[dict]) -> None:
+    """Header-only frames (replies) in one write."""
+    parts = []
+    for head in heads:
+        data = orjson.dumps(head)
+        parts += (FRAME.pack(len(data), 0), data)
+    with lock:
+        sock.sendall(b"".join(parts))
+
+
+class FrameReader:
+    """The frames of one socket through one buffer: :meth:`next` waits for a frame, :meth:`ready`
+    says whether another whole one is there without waiting (so that a reader can take all the
+    frames that arrived together as one batch)."""
+
+    CHUNK = 1 << 16
+
+    def __init__(self, sock: socket.socket):
+        self.sock = sock
+        self._buf = bytearray()
+        self._eof = False
+
+    def _fill(self, block: bool = True) -> bool:
+        if self._eof:
+            raise WireClosed("the other end closed the connection")
+        try:
+            data = self.sock.recv(self.CHUNK, 0 if block else socket.MSG_DONTWAIT)
+        except BlockingIOError:
+            return False
+        if not data:
+            self._eof = True
+            if block:
+                raise WireClosed("the other end closed the connection")
+            return False
+        self._buf += data
+        return True
+
+    def _frame_size(self) -> int | None:
+        """The first frame's whole size once its sizes are buffered (WireClosed if not ours)."""
+        if len(self._buf) < FRAME.size:
+            return None
+        head_len, payload_len = FRAME.unpack_from(self._buf)
+        if head_len > MAX_HEADER_BYTES or payload_len > MAX_PAYLOAD_BYTES:
+            raise WireClosed(f"a frame of {head_len} + {payload_len} bytes is not one of ours")
+        return FRAME.size + head_len + payload_len
+
+    def ready(self) -> bool:
+        while True:
+            size = self._frame_size()
+            if size is not None and len(self._buf) >= size:
+                return True
+            if self._eof or not self._fill(block=False):
+                return False
+
+    def next(self) -> tuple[dict, memoryview]:
+        """The next frame: its header and payload. WireClosed at the end of the stream."""
+        while (size := self._frame_size()) is None:
+            self._fill()
+        if len(self._buf) >= size:
+            frame = self._buf[:size]
+            del self._buf[:size]
+        else:  # a large payload: the rest read straight into its place
+            frame, have = bytearray(size), len(self._buf)
+            frame[:have] = self._buf
+            self._buf = bytearray()
+            view = memoryview(frame)[have:]
+            while view:
+                got = self.sock.recv_into(view)
+                if got == 0:
+                    raise WireClosed("the other end closed the connection")
+                view = view[got:]
+        head_len = FRAME.unpack_from(frame)[0]
+        return orjson.loads(frame[FRAME.size:FRAME.size + head_len]), memoryview(frame)[FRAME.size + head_len:]
 
 
 def _recv_exactly(sock: socket.socket, n: int) -> bytearray:
@@ -76,24 +155,40 @@ def job_from_head(h: dict) -> Job:
 
 
 def item_head(item: WorkItem) -> dict:
-    return {"job_id": item.job_id, "lane": int(item.lane), "options": dump_options(item.options),
+    head = {"job_id": item.job_id, "lane": int(item.lane), "options": dump_options(item.options),
             "n_samples": item.n_samples, "piece": item.piece, "pieces": item.pieces,
             "start_s": item.start_s, "speaker": item.speaker}
+    if isinstance(item.audio, SpooledPcm16):  # the owner maps the same spool file: no payload
+        head["spooled"] = [item.audio.offset, item.audio.frames]
+    return head
 
 
 def item_audio(item: WorkItem) -> memoryview:
-    """The item's wave as float32 bytes (exact: what this process decoded is what the GPU gets)."""
+    """The item's wave as float32 bytes (exact: what this process decoded is what the GPU gets);
+    nothing for a job whose audio is its spooled upload's samples."""
     wave = item.audio
+    if isinstance(wave, SpooledPcm16):
+        return memoryview(b"")
     if not isinstance(wave, torch.Tensor):
-        raise TypeError("a sibling's work item carries its decoded wave")
+        raise TypeError("a sibling's work item carries its decoded wave or its spooled samples")
     return memoryview(np.ascontiguousarray(wave.detach().float().cpu().numpy()))
 
 
-def item_from_head(h: dict, audio: bytearray) -> WorkItem:
-    wave = torch.from_numpy(np.frombuffer(audio, dtype=np.float32))
-    if wave.numel() != int(h["n_samples"]):
-        wave = wave.view(-1, int(h["n_samples"]))  # [channels, n]: a split call's wave
-    return WorkItem(str(h["job_id"]), Lane(int(h["lane"])), load_options(h["options"]), int(h["n_samples"]),
+def item_from_head(h: dict, audio: bytes | bytearray | memoryview,
+                   spooled: Callable[[str, Pcm16Layout], DeferredAudio] | None = None) -> WorkItem:
+    """The work item a frame carries; a spooled one's audio from ``spooled`` (this process's
+    store: the path is made here from the job id, never taken from the frame)."""
+    n = int(h["n_samples"])
+    if "spooled" in h:
+        offset, frames = (int(v) for v in h["spooled"])
+        if spooled is None or offset < 0 or frames != n or audio:
+            raise ValueError("a spooled work item this side cannot take")
+        wave = spooled(str(h["job_id"]), Pcm16Layout(offset, frames))
+    else:
+        wave = torch.from_numpy(np.frombuffer(audio, dtype=np.float32))
+        if wave.numel() != n:
+            wave = wave.view(-1, n)  # [channels, n]: a split call's wave
+    return WorkItem(str(h["job_id"]), Lane(int(h["lane"])), load_options(h["options"]), n,
                     audio=wave, piece=int(h["piece"]), pieces=int(h["pieces"]), start_s=float(h["start_s"]),
                     speaker=h["speaker"])
 

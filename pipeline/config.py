@@ -64,12 +64,12 @@ class ServerSettings(BaseModel):
         0, ge=0, le=64, description="HTTP processes of the embedded server: this one (the store's "
         "writer, the GPU loop, the UI, live captions) and N-1 sibling web processes on the same "
         "port that take uploads and polls (the REST API's hot routes) so that HTTP, decoding and "
-        "polling use more than one core; the rest they relay to this one. 0 = auto: 2 on a CUDA "
-        "host with 4 cores or more, else 1 (a CPU model needs the cores).")
-    web_owner_accepts: bool = Field(
-        True, description="With sibling web processes: this process accepts public connections "
+        "polling use more than one core; the rest they relay to this one. 0 = auto: 3 on a CUDA "
+        "host with 2 cores or more, else 1 (a CPU model needs the cores).")
+    web_owner_accepts: bool | None = Field(
+        None, description="With sibling web processes: this process accepts public connections "
         "too (False: only the siblings do, and this one serves the GPU loop, the store and what "
-        "they relay to it).")
+        "they relay to it). None = auto: only when it has a single sibling.")
     exit_on_fatal: bool = Field(
         False, description="Exit the process (code 3) on a fatal device error or a hung worker, so a "
         "supervisor restarts it; set by main().")

@@ -318,10 +318,10 @@ def test_live_captions_are_relayed_to_the_owner(pair, speech_clip):
 
 
 # ---------------------------------------------------------------------------- real processes, one port
-def start_owner(demo_dir, tmp_path, port: int, log, **env) -> subprocess.Popen:
-    """The app with 2 web processes on ``port`` (the demo model on the CPU), ready."""
+def start_owner(demo_dir, tmp_path, port: int, log, processes: int = 2, **env) -> subprocess.Popen:
+    """The app with ``processes`` web processes on ``port`` (the demo model on the CPU), ready."""
     cmd = [sys.executable, str(ROOT / "app_sensevoice.py"), "--model", str(demo_dir), "--device", "cpu",
-           "--port", str(port), "--data-dir", str(tmp_path / "data"), "--web-processes", "2"]
+           "--port", str(port), "--data-dir", str(tmp_path / "data"), "--web-processes", str(processes)]
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
                             env={**os.environ, "SENSEVOICE_CACHE_DIR": str(MODEL_CACHE), **env})
     wait_ready(f"http://127.0.0.1:{port}", proc)
@@ -382,6 +382,44 @@ def test_siblings_share_the_port_and_come_back_after_sigkill(demo_dir, tmp_path,
     text = log.read()
     accepted = int(text.split("sibling web processes accepted ")[1].split()[0])
     assert accepted > 0, text[-2000:]
+
+
+def test_beside_two_siblings_the_owner_takes_no_public_connection(demo_dir, tmp_path, speech_clip):
+    """3 web processes (the auto choice on a GPU host): every upload is taken by a sibling (the
+    owner keeps the GPU loop and the store), the UI and exports still answer through the relay."""
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    log = open(tmp_path / "owner.log", "w+")
+    proc = start_owner(demo_dir, tmp_path, port, log, processes=3)
+    try:
+        assert len(wait_siblings(port)) == 2
+        ids = []
+        for _ in range(16):  # a connection each
+            r = submit(url, speech_clip)
+            assert r.status_code == 202, r.text
+            ids.append(r.json()["id"])
+        for jid in ids:
+            deadline = time.monotonic() + 60
+            while (r := httpx.get(f"{url}/api/jobs/{jid}", timeout=10)).json()["status"] != "done":
+                assert r.status_code == 200 and time.monotonic() < deadline, r.text
+                time.sleep(0.1)
+        assert httpx.get(url + "/ui/", timeout=30).status_code == 200
+        assert "-->" in httpx.get(f"{url}/api/jobs/{ids[0]}/result", params={"format": "srt"}, timeout=30).text
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(30)
+    log.seek(0)
+    text = log.read()
+    assert int(text.split("sibling web processes accepted ")[1].split()[0]) == len(ids), text[-2000:]
+
+
+def test_the_owner_accepts_beside_one_sibling_only_unless_told(tmp_path):
+    from pipeline.web.siblings import owner_accepts
+
+    auto = make_settings(tmp_path, tmp_path)
+    assert owner_accepts(auto, 2) and not owner_accepts(auto, 3) and not owner_accepts(auto, 5)
+    assert owner_accepts(make_settings(tmp_path, tmp_path, web_owner_accepts=True), 3)
+    assert not owner_accepts(make_settings(tmp_path, tmp_path, web_owner_accepts=False), 2)
 
 
 def test_a_relay_without_its_owner_answers_503_not_ready(tmp_path):

@@ -45,21 +45,31 @@ WS_OWN_HEADERS = frozenset((b"host", b"sec-websocket-key", b"sec-websocket-versi
                             b"sec-websocket-extensions", b"sec-websocket-protocol"))
 JOB_PATH = re.compile(r"/api/jobs/[^/]+")
 RESTART_DELAY_S = 1.0  # a sibling that died is started again after this long
-AUTO_ON_GPU = 2  # web processes on a CUDA host (H200: 2 and 4 served alike, 2 with poll p99 46 ms, 4 240)
+AUTO_ON_GPU = 3  # web processes on a CUDA host: the owner (GPU loop, store) + 2 siblings (all public HTTP)
 
 
 def web_processes(settings) -> int:
-    """How many HTTP processes the embedded server runs (``web_processes``; 0 = auto: 2 on a CUDA
-    host with 4 cores or more -- the GPU waits on the HTTP work there; on the H200 2 served as
-    many jobs as 4 with a quarter of the poll p99, docs/BENCHMARKS.md -- else 1: on a CPU host the
-    model needs the cores). Only the embedded topology's ``all`` role has siblings."""
+    """How many HTTP processes the embedded server runs (``web_processes``; 0 = auto: 3 on a CUDA
+    host with 2 cores or more -- the GPU waits on the HTTP work there (H200, docs/BENCHMARKS.md:
+    3 with the public connections on the two siblings only served 818 jobs/s, 2 served 508, 1
+    about 200) -- else 1: on a CPU host the model needs the cores). Only the embedded topology's
+    ``all`` role has siblings."""
     if settings.server.role != "all" or settings.broker.url or not hasattr(socket, "AF_UNIX"):
         return 1  # (siblings need Unix sockets and inherited descriptors: POSIX)
     if settings.server.web_processes > 0:
         return settings.server.web_processes
-    if not settings.engine.resolved_device().startswith("cuda") or (os.cpu_count() or 1) < 4:
+    if not settings.engine.resolved_device().startswith("cuda") or (os.cpu_count() or 1) < 2:
         return 1
     return AUTO_ON_GPU
+
+
+def owner_accepts(settings, processes: int) -> bool:
+    """Whether the owner accepts public connections beside its siblings (``web_owner_accepts``;
+    auto: only when it has a single sibling -- with two or more, the GPU loop and the store's
+    writer keep the owner's GIL to themselves: 818 jobs/s on the H200 against 508 for 2
+    processes, and on two CPU cores 15,092 jobs in 20 s against 12,771 with the owner accepting)."""
+    choice = settings.server.web_owner_accepts
+    return choice if choice is not None else processes <= 2
 
 
 def owned(method: str, path: str) -> bool:
@@ -163,7 +173,7 @@ class WebSiblings:
                 await asyncio.to_thread(siblings.stop)
                 await super().shutdown(sockets)
 
-        public = [self.listener] if self.settings.server.web_owner_accepts else []  # (else: siblings only)
+        public = [self.listener] if owner_accepts(self.settings, self._count + 1) else []  # (else: siblings only)
         OwnerServer(uvicorn.Config(SiblingTrust(app, self.secret), **options)).run(sockets=[*public, self.relay])
 
     def stop(self) -> None:

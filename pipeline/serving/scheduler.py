@@ -33,7 +33,8 @@ POSITION_TTL_S = 0.25  # the serving order that position reads use is sorted at 
 
 
 class DeferredAudio(Protocol):
-    """Audio that is read when the worker needs it (a recovered job's spooled upload)."""
+    """Audio that is read when the worker needs it (a WAV upload's spooled samples, mapped; a
+    recovered job's spooled upload, decoded)."""
 
     def load(self) -> torch.Tensor: ...
 

@@ -5,7 +5,9 @@ here (pipeline/serving/sibling_wire.py has the frames).
 A sibling takes an upload, decodes it and spools it (fsync'd) itself; this process then inserts
 the job's row (the store's group commit: the rows of many submits, from any process, in one
 transaction) and puts its work item into the scheduler -- one message, so a job is accepted
-whole or not at all. Everything a sibling reads (polls) it reads from SQLite itself (WAL)."""
+whole or not at all. The frames a sibling sent together are one batch (their rows one group),
+read and answered by that sibling's connection thread. Everything a sibling reads (polls) it
+reads from SQLite itself (WAL)."""
 
 from __future__ import annotations
 

@@ -212,7 +212,7 @@ class Worker(threading.Thread):
             return item.audio
         if item.audio is None:
             raise ValueError("the work item carries no audio")
-        return item.audio.load()  # a recovered job: its spooled upload is decoded now
+        return item.audio.load()  # spooled samples mapped, or a recovered job's upload decoded
 
     def _mark_running(self, batch: Sequence[WorkItem], t_start: float) -> set[str]:
         """Move the batch's jobs to running; returns those this worker moved (the others were

@@ -16,9 +16,11 @@ from pathlib import Path
 
 import httpx
 import pytest
+import torch
 
 from pipeline import cli
 from pipeline.client import ApiError, Client, WaitTimeout, retry_after_seconds
+from pipeline.domain.types import TranscribeOptions
 from tests.conftest import MODEL_CACHE, ROOT, LiveServer, make_settings
 from tests.media import convert
 
@@ -90,6 +92,24 @@ def test_folder_walk_mirrors_the_tree_and_a_second_run_resumes(tree, demo_dir, t
     assert outputs(out) == expected
     for p in named("a/call") | named("b/sub/clip"):
         assert (out / p).stat().st_mtime_ns == kept[p], p  # untouched
+
+
+def test_local_mode_takes_a_wavs_samples_as_they_are_and_gives_the_decoded_files_tokens(
+        demo_dir, tmp_path, clip_factory):
+    """A short mono 16 kHz 16-bit WAV is queued as its int16 samples (no float copy per file),
+    the same recording as FLAC decoded to floats: the same transcript either way."""
+    from pipeline.serving.direct import DirectRun
+
+    run = DirectRun(make_settings(demo_dir, tmp_path / "d"))
+    wav, flac = clip_factory("wav", 16000, 1).read_bytes(), clip_factory("flac", 16000, 1).read_bytes()
+    opts = TranscribeOptions("en")
+    assert run._short_pcm16(wav, opts).dtype == torch.int16 and run._short_pcm16(flac, opts) is None
+    run.start()
+    try:
+        (a, sa), (b, sb) = run.submit(wav, opts), run.submit(flac, opts)
+        assert sa == sb and a.result(120).raw_text == b.result(120).raw_text != ""
+    finally:
+        run.stop()
 
 
 def test_globs_and_file_arguments_share_one_mirror_root(tree, tmp_path):

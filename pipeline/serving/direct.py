@@ -13,6 +13,9 @@ import threading
 from concurrent.futures import Future
 from typing import TYPE_CHECKING
 
+import numpy as np
+import torch
+
 from pipeline.audio.decode import Resampler
 from pipeline.audio.decoder_pool import Decoder
 from pipeline.domain.types import Lane, TranscribeOptions, Transcript
@@ -76,7 +79,9 @@ class DirectRun:
     def submit(self, data: bytes, options: TranscribeOptions) -> tuple[Future, float]:
         """Decode one recording and queue it (its pieces, when long); returns the future of its
         transcript and its audio seconds. Decoding errors raise here (the recording's own)."""
-        wave = decode_upload(self.decoder, self.resampler, data, options, self.settings.limits)
+        wave = self._short_pcm16(data, options)
+        if wave is None:
+            wave = decode_upload(self.decoder, self.resampler, data, options, self.settings.limits)
         seconds = wave_seconds(wave)
         job_id = f"file-{next(self._ids)}"
         future: Future = Future()
@@ -92,6 +97,19 @@ class DirectRun:
         for item in items:
             self.scheduler.put(item, force=True)
         return future, seconds
+
+    def _short_pcm16(self, data: bytes, options: TranscribeOptions) -> torch.Tensor | None:
+        """A short mono 16 kHz 16-bit PCM WAV's samples as they are (int16, scaled by the engine on
+        its device, as the server's spooled WAV uploads): no float copy per file; else None (decoded:
+        a long recording's speech detection reads float waves)."""
+        if options.split_channels:
+            return None
+        limits = self.settings.limits
+        layout = self.decoder.pcm16_layout(data, max_seconds=limits.max_audio_seconds,
+                                           max_bytes=limits.max_upload_bytes)
+        if layout is None or layout.seconds > self.settings.engine.segment_threshold_s:
+            return None
+        return torch.from_numpy(np.frombuffer(data, dtype="<i2", count=layout.frames, offset=layout.offset).copy())
 
     def _segmenter_for_long(self):
         with self._segmenter_lock:

@@ -293,6 +293,31 @@ def test_everything_else_is_relayed_to_the_owner(pair, speech_clip):
     assert missing.status_code == 404 and missing.json()["error"]["code"] == "job_not_found"
 
 
+def test_the_owners_metrics_count_what_the_siblings_answered(pair, speech_clip):
+    """Nobody scrapes a sibling: its HTTP answers and refusals reach the owner's /metrics (sent
+    once a second), so a sibling's submits and its 404s are counted there."""
+    owner, sib, _ = pair
+    import re
+
+    def counts() -> tuple[float, float]:
+        text = httpx.get(owner + "/metrics", timeout=30).text
+        def value(pattern):
+            found = re.search(pattern, text)
+            return float(found.group(1)) if found else 0.0
+        return (value(r'sensevoice_http_requests_total\{method="POST",route="/api/jobs",status="202"\} (\S+)'),
+                value(r'sensevoice_http_refusals_total\{code="job_not_found",route="/api/jobs/\{job_id\}",status="404"\} (\S+)'))
+
+    time.sleep(2.5)  # what earlier tests' requests sent is in (a send a second)
+    before = counts()
+    for _ in range(3):
+        assert submit(sib, speech_clip).status_code == 202  # the sibling's own answers
+    assert httpx.get(f"{sib}/api/jobs/{new_job_id()}", timeout=30).status_code == 404
+    deadline = time.monotonic() + 15
+    while (now := counts()) != (before[0] + 3, before[1] + 1):
+        assert time.monotonic() < deadline, (before, now)
+        time.sleep(0.3)
+
+
 def test_live_captions_are_relayed_to_the_owner(pair, speech_clip):
     _, sib, _ = pair
     import wave

@@ -100,6 +100,44 @@ class HubClient:
         self._sock.close()
 
 
+class MetricsShipper:
+    """A sibling's metric events (``Metrics.sink``: its HTTP answers, refusals, loop lag) sent to
+    the owner's hub once a second, so that the owner's /metrics counts the requests the siblings
+    answered (most of them; nobody scrapes a sibling). Events of a second the owner could not take
+    are dropped, not retried."""
+
+    MAX_EVENTS = 100_000  # held between sends at most (a burst beyond is not counted)
+    EVENTS_PER_FRAME = 4_000
+
+    def __init__(self, hub: HubClient, interval_s: float = 1.0):
+        self.hub, self.interval_s = hub, interval_s
+        self._events: list[tuple[str, tuple]] = []
+        self._lock = threading.Lock()
+        self._thread = threading.Thread(target=self._run, name="sensevoice-metrics-shipper", daemon=True)
+
+    def __call__(self, name: str, args: tuple) -> None:
+        with self._lock:
+            if len(self._events) < self.MAX_EVENTS:
+                self._events.append((name, args))
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def _run(self) -> None:
+        while True:
+            time.sleep(self.interval_s)
+            self.flush()
+
+    def flush(self) -> None:
+        with self._lock:
+            events, self._events = self._events, []
+        for i in range(0, len(events), self.EVENTS_PER_FRAME):
+            try:
+                self.hub.call("metrics", events=events[i:i + self.EVENTS_PER_FRAME])
+            except BrokerUnavailable:
+                return  # the owner is gone (this process stops) or busy past the call timeout
+
+
 class SiblingBroker(JobStore):
     """A sibling web process's broker: reads from the store, writes through the owner."""
 

@@ -25,6 +25,7 @@ the process's life.
 from __future__ import annotations
 
 import enum
+import functools
 import logging
 import os
 import platform
@@ -78,6 +79,23 @@ _CODE_RE = re.compile(r"^[a-z][a-z0-9_]{0,63}$")  # an error code fit to be a la
 def _text(value: Any) -> str:
     """A label value from a str, or an Enum's lower-case name (``Lane.BULK`` -> ``bulk``)."""
     return value.name.lower() if isinstance(value, enum.Enum) else str(value)
+
+
+def _shared(method):
+    """An event a sibling web process records and also hands to ``Metrics.sink``: its owner's
+    /metrics counts it (the siblings take most requests; nobody scrapes a sibling)."""
+    name = method.__name__
+
+    @functools.wraps(method)
+    def record(self, *args):
+        method(self, *args)
+        if self.sink is not None:
+            self.sink(name, tuple(_text(a) if isinstance(a, enum.Enum) else a for a in args))
+
+    return record
+
+
+SHARED_EVENTS = frozenset({"request_failure", "rejected", "observe_loop_lag", "observe_http"})
 
 
 def _seconds(value: float) -> float:
@@ -134,6 +152,7 @@ class Metrics:
     def __init__(self, devices: list[str], nvml_interval_s: float = DEFAULT_NVML_INTERVAL_S, *,
                  nvml: Any = None):
         self.devices = [_text(d) for d in devices]
+        self.sink: Callable[[str, tuple], None] | None = None  # a sibling web process's owner (SHARED_EVENTS)
         self.registry = r = CollectorRegistry()
         p = PREFIX
         self._success = Counter(f"{p}request_success_total",
@@ -222,9 +241,11 @@ class Metrics:
         for t in job_seconds:
             hist.observe(_seconds(t))
 
+    @_shared
     def request_failure(self, lane: str, code: str) -> None:
         self._failure.labels(_text(lane), _text(code)).inc()
 
+    @_shared
     def rejected(self, reason: str) -> None:
         self._rejected.labels(_text(reason)).inc()
 
@@ -239,6 +260,7 @@ class Metrics:
         """One job's time from queue entry to stored result (call once per job)."""
         self._job_time.labels(_text(lane)).observe(_seconds(seconds))
 
+    @_shared
     def observe_loop_lag(self, seconds: float) -> None:
         """How much later than asked the event loop's heartbeat woke."""
         self._loop_lag.observe(_seconds(seconds))
@@ -250,6 +272,7 @@ class Metrics:
         self._inferences.labels(key).inc(int(batch_size))
         self._executions.labels(key).inc()
 
+    @_shared
     def observe_http(self, method: str, route: str, status: int, seconds: float,
                      code: str | None = None) -> None:
         """One HTTP answer; ``route`` is the route template (``/api/jobs/{job_id}``), never the raw

@@ -22,6 +22,7 @@ import torch
 from pipeline.domain.errors import SenseVoiceError
 from pipeline.domain.types import Transcript
 from pipeline.serving import sibling_wire as wire
+from pipeline.serving.metrics import SHARED_EVENTS
 
 logger = logging.getLogger("sensevoice.siblings")
 
@@ -34,9 +35,10 @@ class SiblingHub:
     here like one accepted here), ``state`` what a sibling's probes and admission read."""
 
     def __init__(self, path: str, secret: str, broker, remember: Callable, state: Callable[[], dict],
-                 device: str = "cpu"):
+                 device: str = "cpu", metrics=None):
         self.path, self.secret = path, secret
         self.broker, self.remember, self.state = broker, remember, state
+        self.metrics = metrics  # where the siblings' metric events are counted (this process's /metrics)
         self.device = torch.device(device)  # where this process's own uploads' waves wait (its GPU)
         self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self._sock.bind(path)
@@ -174,4 +176,9 @@ class SiblingHub:
             return {"position": self.broker.position(str(head["job_id"]))}
         if op == "state":
             return self.state()
+        if op == "metrics":  # a sibling's HTTP answers, refusals, loop lag (MetricsShipper)
+            for name, args in head.get("events", ()):
+                if name in SHARED_EVENTS and self.metrics is not None:
+                    getattr(self.metrics, name)(*args)
+            return {}
         raise ValueError(f"unknown op {op!r}")

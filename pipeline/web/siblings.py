@@ -120,7 +120,8 @@ class WebSiblings:
         secret_file.touch(mode=0o600)
         secret_file.write_text(self.secret)
         self.hub = SiblingHub(str(self.dir / "hub.sock"), self.secret, runtime.broker, runtime.view.remember,
-                              lambda: owner_state(runtime), device=runtime.intake.resampler.device)
+                              lambda: owner_state(runtime), device=runtime.intake.resampler.device,
+                              metrics=runtime.metrics)
         self.relay = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self.relay.bind(str(self.dir / "relay.sock"))
         self.relay.listen(2048)
@@ -351,7 +352,7 @@ class OwnerRelay:
 def sibling_app(settings, sibling_dir: str | Path, on_lost=None) -> SiblingFront:
     """A sibling web process's app: the api role over the owner's store (``settings``: the
     owner's, role api, no UI), the rest relayed to the owner."""
-    from pipeline.serving.broker_sibling import SiblingBroker
+    from pipeline.serving.broker_sibling import MetricsShipper, SiblingBroker
     from pipeline.serving.runtime import build_runtime
     from pipeline.web.app import create_app
 
@@ -367,6 +368,9 @@ def sibling_app(settings, sibling_dir: str | Path, on_lost=None) -> SiblingFront
                 raise
             time.sleep(0.2)
     runtime = build_runtime(settings, role="api", broker=broker)
+    shipper = MetricsShipper(broker.hub)  # the owner's /metrics counts what this process answers
+    runtime.metrics.sink = shipper
+    shipper.start()
     return SiblingFront(create_app(runtime=runtime), OwnerRelay(str(folder / "relay.sock"), secret))
 
 

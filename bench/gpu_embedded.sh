@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # H200: the embedded server (full-size model, CUDA graphs) per WEBS entry "N:ACCEPTS" (--web-processes N,
-# SENSEVOICE_WEB_OWNER_ACCEPTS=ACCEPTS): idle latency (bench/idle_latency.py), then 64 submitters + 200
+# SENSEVOICE_WEB_OWNER_ACCEPTS=ACCEPTS; "0:auto" = both left to the server): idle latency (bench/idle_latency.py), then 64 submitters + 200
 # pollers for 15 s (bench/load_test.py), the server's CPU; optionally (PROXY_WEBS) the 2-core CPU proxy.
 #   device tool, carry .whl .deb .gpu-media:  WEBS="2:true 3:false 2:false" bash bench/gpu_embedded.sh
 set -uo pipefail
@@ -17,7 +17,8 @@ port=7870
 for CFG in ${WEBS:-2:true 3:false}; do
   W=${CFG%%:*}; ACC=${CFG##*:}
   port=$((port + 1))
-  SENSEVOICE_WEB_OWNER_ACCEPTS=$ACC python3 app_sensevoice.py --model $model --device cuda --api-only --port $port --data-dir "$(mktemp -d)" \
+  accepts=$([ "$ACC" = auto ] || echo "SENSEVOICE_WEB_OWNER_ACCEPTS=$ACC")  # "0:auto": the defaults
+  env $accepts python3 app_sensevoice.py --model $model --device cuda --api-only --port $port --data-dir "$(mktemp -d)" \
     --web-processes $W >$OUT/emb-$W.log 2>&1 &
   emb=$!
   for _ in $(seq 600); do grep -q "CUDA graphs: [0-9]* captured\|serving the eager path" $OUT/emb-$W.log && break; sleep 0.3; done

@@ -144,7 +144,7 @@ def main(argv=None) -> int:
     from pipeline.web.edge import uvicorn_options
     from pipeline.domain.errors import ModelUnavailable, UnsafeDirectory
     from pipeline.serving.runtime import build_runtime
-    from pipeline.web.siblings import WebSiblings, run_sibling, web_processes
+    from pipeline.web.siblings import WebSiblings, run_sibling, share_limits, web_processes
 
     overrides = {k: v for k, v in {"model": args.model, "device": args.device, "host": args.host,
                                    "port": args.port, "data_dir": args.data_dir,
@@ -162,6 +162,8 @@ def main(argv=None) -> int:
         gpus = gpu_count()
         if gpus > 1:  # one worker process per GPU, each on its own port (probes, metrics)
             return run_per_gpu(sys.argv[1:] if argv is None else argv, settings, gpus)
+    processes = web_processes(settings)
+    share_limits(settings, processes)  # each web process counts its share of the per-server limits
     try:  # the model is found now (an api process holds none): fail fast, before the server starts
         runtime = build_runtime(settings, resolve=True)
     except (ModelUnavailable, UnsafeDirectory) as e:
@@ -184,7 +186,6 @@ def main(argv=None) -> int:
     # counts per client and in all, on top of uvicorn's httptools protocol; X-Forwarded-For only
     # from SENSEVOICE_TRUSTED_PROXIES
     options = dict(log_level="info", loop="uvloop", access_log=settings.server.access_log, **uvicorn_options(settings))
-    processes = web_processes(settings)
     if processes <= 1:
         uvicorn.run(app, host=settings.server.host, port=settings.server.port, **options)
         return 0

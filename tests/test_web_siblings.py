@@ -71,6 +71,24 @@ def test_web_processes_auto_is_one_on_a_cpu_host_and_never_beside_redis(tmp_path
     assert web_processes(make_settings(tmp_path, tmp_path, web_processes=3, role="worker")) == 1
 
 
+def test_per_server_limits_are_shared_out_among_the_web_processes(tmp_path):
+    """Each process counts a client's failed sign-ins and the uploads in flight on its own: each
+    gets its share of the configured whole (rounded up; no limit stays none), the rest as set."""
+    from pipeline.web.siblings import share_limits
+
+    s = make_settings(tmp_path, tmp_path, auth_failures_per_client=20, max_concurrent_uploads=9,
+                      max_uploads_per_client=4)
+    share_limits(s, 3)
+    assert (s.limits.auth_failures_per_client, s.limits.max_concurrent_uploads) == (7, 3)
+    assert s.limits.max_uploads_per_client == 4  # a client's own uploads: not split (its connections land anywhere)
+    unlimited = make_settings(tmp_path, tmp_path, auth_failures_per_client=0, max_concurrent_uploads=9)
+    share_limits(unlimited, 3)
+    assert (unlimited.limits.auth_failures_per_client, unlimited.limits.max_concurrent_uploads) == (0, 3)
+    alone = make_settings(tmp_path, tmp_path, auth_failures_per_client=20)
+    share_limits(alone, 1)
+    assert alone.limits.auth_failures_per_client == 20
+
+
 def test_a_relayed_address_is_believed_from_the_relay_socket_with_the_secret_only():
     seen = []
 
@@ -250,6 +268,9 @@ def submit(url: str, path: Path, **params) -> httpx.Response:
 
 def test_a_siblings_job_gives_the_owners_tokens(pair, speech_clip):
     owner, sib, siblings = pair
+    env = siblings.sibling_env()  # a sibling counts the owner's shares of the per-server limits
+    assert env["SENSEVOICE_AUTH_FAILURES_PER_CLIENT"] == str(siblings.settings.limits.auth_failures_per_client)
+    assert env["SENSEVOICE_MAX_CONCURRENT_UPLOADS"] == str(siblings.settings.limits.max_concurrent_uploads)
     before = siblings.hub.accepted
     direct = submit(owner, speech_clip, wait=60)
     via = submit(sib, speech_clip)
@@ -415,9 +436,13 @@ def test_beside_two_siblings_the_owner_takes_no_public_connection(demo_dir, tmp_
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     log = open(tmp_path / "owner.log", "w+")
-    proc = start_owner(demo_dir, tmp_path, port, log, processes=3)
+    proc = start_owner(demo_dir, tmp_path, port, log, processes=3, SENSEVOICE_AUTH_FAILURES_PER_CLIENT="20")
     try:
-        assert len(wait_siblings(port)) == 2
+        found = wait_siblings(port)
+        assert len(found) == 2
+        for pid in found:  # each counts its share of the per-server limits: ceil(20 / 3)
+            env = dict(kv.split("=", 1) for kv in Path(f"/proc/{pid}/environ").read_text().split("\0") if "=" in kv)
+            assert env["SENSEVOICE_AUTH_FAILURES_PER_CLIENT"] == "7"
         ids = []
         for _ in range(16):  # a connection each
             r = submit(url, speech_clip)

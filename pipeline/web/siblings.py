@@ -72,6 +72,22 @@ def owner_accepts(settings, processes: int) -> bool:
     return choice if choice is not None else processes <= 2
 
 
+SHARED_LIMITS = ("auth_failures_per_client", "max_concurrent_uploads")  # counted by each process
+
+
+def share_limits(settings, processes: int) -> None:
+    """Make the limits each web process counts on its own (a client's failed sign-ins, large
+    uploads in flight) its share of the configured whole, so that ``processes`` processes bound
+    the server as configured, not ``processes`` times over (0 = no limit stays 0). The siblings
+    get the owner's shares (``WebSiblings``' environment)."""
+    if processes <= 1:
+        return
+    for name in SHARED_LIMITS:
+        whole = getattr(settings.limits, name)
+        if whole > 0:
+            setattr(settings.limits, name, -(-whole // processes))
+
+
 def owned(method: str, path: str) -> bool:
     """The requests a sibling serves itself (the rest go to the owner)."""
     if method == "POST":
@@ -140,7 +156,12 @@ class WebSiblings:
         app = Path(__file__).resolve().parent.parent.parent / "app_sensevoice.py"
         fd = self.listener.fileno()
         return subprocess.Popen([sys.executable, str(app), *self.argv, "--sibling-dir", str(self.dir),
-                                 "--sibling-fd", str(fd)], pass_fds=(fd,))
+                                 "--sibling-fd", str(fd)], pass_fds=(fd,), env=self.sibling_env())
+
+    def sibling_env(self) -> dict[str, str]:
+        """A sibling's environment: this one, with the owner's shares of the shared limits."""
+        return {**os.environ, **{f"SENSEVOICE_{name.upper()}": str(getattr(self.settings.limits, name))
+                                 for name in SHARED_LIMITS}}
 
     def _keep_running(self) -> None:
         """Start a sibling that exited again: after 1 s, or (one that keeps dying within 30 s of

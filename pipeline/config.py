@@ -135,9 +135,9 @@ class LimitsSettings(BaseModel):
         "max_audio_seconds: room for the longest allowed audio at 16 kHz plus the decoder's own "
         "needs). A crafted file that asks for more fails alone (413 decoder_out_of_memory).")
     max_concurrent_uploads: int = Field(
-        0, ge=0, description="Large request bodies received or handled at once (0 = twice the CPU "
-        "cores, at least 8); beyond it an upload gets 503 + Retry-After at once. Bounds memory too: "
-        "each upload is read whole before it is decoded.")
+        0, ge=0, description="Large request bodies received or handled at once by each web process "
+        "(0 = twice the CPU cores, at least 8); beyond it an upload gets 503 + Retry-After at once. "
+        "Bounds memory too: each upload is read whole before it is decoded.")
     submit_threads: int = Field(
         0, ge=0, description="Uploads decoded and stored at once by the thread pool (0 = "
         f"{DEFAULT_SUBMIT_THREADS}, whatever the cores: one process has one GIL); more wait for a "

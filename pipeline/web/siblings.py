@@ -72,14 +72,15 @@ def owner_accepts(settings, processes: int) -> bool:
     return choice if choice is not None else processes <= 2
 
 
-SHARED_LIMITS = ("auth_failures_per_client", "max_concurrent_uploads")  # counted by each process
+SHARED_LIMITS = ("auth_failures_per_client",)  # per server, but counted by each process
 
 
 def share_limits(settings, processes: int) -> None:
-    """Make the limits each web process counts on its own (a client's failed sign-ins, large
-    uploads in flight) its share of the configured whole, so that ``processes`` processes bound
-    the server as configured, not ``processes`` times over (0 = no limit stays 0). The siblings
-    get the owner's shares (``WebSiblings``' environment)."""
+    """Make the per-server limits each web process counts on its own (a client's failed sign-ins)
+    its share of the configured whole, so that ``processes`` processes bound a guessing client as
+    configured, not ``processes`` times over (0 = no limit stays 0). The siblings get the owner's
+    shares (``WebSiblings``' environment). Upload slots stay per process: each has its own GIL
+    and memory (``max_concurrent_uploads``)."""
     if processes <= 1:
         return
     for name in SHARED_LIMITS:

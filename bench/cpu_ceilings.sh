@@ -14,6 +14,7 @@
 # Runs where the GPU machine's wheels are (.whl) and redis as .deb (.deb); writes $OUT/*.txt.
 set -uo pipefail
 OUT=${OUT:-$(mktemp -d)}
+mkdir -p "$OUT"  # (a caller may name a folder that is not there yet)
 export PYTHONUNBUFFERED=1
 if [ ! -f /tmp/site/.done ]; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \

@@ -5,6 +5,7 @@
 # its processes, /proc).   device tool, carry .whl .base:  bash bench/cpu_interleaved.sh
 # (RUNS="tree:procs ..." picks the runs)
 set -uo pipefail
+mkdir -p "$OUT"
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl >$OUT/pip.log 2>&1
 export PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1 SENSEVOICE_DEVICE=cpu SENSEVOICE_MAX_CONNECTIONS_PER_CLIENT=0 \
   SENSEVOICE_MAX_UPLOADS_PER_CLIENT=0 SENSEVOICE_QUEUE_SIZE=4096

@@ -4,6 +4,7 @@
 # pollers for 15 s (bench/load_test.py), the server's CPU; optionally (PROXY_WEBS) the 2-core CPU proxy.
 #   device tool, carry .whl .deb .gpu-media:  WEBS="2:true 3:false 2:false" bash bench/gpu_embedded.sh
 set -uo pipefail
+mkdir -p "$OUT"
 T0=$(date +%s); say() { echo "[$(( $(date +%s) - T0 )) s] $*" | tee -a $OUT/progress.txt; }
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
   .whl/*.whl >$OUT/pip.log 2>&1 && touch /tmp/site/.done && export PYTHONPATH=/tmp/site || exit 1

@@ -72,9 +72,10 @@ class HubClient:
         return reply.get("ok")
 
     def _read(self) -> None:
+        reader = wire.FrameReader(self._sock)
         try:
             while True:
-                head, _ = wire.recv_frame(self._sock)
+                head, _ = reader.next()
                 with self._lock:
                     fut = self._waiting.get(head.get("rid"))
                 if fut is not None and not fut.done():

@@ -38,23 +38,24 @@ class WireClosed(ConnectionError):
     """The other end closed the socket (or sent a frame this side cannot read)."""
 
 
-def send_frame(sock: socket.socket, lock: threading.Lock, head: dict, payload: bytes | memoryview = b"") -> None:
+def _framed(head: dict, payload_len: int = 0) -> bytes:
     data = orjson.dumps(head)
+    return FRAME.pack(len(data), payload_len) + data
+
+
+def send_frame(sock: socket.socket, lock: threading.Lock, head: dict, payload: bytes | memoryview = b"") -> None:
     payload = memoryview(payload).cast("B")  # bytes, whatever the item size of the buffer
     with lock:
-        sock.sendall(FRAME.pack(len(data), len(payload)) + data)
+        sock.sendall(_framed(head, len(payload)))
         if payload:
             sock.sendall(payload)
 
 
 def send_frames(sock: socket.socket, lock: threading.Lock, heads: list[dict]) -> None:
     """Header-only frames (replies) in one write."""
-    parts = []
-    for head in heads:
-        data = orjson.dumps(head)
-        parts += (FRAME.pack(len(data), 0), data)
+    data = b"".join(_framed(head) for head in heads)
     with lock:
-        sock.sendall(b"".join(parts))
+        sock.sendall(data)
 
 
 class FrameReader:
@@ -120,26 +121,6 @@ class FrameReader:
                 view = view[got:]
         head_len = FRAME.unpack_from(frame)[0]
         return orjson.loads(frame[FRAME.size:FRAME.size + head_len]), memoryview(frame)[FRAME.size + head_len:]
-
-
-def _recv_exactly(sock: socket.socket, n: int) -> bytearray:
-    buf = bytearray(n)
-    view = memoryview(buf)
-    while view:
-        got = sock.recv_into(view)
-        if got == 0:
-            raise WireClosed("the other end closed the connection")
-        view = view[got:]
-    return buf
-
-
-def recv_frame(sock: socket.socket) -> tuple[dict, bytearray]:
-    """The next frame: its header and payload. WireClosed at the end of the stream."""
-    head_len, payload_len = FRAME.unpack(_recv_exactly(sock, FRAME.size))
-    if head_len > MAX_HEADER_BYTES or payload_len > MAX_PAYLOAD_BYTES:
-        raise WireClosed(f"a frame of {head_len} + {payload_len} bytes is not one of ours")
-    head = orjson.loads(_recv_exactly(sock, head_len))
-    return head, (_recv_exactly(sock, payload_len) if payload_len else bytearray())
 
 
 # ---------------------------------------------------------------------------- values

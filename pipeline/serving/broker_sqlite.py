@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import logging
-import mmap
 import os
 import sqlite3
 import threading
@@ -29,6 +28,7 @@ from pipeline.domain.types import Job, JobError, JobState, Lane, Transcript, Wor
 from pipeline.serving import calls_index
 from pipeline.serving.group_commit import GroupCommit
 from pipeline.serving.job_events import Feed, JobEvent
+from pipeline.serving.payloads import map_private
 from pipeline.serving.records import SegmentResult, dump_options, load_options, storage_error
 
 logger = logging.getLogger("sensevoice.jobs")
@@ -80,13 +80,7 @@ class SpooledPcm16:
     frames: int
 
     def load(self) -> torch.Tensor:
-        fd = os.open(self.path, os.O_RDONLY)
-        try:
-            if os.fstat(fd).st_size < self.offset + 2 * self.frames:
-                raise ValueError("the spooled upload is shorter than its samples")
-            pages = mmap.mmap(fd, 0, access=mmap.ACCESS_COPY)
-        finally:
-            os.close(fd)
+        pages = map_private(self.path, self.offset + 2 * self.frames, "the spooled upload")
         samples = np.frombuffer(pages, dtype="<i2", count=self.frames, offset=self.offset)
         return torch.from_numpy(samples if self.offset % 2 == 0 else samples.copy())
 

@@ -78,6 +78,20 @@ def pcm16_tensor(data: bytes | memoryview) -> torch.Tensor:
     return torch.from_numpy(np.frombuffer(data, dtype="<i2").astype(np.int16))
 
 
+def map_private(path: str | os.PathLike, min_size: int, what: str = "a file") -> mmap.mmap:
+    """A private (copy-on-write) mapping of a whole file that is never changed once in place: its
+    pages are read where they lie (writing the mapping never writes the file, and deleting the file
+    leaves the mapping intact). ValueError when it holds fewer than ``min_size`` bytes (mapping
+    past its end would fault on access); ``what`` names the file in that message."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        if os.fstat(fd).st_size < min_size:
+            raise ValueError(f"{what} too short for the {min_size} bytes it must hold")
+        return mmap.mmap(fd, 0, access=mmap.ACCESS_COPY)
+    finally:
+        os.close(fd)
+
+
 class Payloads:
     """Encode, store and read back audio pieces and uploads (see the module's docstring)."""
 
@@ -134,15 +148,9 @@ class Payloads:
         leaves a mapping intact), so a mapping cannot lose its pages."""
         if value[:1] == FILE:
             try:
-                fd = os.open(self._path(value), os.O_RDONLY)
+                pages = map_private(self._path(value), len(PCM16_FILE), "a shared audio file")
             except FileNotFoundError:
                 return None
-            try:
-                if os.fstat(fd).st_size < len(PCM16_FILE):
-                    raise ValueError("a shared audio file too short for its header")
-                pages = mmap.mmap(fd, 0, access=mmap.ACCESS_COPY)
-            finally:
-                os.close(fd)
             head = pages[:len(PCM16_FILE)]
             if head == PCM16_FILE:
                 samples = np.frombuffer(pages, dtype="<i2", offset=len(PCM16_FILE))

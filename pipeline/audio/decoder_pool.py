@@ -254,6 +254,7 @@ class Decoder:
                  tasks_per_process: int = TASKS_PER_PROCESS, fast_wav: bool = True):
         self.processes = processes
         self.fast_wav = fast_wav  # 16 kHz 16-bit PCM WAV read in this process (pipeline/audio/wav.py)
+        self.max_seconds, self.max_bytes = max_seconds, max_bytes  # (pcm16_layout's caps)
         self.target = target
         self.timeout_s = timeout_s
         self.memory_limit = (memory_mb * 1024 * 1024 if memory_mb > 0
@@ -281,14 +282,13 @@ class Decoder:
     def target(self, target: str | Callable) -> None:
         self._target = _target_name(target)
 
-    def pcm16_layout(self, data: bytes, *, max_seconds: float = DEFAULT_MAX_SECONDS,
-                     max_bytes: int | None = None) -> Pcm16Layout | None:
+    def pcm16_layout(self, data: bytes) -> Pcm16Layout | None:
         """Where a mono 16 kHz 16-bit PCM WAV upload keeps the samples this decoder would return
-        (scaled), or None: any other upload is decoded (``__call__``)."""
+        (scaled), within the decoder's caps, or None: any other upload is decoded (``__call__``)."""
         if not (self.fast_wav and self.target == DEFAULT_TARGET):
             return None
-        _check_size(len(data), max_bytes)
-        return pcm16_mono_layout(data, max_seconds=max_seconds)
+        _check_size(len(data), self.max_bytes)
+        return pcm16_mono_layout(data, max_seconds=self.max_seconds)
 
     def __call__(self, data: bytes, *, max_seconds: float = DEFAULT_MAX_SECONDS,
                  max_bytes: int | None = None, channel: int | None = None) -> DecodedAudio:

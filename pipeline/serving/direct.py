@@ -104,9 +104,7 @@ class DirectRun:
         a long recording's speech detection reads float waves)."""
         if options.split_channels:
             return None
-        limits = self.settings.limits
-        layout = self.decoder.pcm16_layout(data, max_seconds=limits.max_audio_seconds,
-                                           max_bytes=limits.max_upload_bytes)
+        layout = self.decoder.pcm16_layout(data)
         if layout is None or layout.seconds > self.settings.engine.segment_threshold_s:
             return None
         return torch.from_numpy(np.frombuffer(data, dtype="<i2", count=layout.frames, offset=layout.offset).copy())

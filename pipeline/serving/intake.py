@@ -109,10 +109,7 @@ class Intake:
         """A mono 16 kHz 16-bit PCM WAV's samples in the upload, when the broker reads a job's
         audio from its stored upload: such an upload is never converted (to float, to the GPU)
         here; anything else is decoded (None)."""
-        if not self.broker.spools_pcm16:
-            return None
-        limits = self.settings.limits
-        return self.decoder.pcm16_layout(data, max_seconds=limits.max_audio_seconds, max_bytes=limits.max_upload_bytes)
+        return self.decoder.pcm16_layout(data) if self.broker.spools_pcm16 else None
 
     def decode(self, data: bytes, options: TranscribeOptions) -> torch.Tensor:
         """Upload bytes -> 16 kHz wave on the device: [n] mono, or [channels, n] for split calls."""

@@ -110,6 +110,43 @@ def test_recovery_removes_old_spooled_uploads_that_no_job_names(tmp_path):
     assert not orphan.exists() and fresh.exists() and store.spool_path(kept.id).exists()
 
 
+def test_recovery_drops_a_queued_row_whose_upload_a_power_cut_left_short(tmp_path):
+    """A sibling web process syncs its spool file while the owner commits the row, and answers
+    once both are done: after a power cut between the two a row may name a file that is short or
+    missing. Nobody was told that job was accepted, and a cut recording must not be transcribed as
+    if whole: recovery drops the row and the file; whole ones (and rows of before, no size) stay."""
+    store = JobStore(tmp_path / "data")
+    whole, short, missing, before = _job(), _job(), _job(), _job()
+    for job in (whole, short, missing):
+        store.create(job, b"x" * 1000)
+    store.spool(before.id, b"y" * 10)
+    store.insert(before)  # no size recorded: trusted as before
+    with open(store.spool_path(short.id), "r+b") as f:
+        f.truncate(600)
+    store.spool_path(missing.id).unlink()
+    assert [j.id for j in store.recover()] == [whole.id, before.id]
+    for gone in (short, missing):
+        with pytest.raises(Exception):
+            store.get(gone.id)
+        assert not store.spool_path(gone.id).exists()
+
+
+def test_a_store_of_before_gets_the_upload_size_column(tmp_path):
+    import sqlite3
+
+    data = tmp_path / "data"
+    store = JobStore(data)
+    job = _job()
+    store.create(job, b"an upload")
+    conn = sqlite3.connect(data / "jobs.sqlite3")
+    conn.execute("ALTER TABLE jobs DROP COLUMN upload_bytes")  # as a store made before it was
+    conn.close()
+    again = JobStore(data)
+    assert [j.id for j in again.recover()] == [job.id]
+    again.create(other := _job(), b"another")
+    assert again._conn().execute("SELECT upload_bytes FROM jobs WHERE id=?", (other.id,)).fetchone()[0] == 7
+
+
 def _wav_bytes(seconds: float, rate: int = 16000) -> bytes:
     import io
     import wave

@@ -208,6 +208,67 @@ def test_the_hub_commits_submits_that_arrive_together_in_one_group(tmp_path):
         hub.stop()
 
 
+def _sibling_submit(tmp_path, broker, fsync):
+    """A sibling's submit (create + put, as the intake runs them) against a real hub over the
+    owner's ``broker``, the spool file's fsync preceded by ``fsync(job_id)``; returns (job, error)."""
+    import pipeline.serving.broker_sqlite as store_module
+
+    hub = SiblingHub(str(tmp_path / "hub.sock"), "k", broker, lambda job: None, dict)
+    hub.start()
+    job = Job(id=new_job_id(), state=JobState.QUEUED, options=TranscribeOptions(), lane=Lane.BULK,
+              created_at=time.time(), audio_seconds=0.1, filename="a.wav")
+    real_fsync, error = os.fsync, None
+    try:
+        sib = SiblingBroker(tmp_path, str(tmp_path / "hub.sock"), "k")
+        store_module.os.fsync = lambda fd: fsync(job.id) or real_fsync(fd)
+        sib.create(job, b"RIFF upload bytes")
+        try:
+            sib.put(WorkItem(job.id, Lane.BULK, job.options, 1600, audio=torch.zeros(1600)))
+        except StorageError as e:
+            error = e
+            sib.discard(job.id)  # what the intake does with a failed submit
+    finally:
+        store_module.os.fsync = real_fsync
+        hub.stop()
+    return job, error
+
+
+def test_a_siblings_spool_file_is_synced_while_the_owner_commits_the_row(tmp_path):
+    """The two fsyncs of a submit (the upload's spool file here, the row's WAL commit in the
+    owner) run at once, not in series (idle submit -> done counts both): the row is committed
+    while the spool file's fsync is under way, with the upload's size (recovery's check)."""
+    broker, seen = EmbeddedBroker(tmp_path, Scheduler(8)), {}
+
+    def fsync(job_id):
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and "row" not in seen:
+            try:
+                seen["row"] = broker.get(job_id).state
+            except Exception:
+                time.sleep(0.005)
+
+    job, error = _sibling_submit(tmp_path, broker, fsync)
+    assert error is None and seen.get("row") is JobState.QUEUED  # committed before the fsync ended
+    assert broker._conn().execute("SELECT upload_bytes FROM jobs WHERE id=?", (job.id,)).fetchone()[0] == 17
+    assert broker.counts()["queued"] == 1
+
+
+def test_a_failed_spool_fsync_fails_the_submit_and_leaves_no_row(tmp_path):
+    """The owner took the row and the item, then the sibling's fsync of the upload failed (an I/O
+    error): the submit answers 503 storage_error and the intake's discard removes row and file."""
+    import errno
+
+    def fsync(job_id):
+        raise OSError(errno.EIO, "Input/output error")
+
+    broker = EmbeddedBroker(tmp_path, Scheduler(8))
+    job, error = _sibling_submit(tmp_path, broker, fsync)
+    assert isinstance(error, StorageError)
+    assert not broker.spool_path(job.id).exists()
+    with pytest.raises(Exception):
+        broker.get(job.id)
+
+
 # ---------------------------------------------------------------------------- both ends, one process
 class Served:
     def __init__(self, app, sockets):

@@ -1,9 +1,11 @@
 """The embedded store as a sibling web process sees it (``--web-processes``): a shared broker
 (``shared`` True: the owner process writes what changes, this one reads SQLite to see it).
 
-A submit is decoded and its upload spooled (fsync'd) here; the job's row and its work item go to
-the owner in one message (:class:`~pipeline.serving.sibling_hub.SiblingHub`), which inserts the
-row and queues the item, or refuses both (a full queue: 503, the spool file removed). Polls read
+A submit is decoded and its upload spooled here; the job's row and its work item go to the owner in
+one message (:class:`~pipeline.serving.sibling_hub.SiblingHub`), which inserts the row and queues the
+item, or refuses both (a full queue: 503, the spool file removed). The spool file's fsync runs here
+while the owner commits the row (both done before the submit answers; the row records the upload's
+size, so that recovery drops a row whose file a power cut left short). Polls read
 the job from SQLite here (WAL: never waiting on the writer) and ask the owner only for a queued
 job's place in its queue."""
 
@@ -16,6 +18,7 @@ import os
 import socket
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import replace
 from pathlib import Path
@@ -23,7 +26,7 @@ from pathlib import Path
 from pipeline.domain.errors import BrokerUnavailable, NotReady, QueueFull
 from pipeline.domain.types import Job, JobState, Lane, Transcript
 from pipeline.serving import sibling_wire as wire
-from pipeline.serving.broker_sqlite import JobStore
+from pipeline.serving.broker_sqlite import JobStore, UnsyncedSpool
 from pipeline.serving.scheduler import WorkItem
 
 logger = logging.getLogger("sensevoice.siblings")
@@ -52,24 +55,39 @@ class HubClient:
         self._reader.start()
 
     def call(self, op: str, payload: bytes | memoryview = b"", **fields):
+        return self.begin(op, payload, **fields)()
+
+    def begin(self, op: str, payload: bytes | memoryview = b"", **fields) -> Callable[[], object]:
+        """Send a request now; the function returned waits for its answer (what ``call``
+        returns or raises), so that the caller can do something else meanwhile."""
         rid = next(self._ids)
         fut: Future = Future()
         with self._lock:
             if self._closed:
                 raise BrokerUnavailable("the server's main process does not answer; try again")
             self._waiting[rid] = fut
-        try:
-            wire.send_frame(self._sock, self._send_lock, {"op": op, "rid": rid, **fields}, payload)
-            reply = fut.result(CALL_TIMEOUT_S)
-        except (OSError, TimeoutError) as e:
-            raise BrokerUnavailable(f"the server's main process does not answer ({type(e).__name__}); "
-                                    "try again") from None
-        finally:
+
+        def forget() -> None:
             with self._lock:
                 self._waiting.pop(rid, None)
-        if "error" in reply:
-            raise wire.error_from_head(reply["error"])
-        return reply.get("ok")
+
+        try:
+            wire.send_frame(self._sock, self._send_lock, {"op": op, "rid": rid, **fields}, payload)
+        except OSError as e:
+            forget()
+            raise _unavailable(e) from None
+
+        def answer():
+            try:
+                reply = fut.result(CALL_TIMEOUT_S)
+            except (OSError, TimeoutError) as e:
+                raise _unavailable(e) from None
+            finally:
+                forget()
+            if "error" in reply:
+                raise wire.error_from_head(reply["error"])
+            return reply.get("ok")
+        return answer
 
     def _read(self) -> None:
         reader = wire.FrameReader(self._sock)
@@ -99,6 +117,10 @@ class HubClient:
         except OSError:
             pass
         self._sock.close()
+
+
+def _unavailable(e: BaseException) -> BrokerUnavailable:
+    return BrokerUnavailable(f"the server's main process does not answer ({type(e).__name__}); try again")
 
 
 class MetricsShipper:
@@ -147,45 +169,58 @@ class SiblingBroker(JobStore):
     def __init__(self, data_dir: str | Path, hub_path: str, secret: str, on_lost=None):
         super().__init__(data_dir, owner=False)
         self.hub = HubClient(hub_path, secret, on_lost)
-        self._pending: dict[str, Job] = {}  # created here: the row goes with the first work item
+        self._pending: dict[str, tuple[Job, UnsyncedSpool, int]] = {}  # the row goes with the first item
         self._pending_lock = threading.Lock()
         self._state: tuple[float, dict] = (0.0, {})
         self._placed: dict[str, int | None] = {}  # a submit's place as the owner answered it
 
     # -- accept
     def create(self, job: Job, upload: bytes) -> None:
-        self.spool(job.id, upload)
+        spooled = self.spool_unsynced(job.id, upload)  # synced while the owner commits the row
         with self._pending_lock:
-            self._pending[job.id] = job
+            self._pending[job.id] = (job, spooled, len(upload))
 
-    def _take_pending(self, job_id: str) -> Job | None:
+    def _take_pending(self, job_id: str) -> tuple[Job, UnsyncedSpool, int] | None:
         with self._pending_lock:
             return self._pending.pop(job_id, None)
 
     def put(self, item: WorkItem, force: bool = False) -> None:
-        job = self._take_pending(item.job_id)
-        if job is not None:
-            try:
-                placed = self.hub.call("submit", wire.item_audio(item), job=wire.job_head(job),
-                                       item=wire.item_head(item), force=force)
-                with self._pending_lock:  # read once, by the submit's answer (position)
-                    self._placed[job.id] = placed["position"]
-                    if len(self._placed) > PLACED_KEPT:  # (a long job's submit reads none)
-                        self._placed.pop(next(iter(self._placed)))
-            except BaseException:
-                with self._pending_lock:  # refused: the caller discards it (the spool file goes)
-                    self._pending[job.id] = job
-                raise
-        else:
+        """A new job's first item: its row and item to the owner, the spool file's fsync here
+        meanwhile, then the owner's answer; the submit answers once both are done. A failed fsync
+        fails the submit after the owner took it (the intake's discard then deletes row and file)."""
+        pending = self._take_pending(item.job_id)
+        if pending is None:
             self.hub.call("put", wire.item_audio(item), item=wire.item_head(item), force=force)
+            return
+        job, spooled, size = pending
+        try:
+            answer = self.hub.begin("submit", wire.item_audio(item), job=wire.job_head(job),
+                                    item=wire.item_head(item), force=force, upload_bytes=size)
+        except BaseException:
+            spooled.close()
+            with self._pending_lock:  # never sent: the caller discards it (the spool file goes)
+                self._pending[job.id] = (job, spooled, size)
+            raise
+        try:
+            spooled.sync()
+        finally:
+            placed = answer()  # (a refusal raises: the owner removed row and file itself)
+        with self._pending_lock:  # read once, by the submit's answer (position)
+            self._placed[job.id] = placed["position"]
+            if len(self._placed) > PLACED_KEPT:  # (a long job's submit reads none)
+                self._placed.pop(next(iter(self._placed)))
 
     def _flush(self, job_id: str) -> None:
-        job = self._take_pending(job_id)
-        if job is not None:
-            self.hub.call("insert", job=wire.job_head(job))
+        pending = self._take_pending(job_id)
+        if pending is not None:
+            job, spooled, size = pending
+            spooled.sync()
+            self.hub.call("insert", job=wire.job_head(job), upload_bytes=size)
 
     def discard(self, job_id: str) -> None:
-        if self._take_pending(job_id) is not None:
+        pending = self._take_pending(job_id)
+        if pending is not None:
+            pending[1].close()
             self.delete_spool(job_id)  # never sent: the owner has no row of it
         else:
             self.hub.call("discard", job_id=job_id)

@@ -3,7 +3,10 @@
 States: queued -> running -> done | failed. Every transition is state-checked (``WHERE state=?``)
 so a result can never be written twice and a recovered job can never be finished by a stale worker.
 The uploaded bytes of each accepted job are spooled beside the database (fsync'd before the submit
-answers), so that a restart can decode and run queued jobs again.
+answers), so that a restart can decode and run queued jobs again. A row records its upload's size:
+a sibling web process syncs its spool file while the owner commits the row (two fsyncs at once, not
+in series), so after a power cut a queued row may name a spool file that never reached the disk
+whole; such a submit was never answered (the answer waits for both) and recovery drops it.
 """
 
 from __future__ import annotations
@@ -51,7 +54,8 @@ CREATE TABLE IF NOT EXISTS jobs (
     attempts INTEGER NOT NULL DEFAULT 0,
     result TEXT,
     error_code TEXT,
-    error_message TEXT
+    error_message TEXT,
+    upload_bytes INTEGER
 );
 CREATE INDEX IF NOT EXISTS jobs_state ON jobs(state, seq);
 CREATE TABLE IF NOT EXISTS segments (
@@ -85,6 +89,29 @@ class SpooledPcm16:
         return torch.from_numpy(samples if self.offset % 2 == 0 else samples.copy())
 
 
+class UnsyncedSpool:
+    """A spooled upload written but not yet durable (:meth:`JobStore.spool_unsynced`)."""
+
+    def __init__(self, job_id: str, fd: int):
+        self.job_id, self._fd = job_id, fd
+
+    def sync(self) -> None:
+        """fsync it (and let go of it); StorageFull or StorageError when that fails (the caller
+        discards the job, which deletes the file)."""
+        try:
+            os.fsync(self._fd)
+        except OSError as e:
+            logger.error("storing job %s failed: %s", self.job_id, e)
+            raise storage_error(e) from None
+        finally:
+            self.close()
+
+    def close(self) -> None:
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+
+
 class JobStore:
     """SQLite-backed job store. Reads use one connection per thread (WAL: they never wait on a
     writer); every write goes through one shared connection under a lock (``_write``). Writers on
@@ -112,6 +139,8 @@ class JobStore:
         if owner:
             with self._conn() as c:
                 c.executescript(SCHEMA)
+                if "upload_bytes" not in {r["name"] for r in c.execute("PRAGMA table_info(jobs)")}:
+                    c.execute("ALTER TABLE jobs ADD COLUMN upload_bytes INTEGER")  # a store of before
                 calls_index.ensure_schema(c)  # the calls table's summaries and reviews
 
     # ------------------------------------------------------------------ plumbing
@@ -159,7 +188,7 @@ class JobStore:
         no spool file without its row; it raises StorageFull (507) or StorageError (503). The rows
         of submits that arrive together are inserted in one transaction (:class:`GroupCommit`)."""
         self.spool(job.id, upload)
-        self.insert(job)
+        self.insert(job, len(upload))
 
     def spool(self, job_id: str, upload: bytes) -> None:
         """Write a job's upload durably (fsync) under its server-made name; StorageFull or
@@ -178,17 +207,41 @@ class JobStore:
             logger.error("storing job %s failed: %s", job_id, e)
             raise storage_error(e) from None
 
-    def insert(self, job: Job) -> None:
+    def spool_unsynced(self, job_id: str, upload: bytes) -> UnsyncedSpool:
+        """Write a job's upload under its final name, not yet durable: the caller has the job's
+        row committed meanwhile and then calls ``sync()`` (the two fsyncs overlap), answering only
+        once both are done. StorageFull or StorageError, with no file left, when the write fails."""
+        path = self.spool_path(job_id)
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        except OSError as e:
+            logger.error("storing job %s failed: %s", job_id, e)
+            raise storage_error(e) from None
+        try:
+            view = memoryview(upload)
+            while view:
+                view = view[os.write(fd, view):]
+        except OSError as e:
+            os.close(fd)
+            path.unlink(missing_ok=True)
+            logger.error("storing job %s failed: %s", job_id, e)
+            raise storage_error(e) from None
+        return UnsyncedSpool(job_id, fd)
+
+    def insert(self, job: Job, upload_bytes: int | None = None) -> None:
         """Insert a queued job whose upload is spooled (its spool file is deleted if this fails)."""
-        error = self.insert_many([job])[0]
+        error = self.insert_many([job], [upload_bytes])[0]
         if error is not None:
             raise error
 
-    def insert_many(self, jobs: Sequence[Job]) -> list[Exception | None]:
+    def insert_many(self, jobs: Sequence[Job],
+                    upload_bytes: Sequence[int | None] | None = None) -> list[Exception | None]:
         """Insert queued jobs whose uploads are spooled, in the store's group commits; for each
-        job None, or the error (StorageFull, StorageError) that refused it (its spool file gone)."""
+        job None, or the error (StorageFull, StorageError) that refused it (its spool file gone).
+        ``upload_bytes``: each job's spooled size (recovery drops a row whose file is shorter)."""
+        sizes = upload_bytes if upload_bytes is not None else [None] * len(jobs)
         rows = [(job.id, JobState.QUEUED.value, int(job.lane), dump_options(job.options),
-                 job.filename, job.audio_seconds, job.created_at) for job in jobs]
+                 job.filename, job.audio_seconds, job.created_at, size) for job, size in zip(jobs, sizes)]
         out: list[Exception | None] = []
         for job, error in zip(jobs, self._inserts.many(rows)):
             if isinstance(error, (OSError, sqlite3.Error)):
@@ -203,8 +256,8 @@ class JobStore:
     def _insert_jobs(self, rows: Sequence[tuple]) -> None:
         with self._transaction() as conn:
             conn.executemany(
-                "INSERT INTO jobs (id, state, lane, options, filename, audio_seconds, created_at)"
-                " VALUES (?, ?, ?, ?, ?, ?, ?)", rows)
+                "INSERT INTO jobs (id, state, lane, options, filename, audio_seconds, created_at,"
+                " upload_bytes) VALUES (?, ?, ?, ?, ?, ?, ?, ?)", rows)
 
     @contextmanager
     def _transaction(self) -> Iterator[sqlite3.Connection]:
@@ -334,8 +387,30 @@ class JobStore:
                          (JobState.QUEUED.value, JobState.RUNNING.value))
         rows = self._conn().execute("SELECT * FROM jobs WHERE state=? ORDER BY seq",
                             (JobState.QUEUED.value,)).fetchall()
+        rows = self._drop_unanswered(rows)
         self._sweep_orphans()
         return [_row_to_job(r) for r in rows]
+
+    def _drop_unanswered(self, rows: list[sqlite3.Row]) -> list[sqlite3.Row]:
+        """The queued rows whose spooled upload is whole; the others are deleted with their file:
+        a power cut came between the row's commit and the spool file's fsync, which the submit's
+        answer waits for, so nobody was told they were accepted."""
+        kept, cut = [], []
+        for r in rows:
+            try:
+                size = self.spool_path(r["id"]).stat().st_size
+            except OSError:
+                size = -1
+            (cut if r["upload_bytes"] is not None and size < r["upload_bytes"] else kept).append(r)
+        if cut:
+            with self._transaction() as conn:
+                conn.executemany("DELETE FROM jobs WHERE id=? AND state=?",
+                                 [(r["id"], JobState.QUEUED.value) for r in cut])
+            for r in cut:
+                self.delete_spool(r["id"])
+            logger.warning("dropped %d queued jobs whose upload a crash cut short before their submit "
+                           "was answered: %s", len(cut), ", ".join(r["id"] for r in cut[:5]))
+        return kept
 
     def _sweep_orphans(self, min_age_s: float = ORPHAN_AGE_S) -> None:
         """Delete spooled uploads that no job row names: a process killed between spooling an

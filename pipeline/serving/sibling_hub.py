@@ -113,7 +113,7 @@ class SiblingHub:
         if not submits:
             return []
         jobs = [wire.job_from_head(head["job"]) for head, _ in submits]
-        errors = self.broker.insert_many(jobs)
+        errors = self.broker.insert_many(jobs, [_size(head) for head, _ in submits])
         return [self._answer(head, lambda h=head, p=payload, j=job, e=error: self._place(h, p, j, e))
                 for (head, payload), job, error in zip(submits, jobs, errors)]
 
@@ -162,7 +162,7 @@ class SiblingHub:
             return {}
         if op == "insert":  # a job whose work items follow (a long recording's pieces)
             job = wire.job_from_head(head["job"])
-            self.broker.insert(job)
+            self.broker.insert(job, _size(head))
             self.remember(job)
             return {}
         if op == "discard":
@@ -182,3 +182,9 @@ class SiblingHub:
                     getattr(self.metrics, name)(*args)
             return {}
         raise ValueError(f"unknown op {op!r}")
+
+
+def _size(head: dict) -> int | None:
+    """A submit's spooled upload size as the sibling wrote it (recorded with the row)."""
+    size = head.get("upload_bytes")
+    return int(size) if size is not None else None

@@ -42,6 +42,7 @@ import argparse
 import contextlib
 import errno
 import fnmatch
+import gc
 import logging
 import math
 import os
@@ -297,7 +298,9 @@ class LocalBackend:
         except SenseVoiceError as e:
             self.__exit__()
             raise StartFailed(e.message) from e
-        return self
+        gc.collect()
+        gc.freeze()  # start-up's objects (torch, funasr, the model) out of the collector's reach:
+        return self  # its collections, set off by each file's transcript and outputs, scan the run's
 
     def __exit__(self, *exc) -> None:
         if self.run is not None:

@@ -3,7 +3,8 @@
 # (.base, one process) and this tree (--web-processes 3, the CUDA host's auto; 1, a CPU host's), the
 # server pinned to cores 0-1, the load on 4-11; jobs done in 20 s and the server's CPU per job (all
 # its processes, /proc).   device tool, carry .whl .base:  bash bench/cpu_interleaved.sh
-# (RUNS="tree:procs ..." picks the runs)
+# (RUNS="tree:procs ..." picks the runs; a tree other than .base, e.g. an earlier commit's archive
+# in .prev, runs with its --web-processes)
 set -uo pipefail
 mkdir -p "$OUT"
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl >$OUT/pip.log 2>&1
@@ -14,7 +15,7 @@ cpu() { local t=0; for p in "$@"; do [ -r /proc/$p/stat ] && t=$((t + $(awk '{pr
 port=7930
 for run in ${RUNS:-.:3 .base:1 .:3 .base:1 .:1}; do
   tree=${run%%:*} procs=${run##*:}; port=$((port + 1))
-  web=$([ $tree = . ] && echo "--web-processes $procs")
+  web=$([ $tree != .base ] && echo "--web-processes $procs")  # (.base had no such option)
   pp=$([ $tree = .base ] && echo /tmp/nohiredis:/tmp/site || echo /tmp/site)
   (cd $tree && PYTHONPATH=$pp exec taskset -c 0,1 python3 bench/noop_server.py --demo --device cpu --api-only --port $port \
      --data-dir "$(mktemp -d)" $web >"$OUT/server-$port.log" 2>&1) &

@@ -3,14 +3,19 @@
 # SENSEVOICE_WEB_OWNER_ACCEPTS=ACCEPTS; "0:auto" = both left to the server): idle latency (bench/idle_latency.py), then 64 submitters + 200
 # pollers for 15 s (bench/load_test.py), the server's CPU; optionally (PROXY_WEBS) the 2-core CPU proxy.
 #   device tool, carry .whl .deb .gpu-media:  WEBS="2:true 3:false 2:false" bash bench/gpu_embedded.sh
+#   an earlier tree in the same call (git archive into an ignored folder, carried):
+#   (cd .prev && WEBS="0:auto" OUT=$OUT/prev bash ../bench/gpu_embedded.sh)
 set -uo pipefail
 mkdir -p "$OUT"
 T0=$(date +%s); say() { echo "[$(( $(date +%s) - T0 )) s] $*" | tee -a $OUT/progress.txt; }
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
-  .whl/*.whl >$OUT/pip.log 2>&1 && touch /tmp/site/.done && export PYTHONPATH=/tmp/site || exit 1
+# (a second run in the same call, e.g. of an earlier tree from its folder, reuses the wheels and the model)
+[ -f /tmp/site/.done ] || { python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+  --target /tmp/site .whl/*.whl >$OUT/pip.log 2>&1 && touch /tmp/site/.done || exit 1; }
+export PYTHONPATH=/tmp/site
 model=/tmp/sensevoice-full
-python3 -m pipeline.model.demo.build_model --variant full --out $model >"$OUT/build.log" 2>&1 || { tail -20 $OUT/build.log; exit 1; }
-say "model built"
+[ -f $model/.built ] || { python3 -m pipeline.model.demo.build_model --variant full --out $model >"$OUT/build.log" 2>&1 \
+  && touch $model/.built || { tail -20 $OUT/build.log; exit 1; }; }
+say "model ready"
 export SENSEVOICE_GRAPH_MAX_SECONDS=16 SENSEVOICE_QUEUE_SIZE=4096 SENSEVOICE_MAX_CONNECTIONS_PER_CLIENT=0 \
   SENSEVOICE_MAX_UPLOADS_PER_CLIENT=0 PYTHONUNBUFFERED=1
 cpu() { local t=0; for p in "$@"; do [ -r /proc/$p/stat ] && t=$((t + $(awk '{print $14 + $15}' /proc/$p/stat))); done; echo $t; }

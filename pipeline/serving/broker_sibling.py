@@ -201,10 +201,19 @@ class SiblingBroker(JobStore):
             with self._pending_lock:  # never sent: the caller discards it (the spool file goes)
                 self._pending[job.id] = (job, spooled, size)
             raise
+        synced: BaseException | None = None
         try:
             spooled.sync()
-        finally:
-            placed = answer()  # (a refusal raises: the owner removed row and file itself)
+        except BaseException as e:  # (raised once the owner has answered)
+            synced = e
+        try:
+            placed = answer()
+        except BaseException:
+            with self._pending_lock:  # refused: the owner removed row and file; the discard is local
+                self._pending[job.id] = (job, spooled, size)
+            raise
+        if synced is not None:
+            raise synced  # the owner took it: the caller's discard removes row and file there
         with self._pending_lock:  # read once, by the submit's answer (position)
             self._placed[job.id] = placed["position"]
             if len(self._placed) > PLACED_KEPT:  # (a long job's submit reads none)

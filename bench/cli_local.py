@@ -62,6 +62,17 @@ def make_files(folder: Path, n: int, seconds: float) -> list[Path]:
     return paths
 
 
+def file_create_us(folder: Path, n: int = 500) -> float:
+    """CPU microseconds to create, write and close one small file in a new folder: ~10-20 on
+    most file systems, 120-300 on an ext4 without a journal whose inode groups saw deletions in the
+    last minutes (each free inode is checked for a recent deletion): the outputs' share of a run."""
+    folder.mkdir(parents=True)
+    t0 = time.process_time()
+    for k in range(n):
+        (folder / f"f{k}.txt").write_bytes(b"x" * 200)
+    return (time.process_time() - t0) / n * 1e6
+
+
 def direct(src: Path, out: Path, settings: Settings, formats: tuple[str, ...]) -> tuple[float, float, int]:
     """Local mode as it is now: (start-up s, work s, files)."""
     t0 = time.perf_counter()
@@ -127,7 +138,8 @@ def main() -> int:
             start, work, n = run(src, out, settings, formats)
             rows.append((name, start, work, n))
         print(f"\n{args.files} x {args.seconds:g} s WAV, formats {','.join(formats)}, no-op engine, "
-              "this machine")
+              f"this machine (a new file costs {file_create_us(tmp / 'probe'):.0f} us of CPU here: "
+              "each input makes one per format)")
         print("| local mode | start-up s | work s | files/s of work |")
         print("|---|---|---|---|")
         for name, start, work, n in rows:

@@ -110,11 +110,12 @@ def test_recovery_removes_old_spooled_uploads_that_no_job_names(tmp_path):
     assert not orphan.exists() and fresh.exists() and store.spool_path(kept.id).exists()
 
 
-def test_recovery_drops_a_queued_row_whose_upload_a_power_cut_left_short(tmp_path):
+def test_recovery_fails_a_queued_job_whose_upload_a_power_cut_left_short(tmp_path):
     """A sibling web process syncs its spool file while the owner commits the row, and answers
     once both are done: after a power cut between the two a row may name a file that is short or
-    missing. Nobody was told that job was accepted, and a cut recording must not be transcribed as
-    if whole: recovery drops the row and the file; whole ones (and rows of before, no size) stay."""
+    missing. A cut recording must not be transcribed as if whole, and a job whose file was damaged
+    after its submit was answered must not vanish: recovery fails it (audio_lost) with a message
+    and removes the file; whole ones (and rows of before, no size) are queued again."""
     store = JobStore(tmp_path / "data")
     whole, short, missing, before = _job(), _job(), _job(), _job()
     for job in (whole, short, missing):
@@ -125,10 +126,10 @@ def test_recovery_drops_a_queued_row_whose_upload_a_power_cut_left_short(tmp_pat
         f.truncate(600)
     store.spool_path(missing.id).unlink()
     assert [j.id for j in store.recover()] == [whole.id, before.id]
-    for gone in (short, missing):
-        with pytest.raises(Exception):
-            store.get(gone.id)
-        assert not store.spool_path(gone.id).exists()
+    for cut in (short, missing):
+        job = store.get(cut.id)
+        assert job.state is JobState.FAILED and job.error.code == "audio_lost"
+        assert "submit it again" in job.error.message and not store.spool_path(cut.id).exists()
 
 
 def test_a_store_of_before_gets_the_upload_size_column(tmp_path):

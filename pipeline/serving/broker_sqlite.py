@@ -6,7 +6,7 @@ The uploaded bytes of each accepted job are spooled beside the database (fsync'd
 answers), so that a restart can decode and run queued jobs again. A row records its upload's size:
 a sibling web process syncs its spool file while the owner commits the row (two fsyncs at once, not
 in series), so after a power cut a queued row may name a spool file that never reached the disk
-whole; such a submit was never answered (the answer waits for both) and recovery drops it.
+whole (its submit was not answered: the answer waits for both); recovery fails it (audio_lost).
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ import numpy as np
 import torch
 
 from pipeline.audio.wav import Pcm16Layout
-from pipeline.domain.errors import JobGone, JobNotFound, TooManyAttempts
+from pipeline.domain.errors import AudioLost, JobGone, JobNotFound, TooManyAttempts
 from pipeline.domain.types import Job, JobError, JobState, Lane, Transcript, Word
 from pipeline.serving import calls_index
 from pipeline.serving.group_commit import GroupCommit
@@ -238,7 +238,7 @@ class JobStore:
                     upload_bytes: Sequence[int | None] | None = None) -> list[Exception | None]:
         """Insert queued jobs whose uploads are spooled, in the store's group commits; for each
         job None, or the error (StorageFull, StorageError) that refused it (its spool file gone).
-        ``upload_bytes``: each job's spooled size (recovery drops a row whose file is shorter)."""
+        ``upload_bytes``: each job's spooled size (recovery fails a job whose file is shorter)."""
         sizes = upload_bytes if upload_bytes is not None else [None] * len(jobs)
         rows = [(job.id, JobState.QUEUED.value, int(job.lane), dump_options(job.options),
                  job.filename, job.audio_seconds, job.created_at, size) for job, size in zip(jobs, sizes)]
@@ -387,14 +387,16 @@ class JobStore:
                          (JobState.QUEUED.value, JobState.RUNNING.value))
         rows = self._conn().execute("SELECT * FROM jobs WHERE state=? ORDER BY seq",
                             (JobState.QUEUED.value,)).fetchall()
-        rows = self._drop_unanswered(rows)
+        rows = self._fail_cut_uploads(rows)
         self._sweep_orphans()
         return [_row_to_job(r) for r in rows]
 
-    def _drop_unanswered(self, rows: list[sqlite3.Row]) -> list[sqlite3.Row]:
-        """The queued rows whose spooled upload is whole; the others are deleted with their file:
-        a power cut came between the row's commit and the spool file's fsync, which the submit's
-        answer waits for, so nobody was told they were accepted."""
+    def _fail_cut_uploads(self, rows: list[sqlite3.Row]) -> list[sqlite3.Row]:
+        """The queued rows whose spooled upload is whole; the others fail (audio_lost) and their
+        file goes. A power cut between the row's commit and the spool file's fsync leaves such a
+        row; its submit was not answered then (the answer waits for both), but one whose file was
+        damaged later was: it fails with a message rather than vanish, and is never transcribed
+        from part of its recording."""
         kept, cut = [], []
         for r in rows:
             try:
@@ -402,14 +404,13 @@ class JobStore:
             except OSError:
                 size = -1
             (cut if r["upload_bytes"] is not None and size < r["upload_bytes"] else kept).append(r)
+        for r in cut:
+            self.fail(r["id"], AudioLost.code, "the upload was not stored whole (a crash or power "
+                      "cut came before it reached the disk); submit it again")
+            self.delete_spool(r["id"])
         if cut:
-            with self._transaction() as conn:
-                conn.executemany("DELETE FROM jobs WHERE id=? AND state=?",
-                                 [(r["id"], JobState.QUEUED.value) for r in cut])
-            for r in cut:
-                self.delete_spool(r["id"])
-            logger.warning("dropped %d queued jobs whose upload a crash cut short before their submit "
-                           "was answered: %s", len(cut), ", ".join(r["id"] for r in cut[:5]))
+            logger.warning("%d queued jobs failed: their upload was cut short by a crash (%s)",
+                           len(cut), ", ".join(r["id"] for r in cut[:5]))
         return kept
 
     def _sweep_orphans(self, min_age_s: float = ORPHAN_AGE_S) -> None:

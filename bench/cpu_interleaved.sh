@@ -17,8 +17,9 @@ for run in ${RUNS:-.:3 .base:1 .:3 .base:1 .:1}; do
   tree=${run%%:*} procs=${run##*:}; port=$((port + 1))
   web=$([ $tree != .base ] && echo "--web-processes $procs")  # (.base had no such option)
   pp=$([ $tree = .base ] && echo /tmp/nohiredis:/tmp/site || echo /tmp/site)
+  data=$(mktemp -d)  # ~2 GB of spooled uploads a run: removed after it (a local run filled a disk)
   (cd $tree && PYTHONPATH=$pp exec taskset -c 0,1 python3 bench/noop_server.py --demo --device cpu --api-only --port $port \
-     --data-dir "$(mktemp -d)" $web >"$OUT/server-$port.log" 2>&1) &
+     --data-dir "$data" $web >"$OUT/server-$port.log" 2>&1) &
   srv=$!
   for _ in $(seq 600); do python3 -c "import sys,urllib.request; urllib.request.urlopen(sys.argv[1], timeout=2)" \
     http://127.0.0.1:$port/readyz 2>/dev/null && break; sleep 0.5; done
@@ -29,5 +30,5 @@ for run in ${RUNS:-.:3 .base:1 .:3 .base:1 .:1}; do
     --client-processes 4 --seconds 20 --pollers 200 --clips 10 --finish-timeout 60 2>&1 | tail -1)
   n=$(python3 -c "import json; print(json.load(open('/tmp/load-$port/load.json'))['completed'])")
   echo "$tree ($web) server cpu us/job $(( ($(cpu $pids) - c0) * 10000 / (n > 0 ? n : 1) )): $line" | tee -a $OUT/summary.txt
-  kill $srv; wait $srv 2>/dev/null; pkill -f "port $port"; sleep 2
+  kill $srv; wait $srv 2>/dev/null; pkill -f "port $port"; sleep 2; rm -rf "$data" /tmp/load-$port
 done

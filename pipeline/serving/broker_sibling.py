@@ -169,7 +169,7 @@ class SiblingBroker(JobStore):
     def __init__(self, data_dir: str | Path, hub_path: str, secret: str, on_lost=None):
         super().__init__(data_dir, owner=False)
         self.hub = HubClient(hub_path, secret, on_lost)
-        self._pending: dict[str, tuple[Job, UnsyncedSpool, int]] = {}  # the row goes with the first item
+        self._pending: dict[str, tuple[Job, UnsyncedSpool]] = {}  # the row goes with the first item
         self._pending_lock = threading.Lock()
         self._state: tuple[float, dict] = (0.0, {})
         self._placed: dict[str, int | None] = {}  # a submit's place as the owner answered it
@@ -178,9 +178,9 @@ class SiblingBroker(JobStore):
     def create(self, job: Job, upload: bytes) -> None:
         spooled = self.spool_unsynced(job.id, upload)  # synced while the owner commits the row
         with self._pending_lock:
-            self._pending[job.id] = (job, spooled, len(upload))
+            self._pending[job.id] = (job, spooled)
 
-    def _take_pending(self, job_id: str) -> tuple[Job, UnsyncedSpool, int] | None:
+    def _take_pending(self, job_id: str) -> tuple[Job, UnsyncedSpool] | None:
         with self._pending_lock:
             return self._pending.pop(job_id, None)
 
@@ -192,14 +192,14 @@ class SiblingBroker(JobStore):
         if pending is None:
             self.hub.call("put", wire.item_audio(item), item=wire.item_head(item), force=force)
             return
-        job, spooled, size = pending
+        job, spooled = pending
         try:
             answer = self.hub.begin("submit", wire.item_audio(item), job=wire.job_head(job),
-                                    item=wire.item_head(item), force=force, upload_bytes=size)
+                                    item=wire.item_head(item), force=force, upload_bytes=spooled.size)
         except BaseException:
             spooled.close()
             with self._pending_lock:  # never sent: the caller discards it (the spool file goes)
-                self._pending[job.id] = (job, spooled, size)
+                self._pending[job.id] = pending
             raise
         synced: BaseException | None = None
         try:
@@ -210,7 +210,7 @@ class SiblingBroker(JobStore):
             placed = answer()
         except BaseException:
             with self._pending_lock:  # refused: the owner removed row and file; the discard is local
-                self._pending[job.id] = (job, spooled, size)
+                self._pending[job.id] = pending
             raise
         if synced is not None:
             raise synced  # the owner took it: the caller's discard removes row and file there
@@ -222,9 +222,9 @@ class SiblingBroker(JobStore):
     def _flush(self, job_id: str) -> None:
         pending = self._take_pending(job_id)
         if pending is not None:
-            job, spooled, size = pending
+            job, spooled = pending
             spooled.sync()
-            self.hub.call("insert", job=wire.job_head(job), upload_bytes=size)
+            self.hub.call("insert", job=wire.job_head(job), upload_bytes=spooled.size)
 
     def discard(self, job_id: str) -> None:
         pending = self._take_pending(job_id)

@@ -26,7 +26,7 @@ import numpy as np
 import torch
 
 from pipeline.audio.wav import Pcm16Layout
-from pipeline.domain.errors import AudioLost, JobGone, JobNotFound, TooManyAttempts
+from pipeline.domain.errors import AudioLost, JobGone, JobNotFound, SenseVoiceError, TooManyAttempts
 from pipeline.domain.types import Job, JobError, JobState, Lane, Transcript, Word
 from pipeline.serving import calls_index
 from pipeline.serving.group_commit import GroupCommit
@@ -90,10 +90,11 @@ class SpooledPcm16:
 
 
 class UnsyncedSpool:
-    """A spooled upload written but not yet durable (:meth:`JobStore.spool_unsynced`)."""
+    """A spooled upload written but not yet durable (:meth:`JobStore.spool_unsynced`): ``size``
+    bytes, recorded with the job's row."""
 
-    def __init__(self, job_id: str, fd: int):
-        self.job_id, self._fd = job_id, fd
+    def __init__(self, job_id: str, fd: int, size: int):
+        self.job_id, self._fd, self.size = job_id, fd, size
 
     def sync(self) -> None:
         """fsync it (and let go of it); StorageFull or StorageError when that fails (the caller
@@ -191,16 +192,16 @@ class JobStore:
         self.insert(job, len(upload))
 
     def spool(self, job_id: str, upload: bytes) -> None:
-        """Write a job's upload durably (fsync) under its server-made name; StorageFull or
-        StorageError, with no file left behind, when that fails."""
+        """Write a job's upload durably (fsync) under its server-made name, through a temporary
+        one; StorageFull or StorageError, with no file left behind, when that fails."""
         path = self.spool_path(job_id)
         tmp = path.with_suffix(".tmp")
         try:
-            with open(tmp, "wb") as f:
-                f.write(upload)
-                f.flush()
-                os.fsync(f.fileno())
+            self._write_new(job_id, tmp, upload).sync()
             os.replace(tmp, path)
+        except SenseVoiceError:
+            tmp.unlink(missing_ok=True)
+            raise
         except OSError as e:
             tmp.unlink(missing_ok=True)
             path.unlink(missing_ok=True)
@@ -211,9 +212,14 @@ class JobStore:
         """Write a job's upload under its final name, not yet durable: the caller has the job's
         row committed meanwhile and then calls ``sync()`` (the two fsyncs overlap), answering only
         once both are done. StorageFull or StorageError, with no file left, when the write fails."""
-        path = self.spool_path(job_id)
+        return self._write_new(job_id, self.spool_path(job_id), upload)
+
+    @staticmethod
+    def _write_new(job_id: str, path: Path, upload: bytes) -> UnsyncedSpool:
+        """``path`` created holding ``upload`` (not synced); StorageFull or StorageError, with
+        the file removed, when that fails."""
         try:
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o666)  # mode: the umask's
         except OSError as e:
             logger.error("storing job %s failed: %s", job_id, e)
             raise storage_error(e) from None
@@ -226,7 +232,7 @@ class JobStore:
             path.unlink(missing_ok=True)
             logger.error("storing job %s failed: %s", job_id, e)
             raise storage_error(e) from None
-        return UnsyncedSpool(job_id, fd)
+        return UnsyncedSpool(job_id, fd, len(upload))
 
     def insert(self, job: Job, upload_bytes: int | None = None) -> None:
         """Insert a queued job whose upload is spooled (its spool file is deleted if this fails)."""

@@ -12,6 +12,7 @@ Prints a table and the ratio. The model is the demo one (its warm-up runs the re
 from __future__ import annotations
 
 import argparse
+import os
 import shutil
 import sys
 import tempfile
@@ -128,6 +129,7 @@ def main() -> int:
     try:
         src = tmp / "in"
         make_files(src, args.files, args.seconds)
+        os.sync()  # the inputs at rest, as a user's recordings are: no run flushes them for the bench
         model = ensure_model_dir("demo")
         settings = Settings(model=str(model), device="cpu", data_dir=tmp / "data")
         rows = []

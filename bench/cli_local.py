@@ -60,6 +60,7 @@ def make_files(folder: Path, n: int, seconds: float) -> list[Path]:
     for k in range(1, n):
         paths.append(folder / f"call{k:04d}.wav")
         shutil.copyfile(first, paths[-1])
+    os.sync()  # the inputs at rest, as a user's recordings are: no timed run flushes them
     return paths
 
 
@@ -129,7 +130,6 @@ def main() -> int:
     try:
         src = tmp / "in"
         make_files(src, args.files, args.seconds)
-        os.sync()  # the inputs at rest, as a user's recordings are: no run flushes them for the bench
         model = ensure_model_dir("demo")
         settings = Settings(model=str(model), device="cpu", data_dir=tmp / "data")
         rows = []

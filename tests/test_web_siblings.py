@@ -311,7 +311,9 @@ def pair(demo_dir, tmp_path_factory):
     owner = Served(SiblingTrust(owner_app, siblings.secret), [owner_sock, siblings.relay])
     sib_settings = make_settings(demo_dir, data, segment_threshold_s=8.0, role="api", ui=False)
     sib_sock, sib_url = tcp_listener()
-    sibling = Served(sibling_app(sib_settings, siblings.dir), [sib_sock])
+    siblings.front = sibling_app(sib_settings, siblings.dir)  # (the tests read both ends' state)
+    siblings.owner_runtime = runtime
+    sibling = Served(siblings.front, [sib_sock])
     for url in (owner_url, sib_url):
         deadline = time.monotonic() + 120
         while httpx.get(url + "/readyz", timeout=5).status_code != 200:
@@ -422,6 +424,74 @@ def test_live_captions_are_relayed_to_the_owner(pair, speech_clip):
         asyncio.run(websockets.connect(sib.replace("http://", "ws://") + "/api/stream", proxy=None,
                                        origin="http://evil.example").__aenter__())
     assert refused.value.response.status_code == 403
+
+
+def test_a_finished_jobs_body_is_sent_to_the_sibling_as_it_would_read_it(pair, speech_clip):
+    """The owner sends each finished job's poll body to its siblings, so that their polls of it
+    read neither SQLite nor a thread: byte for byte the body the sibling would make from the
+    store; a reviewer's edit sends the new one; a purge takes it back (the transcript does not
+    outlive retention in a sibling's memory). Runs last of the pair's tests: it purges the store."""
+    from pipeline.web.views import job_body
+
+    owner, sib, siblings = pair
+    local = siblings.front.local
+    bodies, store = local.state.poll_bodies, local.state.runtime.broker
+
+    def pushed_when(check, what: str) -> bytes | None:
+        deadline = time.monotonic() + 10
+        while not check(body := bodies.pushed(jid)):
+            assert time.monotonic() < deadline, what
+            time.sleep(0.02)
+        return body
+
+    jid = submit(sib, speech_clip, wait=60).json()["id"]
+    body = pushed_when(lambda b: b is not None, "the finished job's body never reached the sibling")
+    assert body == job_body(store.get(jid))  # what the sibling would answer from SQLite, exactly
+    assert httpx.get(f"{sib}/api/jobs/{jid}", timeout=10).content == body
+    assert json.loads(body)["status"] == "done" and json.loads(body)["result"]["text"]
+
+    r = httpx.patch(f"{sib}/api/jobs/{jid}/review", json={"reviewed": True, "segments": [
+        {"index": 0, "text": "Corrected words here"}]}, timeout=30)  # (relayed to the owner)
+    assert r.status_code == 200, r.text
+    edited = pushed_when(lambda b: b != body, "the reviewer's edit never reached the sibling")
+    assert edited == job_body(store.get(jid)) and json.loads(edited)["review"]["reviewed"] is True
+    assert httpx.get(f"{sib}/api/jobs/{jid}", timeout=10).json()["result"]["segments"][0]["text"] == \
+        "Corrected words here"
+
+    owner_runtime = siblings.owner_runtime  # retention runs there; its purge reaches the sibling
+    kept, owner_runtime.settings.limits.retention_hours = owner_runtime.settings.limits.retention_hours, 0
+    try:
+        assert owner_runtime.purge_expired() >= 1
+    finally:
+        owner_runtime.settings.limits.retention_hours = kept
+    pushed_when(lambda b: b is None, "a purged job's body stayed in the sibling's memory")
+    gone = httpx.get(f"{sib}/api/jobs/{jid}", timeout=10)
+    assert gone.status_code == 410 and "Corrected" not in gone.text
+
+
+def test_pushed_bodies_cross_the_wire_unchanged_and_are_bounded():
+    from pipeline.web.views import PollBodies
+
+    frames = wire.push_frames([("bodies", [("a", b'{"x":1}'), ("b", b"")]), ("forget", ["c"]),
+                               ("bodies", [("d", b"\x00" * 70_000)])])
+    sock, peer = socket.socketpair()
+    with sock, peer:
+        reader = wire.FrameReader(peer)
+        threading.Thread(target=sock.sendall, args=(frames,), daemon=True).start()
+        got = [reader.next() for _ in range(3)]
+    assert wire.pushed_bodies(*got[0]) == [("a", b'{"x":1}'), ("b", b"")]
+    assert got[1][0] == {"op": "forget", "ids": ["c"]}
+    assert wire.pushed_bodies(*got[2]) == [("d", b"\x00" * 70_000)]
+    with pytest.raises(ValueError):
+        wire.pushed_bodies({"ids": ["a"], "sizes": [5]}, memoryview(b"abc"))
+    bodies = PollBodies(pushed_size=3)
+    bodies.push([(str(i), b"x" * 10) for i in range(5)])
+    assert [bodies.pushed(str(i)) for i in range(5)] == [None, None, b"x" * 10, b"x" * 10, b"x" * 10]
+    bodies.forget(["3"])
+    assert bodies.pushed("3") is None and bodies._pushed_bytes == 20
+    bodies.PUSHED_BYTES = 25
+    bodies.push([("5", b"y" * 10)])  # over the bytes bound: the oldest goes
+    assert bodies.pushed("2") is None and bodies.pushed("5") == b"y" * 10 and bodies._pushed_bytes == 20
 
 
 # ---------------------------------------------------------------------------- real processes, one port

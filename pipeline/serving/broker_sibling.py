@@ -43,6 +43,9 @@ class HubClient:
 
     def __init__(self, path: str, secret: str, on_lost=None):
         self.on_lost = on_lost
+        # what the owner sends unasked (SiblingHub._push): finished jobs' bodies, purged jobs
+        self.on_bodies: Callable[[list[tuple[str, bytes]]], None] | None = None
+        self.on_forget: Callable[[list[str]], None] | None = None
         self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self._sock.connect(path)
         self._send_lock = threading.Lock()
@@ -93,13 +96,18 @@ class HubClient:
         reader = wire.FrameReader(self._sock)
         try:
             while True:
-                head, _ = reader.next()
+                head, payload = reader.next()
+                if "rid" not in head:
+                    self._pushed(head, payload)
+                    continue
                 with self._lock:
                     fut = self._waiting.get(head.get("rid"))
                 if fut is not None and not fut.done():
                     fut.set_result(head)
         except (wire.WireClosed, OSError):
             pass
+        except Exception:  # a pushed frame this side cannot take: what it caches could be wrong
+            logger.exception("a frame from the server's main process could not be taken")
         with self._lock:
             was_open, self._closed = not self._closed, True
             waiting = list(self._waiting.values())
@@ -108,6 +116,13 @@ class HubClient:
                 fut.set_exception(OSError("the hub connection closed"))
         if was_open and self.on_lost is not None:
             self.on_lost()
+
+    def _pushed(self, head: dict, payload: memoryview) -> None:
+        op = head.get("op")
+        if op == "bodies" and self.on_bodies is not None:
+            self.on_bodies(wire.pushed_bodies(head, payload))
+        elif op == "forget" and self.on_forget is not None:
+            self.on_forget([str(x) for x in head["ids"]])
 
     def close(self) -> None:
         with self._lock:

@@ -7,26 +7,33 @@ the job's row (the store's group commit: the rows of many submits, from any proc
 transaction) and puts its work item into the scheduler -- one message, so a job is accepted
 whole or not at all. The frames a sibling sent together are one batch (their rows one group),
 read and answered by that sibling's connection thread. Everything a sibling reads (polls) it
-reads from SQLite itself (WAL)."""
+reads from SQLite itself (WAL), but for the finished jobs' bodies that this process sends it as
+they finish (``body_of``; a pusher thread, never the finisher): in order with their later changes
+(a reviewer's edit) and their purges (``forget``), so that a sibling's copy never outlives the
+job or lags its store by more than the frames in flight."""
 
 from __future__ import annotations
 
 import hmac
 import logging
+import queue
 import socket
+import struct
 import threading
 from collections.abc import Callable
 
 import torch
 
 from pipeline.domain.errors import SenseVoiceError
-from pipeline.domain.types import Transcript
+from pipeline.domain.types import JobState, Transcript
 from pipeline.serving import sibling_wire as wire
 from pipeline.serving.metrics import SHARED_EVENTS
 
 logger = logging.getLogger("sensevoice.siblings")
 
 MAX_BATCH = 256  # requests of one sibling handled as one batch (its submits' rows: one group commit)
+PUSH_BATCH = 512  # finished jobs' bodies (and purges) sent to the siblings in one write, at most
+PUSH_STALL_S = 5  # a sibling that takes no pushed bytes for this long is cut off (it restarts, empty)
 
 
 class SiblingHub:
@@ -35,25 +42,32 @@ class SiblingHub:
     here like one accepted here), ``state`` what a sibling's probes and admission read."""
 
     def __init__(self, path: str, secret: str, broker, remember: Callable, state: Callable[[], dict],
-                 device: str = "cpu", metrics=None):
+                 device: str = "cpu", metrics=None, body_of: Callable[[str], bytes | None] | None = None):
         self.path, self.secret = path, secret
         self.broker, self.remember, self.state = broker, remember, state
         self.metrics = metrics  # where the siblings' metric events are counted (this process's /metrics)
+        self.body_of = body_of  # a finished job's poll body (None: not known here), sent to the siblings
         self.device = torch.device(device)  # where this process's own uploads' waves wait (its GPU)
         self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self._sock.bind(path)
         self._sock.listen(64)
         self._stopped = threading.Event()
-        self._conns: set[socket.socket] = set()
+        self._conns: dict[socket.socket, threading.Lock] = {}  # a connection and its writers' lock
+        self._pushes: queue.SimpleQueue = queue.SimpleQueue()
+        self._pusher = threading.Thread(target=self._push, name="sensevoice-hub-push", daemon=True)
+        if body_of is not None:
+            broker.feed.subscribe(self._on_event)
         self.accepted = 0  # jobs the siblings submitted that this process took
         self._count_lock = threading.Lock()
         self._thread = threading.Thread(target=self._accept, name="sensevoice-hub", daemon=True)
 
     def start(self) -> None:
         self._thread.start()
+        self._pusher.start()
 
     def stop(self) -> None:
         self._stopped.set()
+        self._pushes.put(None)
         for s in [self._sock, *list(self._conns)]:
             try:
                 s.shutdown(socket.SHUT_RDWR)
@@ -77,7 +91,8 @@ class SiblingHub:
             if head.get("op") != "hello" or not hmac.compare_digest(str(head.get("secret", "")), self.secret):
                 logger.warning("a connection to the sibling socket without the secret: closed")
                 return
-            self._conns.add(conn)
+            _send_timeout(conn, PUSH_STALL_S)
+            self._conns[conn] = lock
             while not self._stopped.is_set():
                 frames = [reader.next()]
                 while len(frames) < MAX_BATCH and reader.ready():  # all that came together
@@ -88,8 +103,58 @@ class SiblingHub:
         except Exception:  # a frame this side cannot read: the connection ends (the sibling restarts)
             logger.exception("a sibling's frame could not be read: its connection is closed")
         finally:
-            self._conns.discard(conn)
+            self._conns.pop(conn, None)
             conn.close()
+
+    # -- what the siblings are sent unasked
+    def _on_event(self, event) -> None:
+        """A committed change (the writer's thread: only a put here)."""
+        if event.state in (JobState.DONE, JobState.FAILED) and self._conns:
+            self._pushes.put(("bodies", event.job_id))
+
+    def forget(self, job_ids: list[str]) -> None:
+        """Purged jobs: the siblings drop their bodies (``Runtime.on_purge``)."""
+        if job_ids:
+            self._pushes.put(("forget", list(job_ids)))
+
+    def _push(self) -> None:
+        """Send what ``_on_event`` and ``forget`` queued to every sibling, in order, many at a time.
+        A body is read when it is sent (the newest state of its job: a change queued after it
+        sends it again). A sibling whose socket takes nothing for ``PUSH_STALL_S`` is cut off: it
+        restarts with nothing cached, where another would have waited behind it."""
+        while (first := self._pushes.get()) is not None:
+            batch = [first]
+            while len(batch) < PUSH_BATCH:
+                try:
+                    batch.append(self._pushes.get_nowait())
+                except queue.Empty:
+                    break
+            if None in batch:
+                return
+            data = wire.push_frames(self._coalesce(batch))
+            for conn, lock in list(self._conns.items()):
+                try:
+                    with lock:
+                        conn.sendall(data)
+                except OSError as e:
+                    logger.warning("a sibling took no pushed job bodies for %d s (%s): its connection is "
+                                   "closed, it restarts", PUSH_STALL_S, type(e).__name__)
+                    _cut(conn)
+
+    def _coalesce(self, batch: list) -> list[tuple[str, object]]:
+        """Queued pushes as frames in their order: runs of finished jobs as one bodies frame."""
+        out: list[tuple[str, list]] = []
+        for op, value in batch:
+            if op == "bodies":
+                body = self.body_of(value)
+                if body is None:
+                    continue
+                value = [(value, body)]
+            if out and out[-1][0] == op:
+                out[-1][1].extend(value)
+            else:
+                out.append((op, list(value)))
+        return out
 
     def _handle_frames(self, conn: socket.socket, lock: threading.Lock, frames: list) -> None:
         """A batch of requests, in order; the submits among them as groups: their rows in the
@@ -106,8 +171,8 @@ class SiblingHub:
         replies += self._submit_group(submits)
         try:
             wire.send_frames(conn, lock, replies)
-        except OSError:
-            pass  # the sibling is gone; what it sent was handled (a job it accepted runs)
+        except OSError:  # the sibling is gone or stalled; what it sent was handled (a job it accepted runs)
+            _cut(conn)
 
     def _submit_group(self, submits: list) -> list[dict]:
         if not submits:
@@ -182,6 +247,18 @@ class SiblingHub:
                     getattr(self.metrics, name)(*args)
             return {}
         raise ValueError(f"unknown op {op!r}")
+
+
+def _cut(conn: socket.socket) -> None:
+    try:
+        conn.shutdown(socket.SHUT_RDWR)
+    except OSError:
+        pass
+
+
+def _send_timeout(conn: socket.socket, seconds: int) -> None:
+    """Sends on ``conn`` fail after ``seconds`` without progress (its reads still wait)."""
+    conn.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, struct.pack("ll", seconds, 0))
 
 
 def _size(head: dict) -> int | None:

@@ -58,6 +58,32 @@ def send_frames(sock: socket.socket, lock: threading.Lock, heads: list[dict]) ->
         sock.sendall(data)
 
 
+def push_frames(pushes: list[tuple[str, object]]) -> bytes:
+    """The owner's unasked frames (no ``rid``), in order: ``("bodies", [(job id, body), ...])``
+    (finished jobs' poll bodies) and ``("forget", [job id, ...])`` (purged jobs)."""
+    out = []
+    for op, values in pushes:
+        if op == "bodies":
+            ids, bodies = [jid for jid, _ in values], [body for _, body in values]
+            payload = b"".join(bodies)
+            out += [_framed({"op": op, "ids": ids, "sizes": [len(b) for b in bodies]}, len(payload)), payload]
+        else:
+            out.append(_framed({"op": op, "ids": list(values)}))
+    return b"".join(out)
+
+
+def pushed_bodies(head: dict, payload: memoryview) -> list[tuple[str, bytes]]:
+    """A bodies frame's (job id, body) pairs (ValueError if its sizes do not add up)."""
+    ids, sizes = [str(x) for x in head["ids"]], [int(x) for x in head["sizes"]]
+    if len(ids) != len(sizes) or sum(sizes) != len(payload) or min(sizes, default=0) < 0:
+        raise ValueError("a bodies frame whose sizes do not match its payload")
+    out, at = [], 0
+    for jid, size in zip(ids, sizes):
+        out.append((jid, bytes(payload[at:at + size])))
+        at += size
+    return out
+
+
 class FrameReader:
     """The frames of one socket through one buffer: :meth:`next` waits for a frame, :meth:`ready`
     says whether another whole one is there without waiting (so that a reader can take all the

@@ -138,7 +138,8 @@ class WebSiblings:
         secret_file.write_text(self.secret)
         self.hub = SiblingHub(str(self.dir / "hub.sock"), self.secret, runtime.broker, runtime.view.remember,
                               lambda: owner_state(runtime), device=runtime.intake.resampler.device,
-                              metrics=runtime.metrics)
+                              metrics=runtime.metrics, body_of=lambda job_id: final_body(runtime.view, job_id))
+        runtime.on_purge.append(self.hub.forget)
         self.relay = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self.relay.bind(str(self.dir / "relay.sock"))
         self.relay.listen(2048)
@@ -232,6 +233,18 @@ def owner_state(runtime) -> dict:
     return {"serving": runtime.health.state == "ready" and runtime.health.not_serving() is None,
             "depth": len(broker), "lanes": {str(int(k)): v for k, v in broker.queue_depth().items()},
             "free": pool.local_free_ratios() if pool is not None else [], "full": full}
+
+
+def final_body(view, job_id: str) -> bytes | None:
+    """A finished job's poll body as this process would answer it (its snapshot: no I/O), for the
+    siblings' polls; None when it is not held here or not finished."""
+    from pipeline.domain.types import JobState
+    from pipeline.web.views import job_body
+
+    job = view.get_cached(job_id)
+    if job is None or job.state not in (JobState.DONE, JobState.FAILED):
+        return None
+    return job_body(job)
 
 
 # ---------------------------------------------------------------------------- a sibling's side
@@ -393,7 +406,11 @@ def sibling_app(settings, sibling_dir: str | Path, on_lost=None) -> SiblingFront
     shipper = MetricsShipper(broker.hub)  # the owner's /metrics counts what this process answers
     runtime.metrics.sink = shipper
     shipper.start()
-    return SiblingFront(create_app(runtime=runtime), OwnerRelay(str(folder / "relay.sock"), secret))
+    app = create_app(runtime=runtime)
+    bodies = app.state.poll_bodies  # the owner's finished jobs' bodies: polls of them read no SQLite
+    broker.hub.on_forget = bodies.forget  # (first: a purge is never missed after a body is kept)
+    broker.hub.on_bodies = bodies.push
+    return SiblingFront(app, OwnerRelay(str(folder / "relay.sock"), secret))
 
 
 def run_sibling(settings, sibling_dir: str, fd: int) -> int:

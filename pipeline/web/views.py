@@ -52,12 +52,36 @@ def job_body(job: Job) -> bytes:
 
 class PollBodies:
     """Encoded JSON of finished jobs (it never changes again), so that repeated polls of a done job
-    are a dictionary lookup. Keyed by the job snapshot itself: a new snapshot is encoded anew."""
+    are a dictionary lookup. Keyed by the job snapshot itself: a new snapshot is encoded anew.
 
-    def __init__(self, size: int = 2048):
-        self.size = size
+    A sibling web process also keeps the bodies its owner sends as jobs finish (``pushed``,
+    pipeline/web/siblings.py): its polls of a finished job then read neither SQLite nor a thread.
+    They come in order with the owner's changes of those jobs (a reviewer's edit sends the new
+    body) and its purges (``forget``); bounded in count and bytes."""
+
+    PUSHED_BYTES = 64 << 20  # a sibling's pushed bodies, at most (long calls' transcripts are large)
+
+    def __init__(self, size: int = 2048, pushed_size: int = 8192):
+        self.size, self.pushed_size = size, pushed_size
         self._bodies: OrderedDict[str, tuple[Job, bytes]] = OrderedDict()
+        self._pushed: OrderedDict[str, bytes] = OrderedDict()
+        self._pushed_bytes = 0
         self._lock = threading.Lock()
+
+    def pushed(self, job_id: str) -> bytes | None:
+        """A finished job's body as its owner sent it, or None (not sent, or dropped)."""
+        return self._pushed.get(job_id)  # (one lookup: atomic under the GIL, no lock on the loop)
+
+    def push(self, bodies: list[tuple[str, bytes]]) -> None:
+        """Keep the bodies the owner sent (the newest of a job replaces the one before)."""
+        with self._lock:
+            for jid, body in bodies:
+                old = self._pushed.pop(jid, None)
+                self._pushed_bytes += len(body) - (len(old) if old is not None else 0)
+                self._pushed[jid] = body
+            while self._pushed and (len(self._pushed) > self.pushed_size
+                                    or self._pushed_bytes > self.PUSHED_BYTES):
+                self._pushed_bytes -= len(self._pushed.popitem(last=False)[1])
 
     def body(self, job: Job) -> bytes:
         if job.state not in (JobState.DONE, JobState.FAILED):
@@ -79,6 +103,9 @@ class PollBodies:
         with self._lock:
             for jid in job_ids:
                 self._bodies.pop(jid, None)
+                old = self._pushed.pop(jid, None)
+                if old is not None:
+                    self._pushed_bytes -= len(old)
 
 
 def stage_of(job: Job, model_state: str) -> dict:

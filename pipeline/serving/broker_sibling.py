@@ -5,9 +5,10 @@ A submit is decoded and its upload spooled here; the job's row and its work item
 one message (:class:`~pipeline.serving.sibling_hub.SiblingHub`), which inserts the row and queues the
 item, or refuses both (a full queue: 503, the spool file removed). The spool file's fsync runs here
 while the owner commits the row (both done before the submit answers; the row records the upload's
-size, so that recovery fails a job whose file a power cut left short). Polls read
-the job from SQLite here (WAL: never waiting on the writer) and ask the owner only for a queued
-job's place in its queue."""
+size, so that recovery fails a job whose file a power cut left short). Polls of a finished job are
+answered from the body the owner sent as it finished (``HubClient.on_bodies``: the web layer's
+cache, dropped again at purge through ``on_forget``); other polls read the job from SQLite here
+(WAL: never waiting on the writer) and ask the owner only for a queued job's place in its queue."""
 
 from __future__ import annotations
 

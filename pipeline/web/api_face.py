@@ -38,5 +38,5 @@ def add_api(app, runtime: Runtime, bodies, pages: JobPages):
         from pipeline.web.ui import mount_ui
 
         app = mount_ui(app, runtime, pages)
-    install_guards(app, settings, view, bodies)
+    install_guards(app, settings, view, bodies, intake)
     return app

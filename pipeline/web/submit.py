@@ -6,13 +6,14 @@ from __future__ import annotations
 import asyncio
 from typing import TYPE_CHECKING
 
-from anyio import CapacityLimiter, to_thread
+from anyio import to_thread
 
 from fastapi import Request, UploadFile
 from fastapi.concurrency import run_in_threadpool
 
 from pipeline.audio.decode import read_upload
 from pipeline.domain.types import Job, JobState, Lane, TranscribeOptions
+from pipeline.web.fast_submit import submit_limiter
 from pipeline.web.middleware import release_upload_slot
 
 if TYPE_CHECKING:
@@ -34,21 +35,11 @@ async def submit_upload(request: Request, intake: Intake, file: UploadFile,
         return intake.submit(data, filename=file.filename or "", options=options, lane=lane)
 
     try:
-        job = await to_thread.run_sync(read_and_submit, limiter=_submit_limiter(request, intake))
+        job = await to_thread.run_sync(read_and_submit, limiter=submit_limiter(request.app.state, intake))
     finally:
         await file.close()
     release_upload_slot(request)
     return job
-
-
-def _submit_limiter(request: Request, intake: Intake) -> CapacityLimiter:
-    """The threads that submits may take at once (``limits.submit_threads``), one limiter per app
-    (made on its event loop, at the first submit)."""
-    state = request.app.state
-    limiter = getattr(state, "submit_limiter", None)
-    if limiter is None:
-        limiter = state.submit_limiter = CapacityLimiter(intake.settings.limits.submit_threads)
-    return limiter
 
 
 async def read_job(view: JobView, job_id: str) -> Job:

@@ -1,0 +1,205 @@
+"""``POST /api/jobs`` in its common form without the framework (:class:`FastSubmit`).
+
+The route (pipeline/web/routes/jobs.py) reads an upload through FastAPI's routing, dependencies,
+Starlette's form parser (the file spooled into a temporary file and read back) and its response
+classes: on two cores under load that was a tenth of a web process's CPU beside the submit itself.
+This middleware answers the request that a client almost always sends -- no query string, the token
+if one is set, a multipart body of one ``file`` part and the route's own option fields -- by
+parsing the body once (python-multipart, as Starlette does) and submitting it exactly as the route
+does (``submit_bytes``: the same intake, thread limiter and answer as pipeline/web/submit.py's). Any other request, and any
+body it does not take as the route would (an option value the route's validation decides, a field
+twice, a part too many), goes to the route with its body replayed unchanged: the route stays the
+one definition of errors. It sits inside the upload guards (size, time, slots) and the Host/Origin
+and sign-in guards, and buffers only bodies of a declared length up to ``MAX_BYTES`` (a larger one
+goes to the route, whose parser spools it to disk)."""
+
+from __future__ import annotations
+
+import logging
+
+import orjson
+from anyio import CapacityLimiter, to_thread
+from python_multipart.multipart import MultipartParser, MultipartState, parse_options_header
+from starlette.datastructures import Headers
+
+from pipeline.domain.errors import SenseVoiceError
+from pipeline.domain.types import Lane, TranscribeOptions
+from pipeline.web.auth import token_ok
+from pipeline.web.errors import domain_response
+
+logger = logging.getLogger("sensevoice.api")
+
+PATH = "/api/jobs"
+BOOL_FIELDS = ("use_itn", "ban_emo_unk", "split_channels", "word_timestamps")
+FIELDS = frozenset(("language", *BOOL_FIELDS))
+TRUE, FALSE = frozenset(("1", "true", "t", "yes", "y", "on")), frozenset(("0", "false", "f", "no", "n", "off"))
+MAX_PARTS = 8  # more: the route's parser decides
+MAX_BYTES = 16 << 20  # a larger body (or one without a length) goes to the route, which spools it to disk
+MAX_FIELD_BYTES = 256  # an option value longer than this: the route decides
+
+
+class FastSubmit:
+    """ASGI middleware: the common ``POST /api/jobs`` submitted here, everything else passed on."""
+
+    def __init__(self, app, intake, token: str):
+        self.app, self.intake, self.token = app, intake, token
+
+    async def __call__(self, scope, receive, send):
+        if (scope["type"] != "http" or scope["method"] != "POST" or scope["path"] != PATH
+                or scope.get("query_string") or not token_ok(Headers(scope=scope).get, self.token)):
+            return await self.app(scope, receive, send)
+        boundary, length = _boundary_and_length(scope)
+        if boundary is None or length is None or length > MAX_BYTES:
+            return await self.app(scope, receive, send)
+        body = bytearray()
+        while True:
+            message = await receive()  # (the upload guard outside bounds its size and time)
+            if message["type"] == "http.disconnect":
+                return  # the client went away: nobody to answer
+            body += message.get("body", b"")
+            if not message.get("more_body", False):
+                break
+        form = _parse(boundary, body)
+        if form is None:
+            return await self.app(scope, _replay(bytes(body), receive), send)
+        data, filename, options = form
+        del body
+        try:
+            job = await submit_bytes(scope["app"].state, self.intake, data, filename, options, Lane.BULK)
+        except SenseVoiceError as e:
+            return await domain_response(e)(scope, receive, send)
+        answer = orjson.dumps({"id": job.id, "status": job.state.value, "position": job.position})
+        await send({"type": "http.response.start", "status": 202, "headers": [
+            (b"content-type", b"application/json"), (b"content-length", str(len(answer)).encode()),
+            (b"location", f"{PATH}/{job.id}".encode())]})
+        await send({"type": "http.response.body", "body": answer})
+
+
+async def submit_bytes(state, intake, data: bytes, filename: str, options: TranscribeOptions,
+                       lane: Lane):
+    """An upload already read, submitted as the route's ``submit_upload`` submits: in the thread
+    pool, under the same limiter (``state``: the app's)."""
+    return await to_thread.run_sync(lambda: intake.submit(data, filename=filename, options=options, lane=lane),
+                                    limiter=submit_limiter(state, intake))
+
+
+def submit_limiter(state, intake) -> CapacityLimiter:
+    """The threads that submits may take at once (``limits.submit_threads``), one limiter per app
+    (made on its event loop, at the first submit), for the route and this middleware alike."""
+    limiter = getattr(state, "submit_limiter", None)
+    if limiter is None:
+        limiter = state.submit_limiter = CapacityLimiter(intake.settings.limits.submit_threads)
+    return limiter
+
+
+def _boundary_and_length(scope) -> tuple[bytes | None, int | None]:
+    """A multipart body's boundary and its declared length (the server holds a body to it)."""
+    boundary = length = None
+    for name, value in scope["headers"]:
+        if name == b"content-type":
+            kind, params = parse_options_header(value)
+            boundary = params.get(b"boundary") if kind == b"multipart/form-data" else None
+        elif name == b"content-length":
+            length = int(value) if value.isdigit() and len(value) < 12 else None
+        elif name == b"transfer-encoding":
+            return None, None
+    return boundary or None, length
+
+
+def _replay(body: bytes, receive):
+    """The body read here, once, for the route; then the connection's own messages (disconnect)."""
+    sent = False
+
+    async def replayed():
+        nonlocal sent
+        if not sent:
+            sent = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        return await receive()
+    return replayed
+
+
+class _Part:
+    __slots__ = ("headers", "chunks", "field", "value")
+
+    def __init__(self):
+        self.headers: list[tuple[bytes, bytes]] = []
+        self.chunks: list[bytes] = []
+        self.field = self.value = b""
+
+
+def _parse(boundary: bytes, body: bytearray) -> tuple[bytes, str, TranscribeOptions] | None:
+    """The upload, its filename and the options, as the route would read them; None when the
+    route must decide (anything this does not take exactly as the route would)."""
+    parts: list[_Part] = []
+
+    def on_part_begin():
+        parts.append(_Part())
+
+    def on_header_field(data, start, end):
+        parts[-1].field += data[start:end]
+
+    def on_header_value(data, start, end):
+        parts[-1].value += data[start:end]
+
+    def on_header_end():
+        part = parts[-1]
+        part.headers.append((part.field.lower(), part.value))
+        part.field = part.value = b""
+
+    def on_part_data(data, start, end):
+        parts[-1].chunks.append(data[start:end])
+
+    parser = MultipartParser(boundary, {"on_part_begin": on_part_begin, "on_header_field": on_header_field,
+                                        "on_header_value": on_header_value, "on_header_end": on_header_end,
+                                        "on_part_data": on_part_data})
+    try:
+        parser.write(body)
+        parser.finalize()
+    except Exception:  # malformed: the route's parser gives its error
+        return None
+    if parser.state != MultipartState.END or len(parts) > MAX_PARTS:  # (a body cut short, too many)
+        return None
+    upload: tuple[bytes, str] | None = None
+    fields: dict[str, str] = {}
+    for part in parts:
+        disposition = dict(part.headers).get(b"content-disposition")
+        if disposition is None:
+            return None
+        _, params = parse_options_header(disposition)
+        name = _decoded(params.get(b"name", b""))
+        if b"filename" in params:
+            if name != "file" or upload is not None:
+                return None
+            upload = (b"".join(part.chunks), _decoded(params[b"filename"]))
+        elif name in FIELDS:
+            value = b"".join(part.chunks)
+            if name in fields or len(value) > MAX_FIELD_BYTES:
+                return None
+            try:
+                fields[name] = value.decode("utf-8")
+            except UnicodeDecodeError:
+                return None
+        # (any other field: the route ignores it too)
+    if upload is None:
+        return None
+    flags: dict[str, bool] = {}
+    for name in BOOL_FIELDS:
+        if name in fields:
+            value = fields[name].lower()
+            if value not in TRUE and value not in FALSE:
+                return None
+            flags[name] = value in TRUE
+    try:
+        options = TranscribeOptions(**({"language": fields["language"]} if "language" in fields else {}), **flags)
+    except SenseVoiceError:  # (an unknown language: the route's answer)
+        return None
+    return upload[0], upload[1], options
+
+
+def _decoded(value: bytes) -> str:
+    """A part's name or filename as Starlette's parser decodes it (UTF-8, else Latin-1)."""
+    try:
+        return value.decode("utf-8")
+    except UnicodeDecodeError:
+        return value.decode("latin-1")

@@ -1,0 +1,131 @@
+"""The common ``POST /api/jobs`` answered without the framework (pipeline/web/fast_submit.py): the
+same job and answer as the route, and every other request -- an option the route's validation
+decides, a field twice, a malformed body, a query, a wrong token -- answered by the route itself,
+with its body replayed unchanged. Real HTTP on loopback against the real app."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+
+from pipeline.web import fast_submit
+from tests.test_api import wait_done
+
+pytest_plugins = ["tests.fixtures_media"]
+
+
+@pytest.fixture
+def taken(monkeypatch):
+    """The submits the fast path took (the route's are not counted)."""
+    calls = []
+    real = fast_submit.submit_bytes
+
+    async def counting(*args, **kwargs):
+        calls.append(args[4])  # the options it read
+        return await real(*args, **kwargs)
+
+    monkeypatch.setattr(fast_submit, "submit_bytes", counting)
+    return calls
+
+
+def post(server, files=None, data=None, **kw) -> httpx.Response:
+    return httpx.post(server.url + "/api/jobs", files=files, data=data, timeout=60, **kw)
+
+
+def test_the_common_submit_is_taken_and_answered_as_the_route_answers(live_server, speech_clip, taken):
+    wav = speech_clip.read_bytes()
+    r = post(live_server, files={"file": ("call é.wav", wav)},
+             data={"language": "en", "use_itn": "False", "word_timestamps": "on", "model": "ignored"})
+    assert r.status_code == 202, r.text
+    body = r.json()
+    assert set(body) == {"id", "status", "position"} and body["status"] == "queued"
+    assert r.headers["location"] == f"/api/jobs/{body['id']}" and r.headers["content-type"] == "application/json"
+    assert len(taken) == 1
+    assert (taken[0].language, taken[0].use_itn, taken[0].word_timestamps, taken[0].ban_emo_unk) == \
+        ("en", False, True, False)
+    job = wait_done(live_server, body["id"])
+    assert job["status"] == "done" and job["filename"] == "call é.wav" and job["result"]["text"]
+    assert job["options"] == {"language": "en", "use_itn": False, "ban_emo_unk": False,
+                              "split_channels": False, "word_timestamps": True}
+    # the route, for the same upload with ?wait=: the same transcript
+    waited = httpx.post(live_server.url + "/api/jobs", params={"wait": 60}, files={"file": ("a.wav", wav)},
+                        data={"language": "en", "use_itn": "false", "word_timestamps": "true"}, timeout=90)
+    assert waited.status_code == 200 and len(taken) == 1
+    assert waited.json()["result"]["text"] == job["result"]["text"]
+
+
+@pytest.mark.parametrize("data, files, status, code", [
+    ({"language": "klingon"}, None, 400, "invalid_option"),
+    ({"use_itn": "maybe"}, None, 400, "invalid_request"),
+    ({"use_itn": " true"}, None, 400, "invalid_request"),
+    ({}, {"other": ("a.wav", b"RIFF")}, 400, "invalid_request"),  # no 'file' part
+    ({"language": "x" * 300}, None, 400, "invalid_option"),
+])
+def test_what_the_route_decides_is_answered_by_the_route(live_server, speech_clip, taken, data, files, status, code):
+    r = post(live_server, files=files or {"file": ("a.wav", speech_clip.read_bytes())}, data=data)
+    assert r.status_code == status and r.json()["error"]["code"] == code, r.text
+    assert taken == []
+
+
+def test_a_field_twice_or_a_second_file_goes_to_the_route(live_server, speech_clip, taken):
+    wav = speech_clip.read_bytes()
+    twice = post(live_server, files=[("file", ("a.wav", wav)), ("language", (None, "en")),
+                                     ("language", (None, "zh"))])
+    assert twice.status_code == 202, twice.text  # the route's own reading of it
+    two_files = post(live_server, files=[("file", ("a.wav", wav)), ("file", ("b.wav", wav))])
+    assert two_files.status_code in (202, 400), two_files.text
+    assert taken == []
+
+
+def test_a_malformed_body_or_a_stranger_gets_the_routes_answer(live_server, speech_clip, taken):
+    broken = b"--xyz\r\nContent-Disposition: form-data; name=\"file\"; filename=\"a.wav\"\r\n\r\nRIFF"  # no end
+    r = httpx.post(live_server.url + "/api/jobs", content=broken, timeout=30,
+                   headers={"content-type": "multipart/form-data; boundary=xyz"})
+    assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_request", r.text  # (the route's)
+    assert taken == []
+    headerless = b"--xyz\r\n\r\nabc\r\n--xyz--\r\n"
+    r = httpx.post(live_server.url + "/api/jobs", content=headerless, timeout=30,
+                   headers={"content-type": "multipart/form-data; boundary=xyz"})
+    assert r.status_code == 400, r.text
+    r = httpx.post(live_server.url + "/api/jobs", content=speech_clip.read_bytes(), timeout=30,
+                   headers={"content-type": "audio/wav"})
+    assert r.status_code == 400, r.text
+    assert taken == []
+
+
+def test_a_token_is_checked_before_the_body_is_read(demo_dir, tmp_path, speech_clip, monkeypatch):
+    from tests.conftest import LiveServer, make_settings
+
+    calls = []
+    real = fast_submit.submit_bytes
+
+    async def counting(*args, **kwargs):
+        calls.append(1)
+        return await real(*args, **kwargs)
+
+    monkeypatch.setattr(fast_submit, "submit_bytes", counting)
+    server = LiveServer(make_settings(demo_dir, tmp_path, api_token="s3cret")).start()
+    try:
+        files = {"file": ("a.wav", speech_clip.read_bytes())}
+        refused = post(server, files=files)
+        assert refused.status_code == 401 and refused.json()["error"]["code"] == "unauthorized"
+        assert calls == []
+        ok = post(server, files=files, headers={"Authorization": "Bearer s3cret"})
+        assert ok.status_code == 202 and calls == [1]
+    finally:
+        server.stop()
+
+
+def test_a_large_or_chunked_body_goes_to_the_route(live_server, speech_clip, taken, monkeypatch):
+    """Only a body of a declared length up to MAX_BYTES is held in memory here; the route's parser
+    spools a larger one to disk."""
+    wav = speech_clip.read_bytes()
+    monkeypatch.setattr(fast_submit, "MAX_BYTES", len(wav) // 2)
+    assert post(live_server, files={"file": ("a.wav", wav)}).status_code == 202 and taken == []
+    monkeypatch.setattr(fast_submit, "MAX_BYTES", 16 << 20)
+    request = httpx.Request("POST", live_server.url + "/api/jobs", files={"file": ("a.wav", wav)})
+    chunks = iter([request.read()])  # the same body without a length: chunked
+    chunked = httpx.post(live_server.url + "/api/jobs", content=(c for c in chunks), timeout=60,
+                         headers={"content-type": request.headers["content-type"]})
+    assert chunked.status_code == 202 and taken == [], chunked.text
+    assert post(live_server, files={"file": ("a.wav", wav)}).status_code == 202 and len(taken) == 1

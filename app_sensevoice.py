@@ -182,7 +182,6 @@ def main(argv=None) -> int:
           f"(model: {source.name if source else 'none, api role'})", flush=True)
     # uvloop + httptools (requirements) rather than asyncio + h11: polls stay cheap under load
     # and the edge guards (pipeline/web/edge.py): a header deadline, a header size cap, connection
-    # counts per client and in all, on top of uvicorn's httptools protocol
     # counts per client and in all, on top of uvicorn's httptools protocol; X-Forwarded-For only
     # from SENSEVOICE_TRUSTED_PROXIES
     options = dict(log_level="info", loop="uvloop", access_log=settings.server.access_log, **uvicorn_options(settings))

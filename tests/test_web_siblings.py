@@ -120,6 +120,49 @@ def test_the_hub_refuses_a_connection_without_the_secret(tmp_path):
         hub.stop()
 
 
+def test_a_sibling_that_stops_reading_is_cut_off_and_the_others_get_every_push(tmp_path, monkeypatch):
+    """The owner's pushes go out from a thread of their own; a sibling whose socket takes nothing
+    for PUSH_STALL_S (stopped, wedged) is cut off -- it restarts with nothing cached -- instead of
+    holding back the other siblings' bodies and purges (a purged transcript must leave them)."""
+    from pipeline.serving import sibling_hub
+    from pipeline.serving.job_events import JobEvent
+
+    monkeypatch.setattr(sibling_hub, "PUSH_STALL_S", 1)
+    broker = EmbeddedBroker(tmp_path, Scheduler(8))
+    body = b"x" * 100_000
+    hub = SiblingHub(str(tmp_path / "hub.sock"), "s", broker, lambda job: None, dict,
+                     body_of=lambda jid: body if jid.startswith("j") else None)
+    hub.start()
+    got, forgotten, lost = [], [], threading.Event()
+    reading = SiblingBroker(tmp_path, str(tmp_path / "hub.sock"), "s")
+    reading.hub.on_bodies, reading.hub.on_forget = got.extend, forgotten.extend
+    stalled = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    stalled.connect(str(tmp_path / "hub.sock"))
+    wire.send_frame(stalled, threading.Lock(), {"op": "hello", "secret": "s"})
+    try:
+        deadline = time.monotonic() + 10
+        while len(hub._conns) < 2:
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        n = 300  # 30 MB: far more than a socket buffer holds
+        broker.feed.publish([JobEvent(f"j{i}", JobState.DONE) for i in range(n)])
+        broker.feed.publish([JobEvent("unknown", JobState.DONE)])  # (no body here: nothing sent)
+        hub.forget(["j0", "j1"])
+        deadline = time.monotonic() + 60
+        while len(got) < n or len(forgotten) < 2:
+            assert time.monotonic() < deadline, (len(got), forgotten)
+            time.sleep(0.05)
+        assert [jid for jid, _ in got] == [f"j{i}" for i in range(n)] and got[0][1] == body
+        assert forgotten == ["j0", "j1"] and len(hub._conns) == 1  # the stalled one is cut off
+        stalled.settimeout(10)
+        while stalled.recv(1 << 20):  # what it was sent before, then the end
+            pass
+    finally:
+        stalled.close()
+        reading.close()
+        hub.stop()
+
+
 def test_a_refused_submit_leaves_no_row_and_no_spooled_upload(tmp_path):
     """The owner's queue is full: the sibling's submit is refused whole (503 queue_full)."""
     broker = EmbeddedBroker(tmp_path, Scheduler(0))  # a queue that holds nothing

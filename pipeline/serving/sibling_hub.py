@@ -139,6 +139,7 @@ class SiblingHub:
                 except OSError as e:
                     logger.warning("a sibling took no pushed job bodies for %d s (%s): its connection is "
                                    "closed, it restarts", PUSH_STALL_S, type(e).__name__)
+                    self._conns.pop(conn, None)  # (nothing more is sent to it; its reader ends)
                     _cut(conn)
 
     def _coalesce(self, batch: list) -> list[tuple[str, object]]:

@@ -556,3 +556,17 @@ async def refuse(scope, send, e: SenseVoiceError, headers: list[tuple[bytes, byt
         await send({"type": "websocket.http.response.body", "body": body})
     else:  # the server answers 403 to a close before accept
         await send({"type": "websocket.close", "code": 1008})
+
+
+def replay_body(body: bytes, receive):
+    """An ASGI ``receive`` that gives a body already read, once, then the connection's own
+    messages (its disconnect): for middleware that read a request before passing it on."""
+    sent = False
+
+    async def replayed():
+        nonlocal sent
+        if not sent:
+            sent = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        return await receive()
+    return replayed

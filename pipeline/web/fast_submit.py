@@ -25,6 +25,7 @@ from starlette.datastructures import Headers
 from pipeline.domain.errors import SenseVoiceError
 from pipeline.domain.types import Lane, TranscribeOptions
 from pipeline.web.auth import token_ok
+from pipeline.web.edge import replay_body
 from pipeline.web.errors import domain_response
 
 logger = logging.getLogger("sensevoice.api")
@@ -61,7 +62,7 @@ class FastSubmit:
                 break
         form = _parse(boundary, body)
         if form is None:
-            return await self.app(scope, _replay(bytes(body), receive), send)
+            return await self.app(scope, replay_body(bytes(body), receive), send)
         data, filename, options = form
         del body
         try:
@@ -104,19 +105,6 @@ def _boundary_and_length(scope) -> tuple[bytes | None, int | None]:
         elif name == b"transfer-encoding":
             return None, None
     return boundary or None, length
-
-
-def _replay(body: bytes, receive):
-    """The body read here, once, for the route; then the connection's own messages (disconnect)."""
-    sent = False
-
-    async def replayed():
-        nonlocal sent
-        if not sent:
-            sent = True
-            return {"type": "http.request", "body": body, "more_body": False}
-        return await receive()
-    return replayed
 
 
 class _Part:

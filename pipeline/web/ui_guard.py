@@ -37,6 +37,7 @@ from starlette.responses import JSONResponse
 from pipeline.audio.decode import read_upload
 from pipeline.domain.errors import InvalidOption, PathRefused, SenseVoiceError, Unauthorized, UploadTooLarge
 from pipeline.serving.private_dir import ensure_private_dir
+from pipeline.web.edge import replay_body
 
 logger = logging.getLogger("sensevoice.ui")
 
@@ -290,13 +291,4 @@ class AccessGuard:
             refusal = body_error(data, self.upload_dir)
             if refusal is not None:
                 return await error_response(refusal)(scope, receive, send)
-        replayed = False
-
-        async def replay():
-            nonlocal replayed
-            if not replayed:
-                replayed = True
-                return {"type": "http.request", "body": body, "more_body": False}
-            return await receive()
-
-        await self.app(scope, replay, send)
+        await self.app(scope, replay_body(body, receive), send)

@@ -131,7 +131,14 @@ class SiblingHub:
                     break
             if None in batch:
                 return
-            data = wire.push_frames(self._coalesce(batch))
+            try:
+                data = wire.push_frames(self._coalesce(batch))
+            except Exception:  # a bug: what the siblings hold could go stale; they restart empty
+                logger.exception("the finished jobs' bodies could not be sent: the siblings restart")
+                for conn in list(self._conns):
+                    self._conns.pop(conn, None)
+                    _cut(conn)
+                continue
             for conn, lock in list(self._conns.items()):
                 try:
                     with lock:
@@ -143,14 +150,14 @@ class SiblingHub:
                     _cut(conn)
 
     def _coalesce(self, batch: list) -> list[tuple[str, object]]:
-        """Queued pushes as frames in their order: runs of finished jobs as one bodies frame."""
+        """Queued pushes as frames in their order: runs of finished jobs as one bodies frame. A
+        finished job whose body is not held here any more is forgotten there instead (a sibling
+        must not keep answering a body from before the change this push is for)."""
         out: list[tuple[str, list]] = []
         for op, value in batch:
             if op == "bodies":
                 body = self.body_of(value)
-                if body is None:
-                    continue
-                value = [(value, body)]
+                op, value = ("bodies", [(value, body)]) if body is not None else ("forget", [value])
             if out and out[-1][0] == op:
                 out[-1][1].extend(value)
             else:

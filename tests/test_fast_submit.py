@@ -129,3 +129,19 @@ def test_a_large_or_chunked_body_goes_to_the_route(live_server, speech_clip, tak
                          headers={"content-type": request.headers["content-type"]})
     assert chunked.status_code == 202 and taken == [], chunked.text
     assert post(live_server, files={"file": ("a.wav", wav)}).status_code == 202 and len(taken) == 1
+
+
+def test_a_failed_write_is_the_routes_storage_answer(live_server, speech_clip, taken, monkeypatch):
+    """An OSError below the store's own checks (the app's handler makes JSON 507/503 of it for
+    the route) gets the same JSON answer here, not a plain-text 500."""
+    import errno
+
+    def full(*args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(live_server.runtime.intake, "submit", full)
+    wav = speech_clip.read_bytes()
+    fast = post(live_server, files={"file": ("a.wav", wav)})
+    route = httpx.post(live_server.url + "/api/jobs", params={"wait": 1}, files={"file": ("a.wav", wav)}, timeout=60)
+    assert len(taken) == 1 and fast.status_code == route.status_code == 507, (fast.text, route.text)
+    assert fast.json() == route.json() and fast.json()["error"]["code"] == "storage_full"

@@ -24,6 +24,7 @@ from starlette.datastructures import Headers
 
 from pipeline.domain.errors import SenseVoiceError
 from pipeline.domain.types import Lane, TranscribeOptions
+from pipeline.serving.records import storage_error
 from pipeline.web.auth import token_ok
 from pipeline.web.edge import replay_body
 from pipeline.web.errors import domain_response
@@ -69,6 +70,9 @@ class FastSubmit:
             job = await submit_bytes(scope["app"].state, self.intake, data, filename, options, Lane.BULK)
         except SenseVoiceError as e:
             return await domain_response(e)(scope, receive, send)
+        except OSError as e:  # a write that failed below the store's own checks: as the app's handler
+            logger.error("I/O error while handling a request: %s", e)
+            return await domain_response(storage_error(e))(scope, receive, send)
         answer = orjson.dumps({"id": job.id, "status": job.state.value, "position": job.position})
         await send({"type": "http.response.start", "status": 202, "headers": [
             (b"content-type", b"application/json"), (b"content-length", str(len(answer)).encode()),

@@ -224,7 +224,8 @@ async def run(urls: list[str], submitters: int, seconds: float, pollers: int,
                     continue
                 if r.status_code == 202:
                     submitted[r.json()["id"]] = t
-                    polling.add(r.json()["id"])
+                    if polling is not None:
+                        polling.add(r.json()["id"])
                     rep.accepted += 1
                 else:
                     rep.rejected += 1
@@ -232,11 +233,13 @@ async def run(urls: list[str], submitters: int, seconds: float, pollers: int,
                     rep.rejected_codes[code] = rep.rejected_codes.get(code, 0) + 1
                     await asyncio.sleep(float(r.headers.get("retry-after", "0.2")))
 
-        polling = PollerProcess(urls, pollers, seconds)
+        # (no poller process without pollers: ids it never reads would fill its queue's pipe, and
+        # this process would hang at exit flushing them)
+        polling = PollerProcess(urls, pollers, seconds) if pollers > 0 else None
         try:
             await asyncio.gather(*[submitter(k) for k in range(submitters)])
         finally:
-            poll_lat = await asyncio.to_thread(polling.join)
+            poll_lat = await asyncio.to_thread(polling.join) if polling is not None else []
         deadline = time.monotonic() + finish_timeout
         pending = set(submitted)
         while pending and time.monotonic() < deadline:

@@ -190,7 +190,8 @@ def main(argv=None) -> int:
         return 0
     # sibling web processes on the same port: uploads and polls on more cores (pipeline/web/siblings.py)
     listener = uvicorn.Config(app, host=settings.server.host, port=settings.server.port).bind_socket()
-    siblings = WebSiblings(settings, runtime, processes, sys.argv[1:] if argv is None else list(argv), listener)
+    siblings = WebSiblings(settings, runtime, processes, sys.argv[1:] if argv is None else list(argv), listener,
+                           bodies=app.state.poll_bodies)
     siblings.start()
     try:
         siblings.serve(app, **options)

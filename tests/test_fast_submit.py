@@ -93,27 +93,25 @@ def test_a_malformed_body_or_a_stranger_gets_the_routes_answer(live_server, spee
     assert taken == []
 
 
-def test_a_token_is_checked_before_the_body_is_read(demo_dir, tmp_path, speech_clip, monkeypatch):
+def test_a_token_is_checked_before_the_body_is_read(demo_dir, tmp_path, speech_clip, taken):
     from tests.conftest import LiveServer, make_settings
 
-    calls = []
-    real = fast_submit.submit_bytes
-
-    async def counting(*args, **kwargs):
-        calls.append(1)
-        return await real(*args, **kwargs)
-
-    monkeypatch.setattr(fast_submit, "submit_bytes", counting)
     server = LiveServer(make_settings(demo_dir, tmp_path, api_token="s3cret")).start()
     try:
         files = {"file": ("a.wav", speech_clip.read_bytes())}
         refused = post(server, files=files)
         assert refused.status_code == 401 and refused.json()["error"]["code"] == "unauthorized"
-        assert calls == []
+        assert taken == []
         ok = post(server, files=files, headers={"Authorization": "Bearer s3cret"})
-        assert ok.status_code == 202 and calls == [1]
+        assert ok.status_code == 202 and len(taken) == 1
     finally:
         server.stop()
+
+
+def test_more_parts_than_a_submit_has_go_to_the_route(live_server, speech_clip, taken):
+    extra = [(f"x{i}", (None, "1")) for i in range(fast_submit.MAX_PARTS)]  # fields the route ignores
+    r = post(live_server, files=[("file", ("a.wav", speech_clip.read_bytes())), *extra])
+    assert r.status_code == 202 and taken == [], r.text
 
 
 def test_a_large_or_chunked_body_goes_to_the_route(live_server, speech_clip, taken, monkeypatch):

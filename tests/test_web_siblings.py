@@ -349,7 +349,8 @@ def pair(demo_dir, tmp_path_factory):
     owner_app = create_app(settings)
     runtime = owner_app.state.runtime
     owner_sock, owner_url = tcp_listener()
-    siblings = WebSiblings(settings, runtime, 1, [], owner_sock)  # the hub and the relay, no process
+    siblings = WebSiblings(settings, runtime, 1, [], owner_sock,  # the hub and the relay, no process
+                           bodies=owner_app.state.poll_bodies)
     siblings.start()
     owner = Served(SiblingTrust(owner_app, siblings.secret), [owner_sock, siblings.relay])
     sib_settings = make_settings(demo_dir, data, segment_threshold_s=8.0, role="api", ui=False)

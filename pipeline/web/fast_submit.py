@@ -111,6 +111,10 @@ def _boundary_and_length(scope) -> tuple[bytes | None, int | None]:
     return boundary or None, length
 
 
+class _TooManyParts(Exception):
+    pass
+
+
 class _Part:
     __slots__ = ("headers", "chunks", "field", "value")
 
@@ -126,6 +130,8 @@ def _parse(boundary: bytes, body: bytearray) -> tuple[bytes, str, TranscribeOpti
     parts: list[_Part] = []
 
     def on_part_begin():
+        if len(parts) == MAX_PARTS:
+            raise _TooManyParts  # (the route's parser decides; no need to read on)
         parts.append(_Part())
 
     def on_header_field(data, start, end):
@@ -148,9 +154,9 @@ def _parse(boundary: bytes, body: bytearray) -> tuple[bytes, str, TranscribeOpti
     try:
         parser.write(body)
         parser.finalize()
-    except Exception:  # malformed: the route's parser gives its error
+    except Exception:  # malformed, or too many parts: the route's parser gives its answer
         return None
-    if parser.state != MultipartState.END or len(parts) > MAX_PARTS:  # (a body cut short, too many)
+    if parser.state != MultipartState.END:  # a body cut short
         return None
     upload: tuple[bytes, str] | None = None
     fields: dict[str, str] = {}

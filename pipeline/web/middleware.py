@@ -243,14 +243,13 @@ class _BodyRefused(Exception):
     """Raised into the app's receive once its request body is refused (too large, too slow)."""
 
 
-def install_guards(app, settings, view: JobView, bodies: PollBodies, intake=None) -> None:
+def install_guards(app, settings, view: JobView, bodies: PollBodies, intake) -> None:
     """The api role's request guards, inside the Host/Origin check (added last: outermost), and
     inside them all the common submit without the framework (``intake``: pipeline/web/fast_submit.py)."""
     from pipeline.web.fast_submit import FastSubmit
     from pipeline.web.ui_guard import AccessGuard
 
-    if intake is not None:
-        app.add_middleware(FastSubmit, intake=intake, token=settings.server.token)
+    app.add_middleware(FastSubmit, intake=intake, token=settings.server.token)
 
     # token on /docs; what the UI may read; its session routes only after its login
     app.add_middleware(AccessGuard, settings=settings,

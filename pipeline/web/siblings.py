@@ -129,7 +129,9 @@ class WebSiblings:
     """The owner's siblings: a private directory (0700) with the hub's and the relay's sockets
     and the secret, the listening socket they share, and the processes."""
 
-    def __init__(self, settings, runtime, count: int, argv: list[str], listener: socket.socket):
+    def __init__(self, settings, runtime, count: int, argv: list[str], listener: socket.socket, *, bodies):
+        """``bodies``: the owner app's ``PollBodies`` (a finished job's body is encoded once, for
+        its own polls and its siblings')."""
         self.settings, self.argv, self.listener = settings, argv, listener
         self.dir = Path(tempfile.mkdtemp(prefix="sensevoice-web-"))
         self.secret = secrets.token_hex(32)
@@ -138,7 +140,7 @@ class WebSiblings:
         secret_file.write_text(self.secret)
         self.hub = SiblingHub(str(self.dir / "hub.sock"), self.secret, runtime.broker, runtime.view.remember,
                               lambda: owner_state(runtime), device=runtime.intake.resampler.device,
-                              metrics=runtime.metrics, body_of=lambda job_id: final_body(runtime.view, job_id))
+                              metrics=runtime.metrics, body_of=lambda job_id: final_body(runtime.view, bodies, job_id))
         runtime.on_purge.append(self.hub.forget)
         self.relay = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self.relay.bind(str(self.dir / "relay.sock"))
@@ -235,16 +237,16 @@ def owner_state(runtime) -> dict:
             "free": pool.local_free_ratios() if pool is not None else [], "full": full}
 
 
-def final_body(view, job_id: str) -> bytes | None:
-    """A finished job's poll body as this process would answer it (its snapshot: no I/O), for the
-    siblings' polls; None when it is not held here or not finished."""
+def final_body(view, bodies, job_id: str) -> bytes | None:
+    """A finished job's poll body as this process answers it (its snapshot, through its
+    ``PollBodies``: no I/O, encoded once), for the siblings' polls; None when it is not held here
+    or not finished."""
     from pipeline.domain.types import JobState
-    from pipeline.web.views import job_body
 
     job = view.get_cached(job_id)
     if job is None or job.state not in (JobState.DONE, JobState.FAILED):
         return None
-    return job_body(job)
+    return bodies.body(job)
 
 
 # ---------------------------------------------------------------------------- a sibling's side

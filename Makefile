@@ -28,7 +28,7 @@ run: $(VENV)/.installed
 
 ## make test: set up .venv (with test tools) and run every test
 test: $(VENV)/.installed-dev
-	$(BIN)/python -m pytest -q tests
+	$(BIN)/python -m pytest -q --durations=25 tests
 
 clean:
 	rm -rf $(VENV) .pytest_cache

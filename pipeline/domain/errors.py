@@ -233,6 +233,29 @@ class ClientEventStreamLimit(SenseVoiceError):
     close_code = WsClose.POLICY_VIOLATION
 
 
+class TooManyExports(Busy):
+    """The server builds the most CSV exports of the calls table it builds at once."""
+
+    code = "too_many_exports"
+    retry_after = 5
+
+
+class ClientExportLimit(Busy):
+    """This client address has the most CSV exports in progress that one client may have."""
+
+    status = 429
+    code = "too_many_exports_from_client"
+    retry_after = 5
+
+
+class ReadOnlyLink(SenseVoiceError):
+    """A job's download link (or page link) was used to change the job: it opens reads only."""
+
+    status = 403
+    code = "read_only_link"
+    close_code = WsClose.POLICY_VIOLATION
+
+
 class LinkExpired(SenseVoiceError):
     """A signed link this server gave out has expired (not a failed sign-in: it is not counted)."""
 

@@ -17,6 +17,12 @@
   9.5 GB and was written twice): a body over ``max_response_bytes`` (64 MiB; an error's over 64
   KiB) is cut off and raises :class:`ResponseTooLarge`, gzip or not; a job JSON that is not an
   object, or a job id that is not an id, raises :class:`BadResponse`.
+* The cap holds for any content coding (issue 36: a 1.6 KB brotli answer, decoded by httpx in one
+  call, took the CLI to 2.15 GB): only ``gzip`` is asked for, and whatever coding the server
+  answers with (gzip, deflate, br, zstd, stacked) is decoded here a bounded piece at a time
+  (``DECODE_CHUNK``), its compressed bytes capped too; a coding this client cannot decode within
+  bounds (unknown, or br/zstd without a module that can) or a stream that does not decode raises
+  :class:`BadResponse`.
 * ``token`` is sent as ``Authorization: Bearer <token>``, as the server (and OpenAI's client) expect.
 * httpx and the standard library only (no torch): a laptop can feed a remote GPU server.
   Thread-safe: one client may serve many threads (httpx's connection pool).
@@ -30,9 +36,11 @@ import dataclasses
 import email.utils
 import os
 import re
+import itertools
 import threading
 import time
-from collections.abc import Mapping
+import zlib
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any, Callable
 
@@ -47,6 +55,9 @@ POLL_GROWTH = 1.5
 POLL_MAX_S = 2.0  # s
 MAX_RESPONSE_BYTES = 64 * 1024 * 1024  # a job JSON or an export (a 4 h recording's is a few MB)
 MAX_ERROR_BYTES = 64 * 1024  # an error answer's body (its JSON is under 1 KB)
+DECODE_CHUNK = 64 * 1024  # the decoded bytes a content decoder gives at once (brotli: up to a block more)
+MAX_CODINGS = 4  # stacked content codings ("gzip, br") a body may have
+ACCEPT_ENCODING = "gzip"  # the only coding asked for (others are still decoded within bounds)
 JOB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$")  # what the server's ids look like
 
 
@@ -111,19 +122,143 @@ def _form(options: Any) -> dict[str, str]:
             for k, v in options.items() if v is not None}
 
 
-def read_capped(response: httpx.Response, limit: int) -> httpx.Response:
-    """``response`` (opened with ``stream=True``) read whole if it is at most ``limit`` bytes
-    (after content decoding), as a closed, fully read response; ResponseTooLarge otherwise."""
+class _Undecodable(Exception):
+    """A body that does not decode as its content coding says (or whose coding is not read here)."""
+
+
+def _zlib_chunks(chunks: Iterable[bytes], wbits: int) -> Iterator[bytes]:
+    """gzip / zlib / raw deflate, at most DECODE_CHUNK bytes per piece."""
+    d = zlib.decompressobj(wbits)
     try:
+        for chunk in chunks:
+            while chunk and not d.eof:  # (bytes after the stream's end are ignored, as httpx does)
+                out = d.decompress(chunk, DECODE_CHUNK)
+                chunk = d.unconsumed_tail
+                yield out
+                while len(out) == DECODE_CHUNK and not chunk and not d.eof:  # output still held
+                    out = d.decompress(b"", DECODE_CHUNK)
+                    yield out
+    except zlib.error as e:
+        raise _Undecodable(str(e)) from None
+    if not d.eof:
+        raise _Undecodable("the compressed stream ends early")
+
+
+def _deflate_chunks(chunks: Iterable[bytes]) -> Iterator[bytes]:
+    """HTTP's ``deflate``: zlib-wrapped as the RFC says, or raw as some servers send it."""
+    chunks, head = iter(chunks), b""
+    for chunk in chunks:
+        head += chunk
+        if len(head) >= 2:
+            break
+    wrapped = len(head) >= 2 and head[0] & 0x0F == 8 and int.from_bytes(head[:2], "big") % 31 == 0
+    yield from _zlib_chunks(itertools.chain([head], chunks), zlib.MAX_WBITS if wrapped else -zlib.MAX_WBITS)
+
+
+def _bounded_brotli():
+    """The ``brotli`` module when its decoder can bound its output (1.2+), else None."""
+    try:
+        import brotli
+    except ImportError:
+        return None
+    return brotli if hasattr(brotli.Decompressor(), "can_accept_more_data") else None
+
+
+def _brotli_chunks(chunks: Iterable[bytes]) -> Iterator[bytes]:
+    brotli = _bounded_brotli()
+    if brotli is None:
+        raise _Undecodable("br, which needs the brotli module (1.2 or later) to be read within bounds")
+    d = brotli.Decompressor()
+    try:
+        for chunk in chunks:
+            out = d.process(chunk, output_buffer_limit=DECODE_CHUNK)
+            while out:  # output still held (with the input it kept): drained a piece at a time
+                yield out
+                out = d.process(b"", output_buffer_limit=DECODE_CHUNK)
+    except brotli.error as e:
+        raise _Undecodable(f"br: {e}") from None
+    if not d.is_finished():
+        raise _Undecodable("the compressed stream ends early")
+
+
+class _ChunkFile:
+    """A file-like ``read`` over an iterator of chunks (what zstandard's stream reader reads)."""
+
+    def __init__(self, chunks: Iterable[bytes]):
+        self._chunks, self._left = iter(chunks), b""
+
+    def read(self, size: int = -1) -> bytes:
+        if not self._left:
+            self._left = next(self._chunks, b"")
+        n = len(self._left) if size is None or size < 0 else size
+        out, self._left = self._left[:n], self._left[n:]
+        return out
+
+
+def _zstd_chunks(chunks: Iterable[bytes]) -> Iterator[bytes]:
+    try:
+        import zstandard
+    except ImportError:
+        raise _Undecodable("zstd, which needs the zstandard module") from None
+    reader = zstandard.ZstdDecompressor().stream_reader(_ChunkFile(chunks), read_size=DECODE_CHUNK,
+                                                        read_across_frames=True)
+    try:
+        while out := reader.read(DECODE_CHUNK):
+            yield out
+    except zstandard.ZstdError as e:
+        raise _Undecodable(f"zstd: {e}") from None
+
+
+DECODERS = {"gzip": lambda c: _zlib_chunks(c, zlib.MAX_WBITS | 16), "x-gzip": lambda c: _zlib_chunks(c, zlib.MAX_WBITS | 16),
+            "deflate": _deflate_chunks, "br": _brotli_chunks, "zstd": _zstd_chunks}
+
+
+def decoded_chunks(raw: Iterable[bytes], codings: list[str]) -> Iterator[bytes]:
+    """``raw`` (the body as sent) decoded through ``codings`` (Content-Encoding's, in the order
+    applied), about DECODE_CHUNK bytes at most at once per coding; _Undecodable for a coding
+    this client does not read."""
+    codings = [c for c in (c.strip().lower() for c in codings) if c and c != "identity"]
+    if len(codings) > MAX_CODINGS:
+        raise _Undecodable(f"{len(codings)} stacked content codings")
+    stream: Iterable[bytes] = raw
+    for coding in reversed(codings):
+        if coding not in DECODERS:
+            raise _Undecodable(f"{coding[:40]!r}, a content coding this client does not read")
+        stream = DECODERS[coding](stream)
+    return iter(stream)
+
+
+def read_capped(response: httpx.Response, limit: int) -> httpx.Response:
+    """``response`` (opened with ``stream=True``) read whole if it is at most ``limit`` bytes,
+    as sent and after content decoding (done here, a bounded piece at a time: never httpx's
+    decoders, which decode a chunk whole), as a closed, fully read response; ResponseTooLarge
+    otherwise, BadResponse when its content coding is not read here or does not decode."""
+    try:
+        codings = response.headers.get_list("content-encoding", split_commas=True)
         declared = response.headers.get("content-length", "")
-        if declared.isdigit() and int(declared) > limit and "content-encoding" not in response.headers:
+        if declared.isdigit() and int(declared) > limit:  # (the bytes as sent: capped too)
             raise ResponseTooLarge(response.status_code, limit)
+        sent = 0
+
+        def raw() -> Iterator[bytes]:
+            nonlocal sent
+            for chunk in response.iter_raw():
+                sent += len(chunk)
+                if sent > limit:  # a coding that decodes to little from endless input
+                    raise ResponseTooLarge(response.status_code, limit)
+                yield chunk
+
         chunks, size = [], 0
-        for chunk in response.iter_bytes():
-            size += len(chunk)
-            if size > limit:
-                raise ResponseTooLarge(response.status_code, limit)
-            chunks.append(chunk)
+        body = raw()
+        first = next(body, None)  # (an empty body has nothing to decode, whatever its coding)
+        try:
+            for chunk in decoded_chunks(itertools.chain([first], body), codings) if first else ():
+                size += len(chunk)
+                if size > limit:
+                    raise ResponseTooLarge(response.status_code, limit)
+                chunks.append(chunk)
+        except _Undecodable as e:
+            raise BadResponse(response.status_code, f"the server's answer cannot be read: {e}") from None
     finally:
         response.close()
     headers = [(k, v) for k, v in response.headers.multi_items()
@@ -167,7 +302,9 @@ class Client:
                  busy_timeout: float = 3600.0, transport: httpx.BaseTransport | None = None,
                  sleep: Callable[[float], None] = time.sleep,
                  max_response_bytes: int = MAX_RESPONSE_BYTES):
-        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        headers = {"Accept-Encoding": ACCEPT_ENCODING}
+        if token:
+            headers["Authorization"] = f"Bearer {token}"
         self.base_url = base_url.rstrip("/")
         self.busy_timeout = busy_timeout
         self.max_response_bytes = max_response_bytes
@@ -198,10 +335,10 @@ class Client:
         limit = self.max_response_bytes if response.is_success else MAX_ERROR_BYTES
         try:
             return read_capped(response, limit)
-        except ResponseTooLarge:
+        except (ResponseTooLarge, BadResponse):
             if response.is_success:
                 raise
-            # an error's body cut off: its status is still the answer
+            # an error's body cut off (or unreadable): its status is still the answer
             return httpx.Response(response.status_code, headers={
                 k: v for k, v in response.headers.items() if k.lower() == "retry-after"},
                 content=b"", request=request)

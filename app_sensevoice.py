@@ -51,6 +51,14 @@ def parse_args(argv=None):
     return ap.parse_args(argv)
 
 
+def log_settings(settings) -> None:
+    """One start-up line: the settings in effect that differ from the defaults (flags and
+    SENSEVOICE_* variables together), by their SENSEVOICE_ names; secrets shown as '***'."""
+    changed = settings.changed()
+    logger.info("settings (not the defaults): %s",
+                " ".join(f"{name}={value}" for name, value in changed.items()) or "none")
+
+
 RESTART_BACKOFF_S = (1, 2, 5, 10, 30)  # seconds between restarts; the last repeats
 
 
@@ -158,6 +166,7 @@ def main(argv=None) -> int:
     if args.sibling_dir:  # the api role over the owner's store; the UI stays with the owner
         return run_sibling(Settings(**{**overrides, "role": "api", "ui": False}), args.sibling_dir, args.sibling_fd)
     settings = Settings(**overrides)
+    log_settings(settings)
     if settings.server.role == "worker" and settings.engine.resolved_device() == "cuda":
         gpus = gpu_count()
         if gpus > 1:  # one worker process per GPU, each on its own port (probes, metrics)

@@ -415,6 +415,80 @@ GROUP_OF = {
 }
 
 
+def _is_group(key: str, value: Any) -> bool:
+    """A whole group (``broker={...}``), not the flat knob of the same name (``broker="redis://..."``:
+    "broker" and "ui" are both a group and a flat knob)."""
+    return key in Settings.model_fields and isinstance(value, (dict, BaseModel))
+
+
+def _grouped(data: dict[str, Any], *, strict: bool) -> dict[str, Any]:
+    """Flat names into their groups, each setting ONE field of its group: ``broker="redis://..."``
+    sets ``broker.url`` and keeps the group's other fields. A flat name wins over the same field in
+    a whole group given beside it. An unknown name is refused when ``strict`` (else kept as it is,
+    for the validator to refuse)."""
+    out: dict[str, Any] = {}
+    for key, value in data.items():
+        if _is_group(key, value):
+            out[key] = value.model_dump() if isinstance(value, BaseModel) else dict(value)
+    for key, value in data.items():
+        if _is_group(key, value):
+            continue
+        if key not in GROUP_OF:
+            if strict:
+                raise ValueError(f"unknown setting {key!r}")
+            out[key] = value
+            continue
+        group, name = GROUP_OF[key]
+        out.setdefault(group, {})[name] = value
+    return out
+
+
+SECRET_QUERY_KEYS = ("pass", "token", "secret", "auth", "key")  # URL query values never shown
+
+
+def shown(value: Any) -> str:
+    """A setting's value as it may be logged: a secret as '***'; in a URL the credentials
+    (``redis://user:***@host``, ``redis://***@host``) and query values that look secret."""
+    if isinstance(value, SecretStr):
+        return "***" if value.get_secret_value() else ""
+    text = str(value)
+    scheme, sep, rest = text.partition("://")
+    if not sep:
+        return text
+    end = min((i for i in (rest.find(c) for c in "/?#") if i >= 0), default=len(rest))
+    netloc, tail = rest[:end], rest[end:]
+    userinfo, at, host = netloc.rpartition("@")
+    if at:
+        user, colon, _ = userinfo.partition(":")
+        netloc = f"{user}:***@{host}" if colon else f"***@{host}"
+    path, question, query = tail.partition("?")
+    if question:
+        pairs = []
+        for pair in query.split("&"):
+            key, eq, _ = pair.partition("=")
+            secret = eq and any(word in key.lower() for word in SECRET_QUERY_KEYS)
+            pairs.append(f"{key}=***" if secret else pair)
+        tail = f"{path}?{'&'.join(pairs)}"
+    return f"{scheme}://{netloc}{tail}"
+
+
+class _GroupedKeywords(PydanticBaseSettingsSource):
+    """The keywords of ``Settings(...)``, placed in their groups before they are merged with the
+    environment: ``Settings(broker="redis://...")`` beside ``SENSEVOICE_SHARED_DIR`` sets the url
+    and keeps the shared directory (merged as a plain value, the keyword replaced the whole group
+    the environment had filled)."""
+
+    def __init__(self, settings_cls, keywords: PydanticBaseSettingsSource):
+        super().__init__(settings_cls)
+        self.keywords = keywords
+
+    def get_field_value(self, field, field_name):  # (the whole work is in __call__)
+        return None, field_name, False
+
+    def __call__(self) -> dict[str, Any]:
+        return _grouped(self.keywords(), strict=False)
+
+
 class _FlatEnvironment(PydanticBaseSettingsSource):
     """``SENSEVOICE_<FLAT_NAME>`` variables, placed in their groups."""
 
@@ -446,11 +520,29 @@ class Settings(BaseSettings):
     @classmethod
     def settings_customise_sources(cls, settings_cls, init_settings, env_settings, dotenv_settings,
                                    file_secret_settings):
-        return (init_settings, _FlatEnvironment(settings_cls))
+        return (_GroupedKeywords(settings_cls, init_settings), _FlatEnvironment(settings_cls))
 
     def updated(self, **flat: Any) -> "Settings":
-        """A copy with some knobs changed, named by their flat names (``updated(port=0)``)."""
-        return type(self).model_validate({**self.model_dump(), **flat})
+        """A copy with some knobs changed, named by their flat names (``updated(port=0)``); each
+        changes one field (``updated(broker="redis://...")`` keeps the broker's other fields)."""
+        data = self.model_dump()
+        for key, value in _grouped(flat, strict=False).items():
+            data[key] = {**data[key], **value} if _is_group(key, value) else value
+        return type(self).model_validate(data)
+
+    def changed(self) -> dict[str, str]:
+        """The settings in effect that differ from the defaults, by flat name, as the start-up log
+        shows them: secrets as '***', a password in a URL (``redis://:PASSWORD@host``) too."""
+        flat_of = {place: flat for flat, place in GROUP_OF.items()}
+        out: dict[str, str] = {}
+        for group in type(self).model_fields:
+            current = getattr(self, group)
+            default = type(current)()
+            for name in type(current).model_fields:
+                value = getattr(current, name)
+                if value != getattr(default, name):
+                    out[flat_of.get((group, name), f"{group}.{name}")] = shown(value)
+        return out
 
     @model_validator(mode="before")
     @classmethod
@@ -459,17 +551,4 @@ class Settings(BaseSettings):
         same knob from the environment. An unknown name is refused (a typo is not ignored)."""
         if not isinstance(data, dict):
             return data
-        def is_group(key, value) -> bool:  # "ui" and "broker" are both a group and a flat knob
-            return key in cls.model_fields and isinstance(value, (dict, BaseModel))
-
-        out: dict[str, Any] = {}
-        for key, value in data.items():
-            if is_group(key, value):
-                out[key] = value.model_dump() if isinstance(value, BaseModel) else dict(value)
-            elif key not in GROUP_OF:
-                raise ValueError(f"unknown setting {key!r}")
-        for key, value in data.items():
-            if not is_group(key, value):
-                group, name = GROUP_OF[key]
-                out.setdefault(group, {})[name] = value
-        return out
+        return _grouped(data, strict=True)

@@ -64,11 +64,13 @@ class Runtime:
 
     @property
     def is_demo(self) -> bool:
-        return bool(self.source and self.source.is_demo)
+        """The model served is the demo one: this process's model says so, or (no model here: an
+        api process) the demo setting it was started with (``--demo``), which its workers share."""
+        return self.source.is_demo if self.source is not None else self.settings.engine.demo
 
     @property
     def model_name(self) -> str:
-        if self.source is None:
+        if self.source is None and not self.is_demo:
             return self.settings.engine.model
         return "demo (hand-set weights, not a real model)" if self.is_demo else self.source.name
 

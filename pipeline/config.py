@@ -421,11 +421,10 @@ def _is_group(key: str, value: Any) -> bool:
     return key in Settings.model_fields and isinstance(value, (dict, BaseModel))
 
 
-def _grouped(data: dict[str, Any], *, strict: bool) -> dict[str, Any]:
+def _grouped(data: dict[str, Any]) -> dict[str, Any]:
     """Flat names into their groups, each setting ONE field of its group: ``broker="redis://..."``
     sets ``broker.url`` and keeps the group's other fields. A flat name wins over the same field in
-    a whole group given beside it. An unknown name is refused when ``strict`` (else kept as it is,
-    for the validator to refuse)."""
+    a whole group given beside it. An unknown name is refused (a typo is not ignored)."""
     out: dict[str, Any] = {}
     for key, value in data.items():
         if _is_group(key, value):
@@ -434,10 +433,7 @@ def _grouped(data: dict[str, Any], *, strict: bool) -> dict[str, Any]:
         if _is_group(key, value):
             continue
         if key not in GROUP_OF:
-            if strict:
-                raise ValueError(f"unknown setting {key!r}")
-            out[key] = value
-            continue
+            raise ValueError(f"unknown setting {key!r}")
         group, name = GROUP_OF[key]
         out.setdefault(group, {})[name] = value
     return out
@@ -485,8 +481,8 @@ class _GroupedKeywords(PydanticBaseSettingsSource):
     def get_field_value(self, field, field_name):  # (the whole work is in __call__)
         return None, field_name, False
 
-    def __call__(self) -> dict[str, Any]:
-        return _grouped(self.keywords(), strict=False)
+    def __call__(self) -> dict[str, Any]:  # (a typo is refused here, its message without the
+        return _grouped(self.keywords())  # values: pydantic's would show them all)
 
 
 class _FlatEnvironment(PydanticBaseSettingsSource):
@@ -526,7 +522,7 @@ class Settings(BaseSettings):
         """A copy with some knobs changed, named by their flat names (``updated(port=0)``); each
         changes one field (``updated(broker="redis://...")`` keeps the broker's other fields)."""
         data = self.model_dump()
-        for key, value in _grouped(flat, strict=False).items():
+        for key, value in _grouped(flat).items():
             data[key] = {**data[key], **value} if _is_group(key, value) else value
         return type(self).model_validate(data)
 
@@ -551,4 +547,4 @@ class Settings(BaseSettings):
         same knob from the environment. An unknown name is refused (a typo is not ignored)."""
         if not isinstance(data, dict):
             return data
-        return _grouped(data, strict=True)
+        return _grouped(data)

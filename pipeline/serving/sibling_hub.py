@@ -34,6 +34,7 @@ logger = logging.getLogger("sensevoice.siblings")
 MAX_BATCH = 256  # requests of one sibling handled as one batch (its submits' rows: one group commit)
 PUSH_BATCH = 512  # finished jobs' bodies (and purges) sent to the siblings in one write, at most
 PUSH_STALL_S = 5  # a sibling that takes no pushed bytes for this long is cut off (it restarts, empty)
+HELLO_TIMEOUT_S = 10  # a connection that gives no hello (the secret) within this is closed
 
 
 class SiblingHub:
@@ -87,10 +88,17 @@ class SiblingHub:
         lock = threading.Lock()
         reader = wire.FrameReader(conn)
         try:
-            head, _ = reader.next()
-            if head.get("op") != "hello" or not hmac.compare_digest(str(head.get("secret", "")), self.secret):
+            conn.settimeout(HELLO_TIMEOUT_S)
+            try:  # within a small frame: nothing large is allocated for a connection not yet trusted
+                head, _ = reader.next(max_bytes=wire.HELLO_MAX_BYTES)
+            except (wire.WireClosed, OSError, ValueError) as e:
+                logger.warning("a connection to the sibling socket without a hello (%s): closed", e)
+                return
+            if (not isinstance(head, dict) or head.get("op") != "hello"
+                    or not hmac.compare_digest(str(head.get("secret", "")).encode(), self.secret.encode())):
                 logger.warning("a connection to the sibling socket without the secret: closed")
                 return
+            conn.settimeout(None)
             _send_timeout(conn, PUSH_STALL_S)
             self._conns[conn] = lock
             while not self._stopped.is_set():

@@ -7,7 +7,9 @@ spool file both processes see). Requests carry ``rid``; each reply carries the s
 ``rid`` and either ``ok`` (with the op's values) or ``error`` (a domain error's code and
 message, raised again on the sibling's side as the same class). The socket lives in a private
 directory (0700) and the first frame of a connection must carry the owner's secret: nothing
-else on the host can speak on it.
+else on the host can speak on it. That first frame is read within ``HELLO_MAX_BYTES`` (issue 36: a
+connection that declared a 2 GiB first frame had it allocated before its secret was checked);
+only a connection that gave the secret may send frames up to ``MAX_PAYLOAD_BYTES``.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from pipeline.serving.scheduler import DeferredAudio, WorkItem
 FRAME = struct.Struct("<II")
 MAX_HEADER_BYTES = 1 << 20
 MAX_PAYLOAD_BYTES = 1 << 31  # a work item's audio: at most the longest accepted recording, float32
+HELLO_MAX_BYTES = 4 << 10  # a connection's first frame, whole (its secret: 64 hex digits), before it is trusted
 
 
 class WireClosed(ConnectionError):
@@ -111,14 +114,18 @@ class FrameReader:
         self._buf += data
         return True
 
-    def _frame_size(self) -> int | None:
-        """The first frame's whole size once its sizes are buffered (WireClosed if not ours)."""
+    def _frame_size(self, max_bytes: int | None = None) -> int | None:
+        """The first frame's whole size once its sizes are buffered (WireClosed if not ours, or
+        larger than ``max_bytes``)."""
         if len(self._buf) < FRAME.size:
             return None
         head_len, payload_len = FRAME.unpack_from(self._buf)
         if head_len > MAX_HEADER_BYTES or payload_len > MAX_PAYLOAD_BYTES:
             raise WireClosed(f"a frame of {head_len} + {payload_len} bytes is not one of ours")
-        return FRAME.size + head_len + payload_len
+        size = FRAME.size + head_len + payload_len
+        if max_bytes is not None and size > max_bytes:
+            raise WireClosed(f"a frame of {size} bytes where at most {max_bytes} are read")
+        return size
 
     def ready(self) -> bool:
         while True:
@@ -128,9 +135,10 @@ class FrameReader:
             if self._eof or not self._fill(block=False):
                 return False
 
-    def next(self) -> tuple[dict, memoryview]:
-        """The next frame: its header and payload. WireClosed at the end of the stream."""
-        while (size := self._frame_size()) is None:
+    def next(self, max_bytes: int | None = None) -> tuple[dict, memoryview]:
+        """The next frame: its header and payload. WireClosed at the end of the stream, or (before
+        anything is allocated for it) when the frame is larger than ``max_bytes`` (a hello)."""
+        while (size := self._frame_size(max_bytes)) is None:
             self._fill()
         if len(self._buf) >= size:
             frame = self._buf[:size]

@@ -376,6 +376,130 @@ def test_ui_refuses_every_route_without_the_login(token_server, clip_factory):
     assert not list(upload_dir(token_server).rglob("b.wav"))  # the refused upload left nothing
 
 
+# values for the path parameters of Gradio's routes (a walk over them needs some value for each)
+ROUTE_PARAMS = {"path": "index.js", "path_or_url": "a.wav", "url_path": "x", "api_name": "submit",
+                "event_id": "e1", "session_hash": "s1", "run": "0", "component_id": "1",
+                "segment_id": "0", "ext": "ts", "size": "192", "key": "k", "id": "1",
+                "environment": "x", "type": "js", "file_name": "x.js"}
+
+
+@pytest.fixture(scope="module")
+def ui_auth_server(demo_dir, tmp_path_factory):
+    """A UI login from SENSEVOICE_UI_AUTH alone (no API token)."""
+    server = LiveServer(make_settings(demo_dir, tmp_path_factory.mktemp("ui-auth"), ui_auth="alice:pw",
+                                      auth_failures_per_client=0)).start()
+    yield server
+    server.stop()
+
+
+def gradio_routes(server) -> list[tuple[str, str, str]]:
+    """(method, path under /ui with sample parameters, the route's path) for every route of the
+    mounted Gradio app, read from the live app (routers it includes too): a route a later Gradio
+    adds is walked without anyone listing it."""
+    import re
+
+    from fastapi.routing import iter_route_contexts
+
+    out = []
+    for route in iter_route_contexts(server.app.state.gradio_app.routes):
+        if route.path is None:
+            continue
+        path = "/ui" + re.sub(r"\{(\w+)(:\w+)?\}", lambda m: ROUTE_PARAMS[m.group(1)], route.path)
+        for method in sorted(getattr(route, "methods", None) or {"GET"}):
+            out.append((method, path, route.path))
+    return out
+
+
+def ask_without_login(client: httpx.Client, method: str, path: str) -> int | str:
+    """The status of one request without a login; an event stream left open counts as answered."""
+    body = {"data": [], "fn_index": 0, "session_hash": "s1", "event_id": "e1"}
+    try:
+        with client.stream(method, path, **({"json": body} if method == "POST" else {})) as r:
+            return r.status_code
+    except httpx.ReadTimeout:
+        return "an open stream"
+
+
+@pytest.mark.parametrize("server_name", ["token_server", "ui_auth_server"])
+def test_every_gradio_route_but_the_login_page_needs_the_login(request, server_name):
+    """Issue 36: /reset and /cancel (and /startup-events, /token, /app_id, /user, /openapi.json)
+    answered without a UI login. Every route of the live Gradio app is asked without one: only
+    the login page, the login, logout and the frontend's static files answer; the rest 401."""
+    from pipeline.web.ui_guard import public_ui_route
+
+    server = request.getfixturevalue(server_name)
+    routes = gradio_routes(server)
+    assert {("POST", "/ui/gradio_api/reset"), ("POST", "/ui/gradio_api/cancel"),
+            ("POST", "/ui/gradio_api/queue/join"), ("GET", "/ui/gradio_api/queue/data"),
+            ("GET", "/ui/config")} <= {(m, p) for m, p, _ in routes}, routes
+    open_routes, public = [], []
+    with httpx.Client(base_url=server.url, timeout=3, headers=BEARER) as anon:  # the API token is no login
+        for method, path, route in routes:
+            status = ask_without_login(anon, method, path)
+            if public_ui_route(method, path):
+                public.append((method, route, status))
+            elif status != 401:
+                open_routes.append((method, route, status))
+    assert not open_routes, f"answered without the UI login: {open_routes}"
+    # the login page, its files and the login itself still answer without one
+    assert {(m, r) for m, r, _ in public} >= {("GET", "/"), ("POST", "/login"), ("GET", "/theme.css"),
+                                               ("GET", "/assets/{path:path}"), ("GET", "/static/{path:path}")}
+    assert all(status != 401 for _, _, status in public), public
+    assert len(public) < 15  # an allow-list: a handful, never most of Gradio
+
+
+@pytest.mark.parametrize("route", ["reset", "reset/", "cancel"])
+def test_reset_and_cancel_need_the_login(token_server, route):
+    """The exact calls of the report: a well-formed reset / cancel body, 401 without the login (with
+    the API token or without), answered once signed in."""
+    body = {"event_id": uuid.uuid4().hex, "session_hash": uuid.uuid4().hex, "fn_index": 0}
+    for headers in ({}, BEARER):
+        r = httpx.post(f"{token_server.url}/ui/gradio_api/{route}", json=body, headers=headers, timeout=10)
+        assert r.status_code == 401, (headers, r.status_code, r.text[:200])
+        assert r.json()["error"]["code"] == "unauthorized"
+    c = login(token_server)
+    try:
+        assert c.post(f"/ui/gradio_api/{route}", json=body).status_code == 200
+    finally:
+        c.close()
+
+
+def test_a_ui_websocket_waits_for_the_login_too():
+    """Gradio 6.31 has no WebSocket route; one a later Gradio adds under /ui is closed (1008)
+    before it reaches the app when the browser has not signed in."""
+    import asyncio
+
+    from pipeline.web.ui_guard import AccessGuard
+
+    reached = []
+
+    async def app(scope, receive, send):
+        reached.append(scope["path"])
+        await send({"type": "websocket.accept"})
+
+    class NoLogin:  # a mounted Gradio app with a login, no tokens issued
+        auth = ("u", "p")
+        cookie_id = "c"
+        tokens: dict = {}
+
+    guard = AccessGuard(app, token=TOKEN, upload_dir="/nonexistent", ui_app=NoLogin)
+    for path in ("/ui/gradio_api/ws", "/ui/"):
+        sent = []
+
+        async def send(message, sent=sent):
+            sent.append(message)
+
+        async def receive():
+            return {"type": "websocket.connect"}
+
+        scope = {"type": "websocket", "path": path, "headers": [], "query_string": b""}
+        asyncio.run(guard(scope, receive, send))
+        assert sent == [{"type": "websocket.close", "code": 1008, "reason": "sign in to the UI first"}]
+    assert reached == []
+    asyncio.run(guard({"type": "websocket", "path": "/api/stream", "headers": []}, receive, send))
+    assert reached == ["/api/stream"]  # outside the UI: not this guard's
+
+
 def test_ui_login_takes_the_api_token_as_password(token_server, clip_factory):
     with httpx.Client(base_url=token_server.url, timeout=30) as c:
         assert c.post("/ui/login", data={"username": "anyone", "password": "nope"}).status_code == 400

@@ -14,6 +14,13 @@ any readable file became a job whose audio the API handed back). So:
   object (at most ``MAX_NODES`` values) gets 400, except on the upload and login routes. It also
   refuses ``/ui/gradio_api/file=`` reads of anything else, and asks for the API token on the
   framework's own /docs, /redoc and /openapi.json when one is set;
+* when the UI has a login (an API token or SENSEVOICE_UI_AUTH), every route under /ui answers 401
+  until the browser has signed in, except an allow-list (:func:`public_ui_route`): the page (Gradio
+  draws its login form there), the login and logout, and the frontend's built files the login page
+  loads. An allow-list, not a list of what to refuse: Gradio checks the login route by route and
+  left some out (``/reset``, ``/cancel``, ``/heartbeat``, ``/startup-events``, ``/token``,
+  ``/app_id``, ``/openapi.json`` answered without one: issue 36), and a route a later Gradio adds
+  is refused until it is named here;
 * the UI's submit checks again and opens the file without following links or blocking
   (:func:`read_own_upload`);
 * a file the UI reads or serves has one hard link and belongs to this service's user: a hard link
@@ -56,9 +63,14 @@ DOCS_PATHS = frozenset({"/docs", "/docs/oauth2-redirect", "/redoc", "/openapi.js
 # into the upload directory, capped by max_file_size) and the login form
 PASS_THROUGH = frozenset({UI_PATH + "/gradio_api/upload", UI_PATH + "/login", UI_PATH + "/login/"})
 FILE_ROUTES = (UI_PATH + "/gradio_api/file=", UI_PATH + "/gradio_api/file/")
-# Gradio routes that hold a session's resources but do not check its login themselves (the
-# heartbeat answered 200 and held a stream open without one: issue 19)
-SESSION_ROUTES = (UI_PATH + "/gradio_api/heartbeat/", UI_PATH + "/gradio_api/stream/")
+# What the UI answers without its login, when it has one (everything else under UI_PATH: 401). GET
+# or HEAD: the page (without a login Gradio draws only its login form: no config, no components)
+# and logout (it only clears the login cookie); the frontend's built files, the same for everyone,
+# that the login page loads (its scripts and sheets, Gradio's fonts, the theme); POST: the login.
+PUBLIC_PAGES = frozenset({UI_PATH, UI_PATH + "/", UI_PATH + "/logout", UI_PATH + "/theme.css",
+                          UI_PATH + "/favicon.ico", UI_PATH + "/robots.txt"})
+PUBLIC_ASSET_DIRS = (UI_PATH + "/assets/", UI_PATH + "/static/", UI_PATH + "/svelte/")
+LOGIN_ROUTES = frozenset({UI_PATH + "/login", UI_PATH + "/login/"})
 URL_SCHEMES = ("http:", "https:", "ftp:", "file:", "data:", "//", "\\\\")
 
 
@@ -200,8 +212,20 @@ def body_error(data, root: str) -> SenseVoiceError | None:
     return PathRefused("the UI reads only files uploaded to this server through it")
 
 
+def is_ui_path(path: str) -> bool:
+    return path == UI_PATH or path.startswith(UI_PATH + "/")
+
+
 def error_response(e: SenseVoiceError) -> JSONResponse:
     return JSONResponse({"error": {"code": e.code, "message": e.message}}, status_code=e.status)
+
+
+def public_ui_route(method: str, path: str) -> bool:
+    """Whether ``method path`` (under UI_PATH) is answered without the UI's login: the login
+    page, the login itself, logout and the frontend's static files; nothing else."""
+    if method in ("GET", "HEAD"):
+        return path in PUBLIC_PAGES or path.startswith(PUBLIC_ASSET_DIRS)
+    return method == "POST" and path in LOGIN_ROUTES
 
 
 def signed_in(gradio_app, scope) -> bool:
@@ -225,6 +249,9 @@ class AccessGuard:
         self.app = app
         self.ui_app = ui_app  # () -> the mounted Gradio app (its login), once mounted
         self.token = settings.server.token if settings is not None else token
+        # the UI asks for a login (pipeline/web/ui.py ui_login): until Gradio is mounted (its
+        # login unknown), nothing under UI_PATH but the public routes is let through
+        self.ui_login = bool(self.token or (settings is not None and settings.ui.login))
         if settings is not None and settings.ui.enabled:
             upload_dir = prepare_upload_dir(settings.server.data_dir)
         self.upload_dir = upload_dir
@@ -232,20 +259,35 @@ class AccessGuard:
 
         self._token_ok = token_ok
 
+    def _ui_open(self, method: str, scope) -> bool:
+        """Whether this request under UI_PATH may reach Gradio as far as the login goes."""
+        if public_ui_route(method, scope["path"]):
+            return True
+        gradio_app = self.ui_app()
+        if gradio_app is None:
+            return not self.ui_login
+        return signed_in(gradio_app, scope)
+
     async def __call__(self, scope, receive, send):
-        if scope["type"] != "http":
+        if scope["type"] not in ("http", "websocket"):
             return await self.app(scope, receive, send)
         path: str = scope["path"]
+        if scope["type"] == "websocket":
+            # Gradio 6.31 has no WebSocket route; one a later Gradio adds waits for the login too
+            if is_ui_path(path) and self.upload_dir is not None and not self._ui_open("WEBSOCKET", scope):
+                return await send({"type": "websocket.close", "code": 1008,
+                                   "reason": "sign in to the UI first"})
+            return await self.app(scope, receive, send)
         if self.token and path in DOCS_PATHS:
             if not self._token_ok(Headers(scope=scope).get, self.token):
                 return await error_response(Unauthorized(
                     "missing or wrong API token (send 'Authorization: Bearer <token>')"))(
                     scope, receive, send)
             return await self.app(scope, receive, send)
-        if self.upload_dir is None or not (path == UI_PATH or path.startswith(UI_PATH + "/")):
+        if self.upload_dir is None or not is_ui_path(path):
             return await self.app(scope, receive, send)
         method = scope.get("method", "GET")
-        if path.startswith(SESSION_ROUTES) and not signed_in(self.ui_app(), scope):
+        if not self._ui_open(method, scope):
             return await error_response(Unauthorized("sign in to the UI first"))(scope, receive, send)
         if method in ("GET", "HEAD"):
             for prefix in FILE_ROUTES:

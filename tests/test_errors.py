@@ -13,6 +13,7 @@ from pipeline.domain.errors import SenseVoiceError, WsClose
 CONTRACT = {
     "AudioDecodeError": ("unsupported_media", 415, 1008),
     "AudioGone": ("audio_deleted", 410, 1008),
+    "AudioUnreadable": ("audio_unreadable", 500, 1011),
     "AudioTooLong": ("audio_too_long", 413, 1008),
     "BacklogFull": ("backlog_full", 503, 1013),
     "BrokerUnavailable": ("broker_unavailable", 503, 1013),

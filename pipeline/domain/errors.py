@@ -168,6 +168,15 @@ class AudioGone(SenseVoiceError):
     close_code = WsClose.POLICY_VIOLATION
 
 
+class AudioUnreadable(SenseVoiceError, ValueError):
+    """A job's stored recording is there but cannot be read back (a damaged file in the shared
+    directory, or a file this process's settings cannot reach): the server's fault, logged.
+    Also a ValueError, as a malformed stored value always was."""
+
+    status = 500
+    code = "audio_unreadable"
+
+
 class Unauthorized(SenseVoiceError):
     """A REST call without the configured API token."""
 

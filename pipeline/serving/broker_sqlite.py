@@ -7,6 +7,11 @@ answers), so that a restart can decode and run queued jobs again. A row records 
 a sibling web process syncs its spool file while the owner commits the row (two fsyncs at once, not
 in series), so after a power cut a queued row may name a spool file that never reached the disk
 whole (its submit was not answered: the answer waits for both); recovery fails it (audio_lost).
+
+Only this service's user reads any of it (issue 36: the data directory was 0755 and every upload
+and transcript 0644): the data directory is 0700 (an existing one of ours is tightened,
+pipeline/serving/private_dir.py), and the database (its -wal and -shm take its mode), the spool
+files and the long-audio waves are created 0600.
 """
 
 from __future__ import annotations
@@ -32,6 +37,8 @@ from pipeline.serving import calls_index
 from pipeline.serving.group_commit import GroupCommit
 from pipeline.serving.job_events import Feed, JobEvent
 from pipeline.serving.payloads import map_private
+from pipeline.serving.private_dir import (FILE_MODE, create_private, ensure_data_dir,
+                                            private_subdir, check_own_file)
 from pipeline.serving.records import SegmentResult, dump_options, load_options, storage_error
 
 logger = logging.getLogger("sensevoice.jobs")
@@ -126,12 +133,13 @@ class JobStore:
         """``owner``: the process that writes the store (it creates the schema and clears the
         writes a crash cut short); a sibling web process (``owner=False``) only reads it and
         spools uploads."""
-        self.data_dir = Path(data_dir)
-        self.spool_dir = self.data_dir / "spool"
-        self.spool_dir.mkdir(parents=True, exist_ok=True)
+        self.data_dir = ensure_data_dir(data_dir)  # 0700 (tightened if looser), or refused
+        self.spool_dir = private_subdir(self.data_dir / "spool")
         for stale in self.spool_dir.glob("*.tmp") if owner else ():  # a write cut short by a crash
             stale.unlink(missing_ok=True)
         self.db_path = self.data_dir / "jobs.sqlite3"
+        if owner:
+            self._private_database()
         self._local = threading.local()
         self._write_lock = threading.Lock()
         self._write_conn: sqlite3.Connection | None = None
@@ -145,6 +153,17 @@ class JobStore:
                 calls_index.ensure_schema(c)  # the calls table's summaries and reviews
 
     # ------------------------------------------------------------------ plumbing
+    def _private_database(self) -> None:
+        """The database file made 0600 before SQLite opens it (SQLite creates it with the umask's
+        mode, 0644 usually, and gives its -wal and -shm files the database's mode); the files of
+        a store of before, 0644, are tightened; one another user planted is refused."""
+        try:
+            os.close(os.open(self.db_path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, FILE_MODE))
+        except FileExistsError:
+            pass
+        for suffix in ("", "-wal", "-shm", "-journal"):  # ours (never planted), 0600
+            check_own_file(f"{self.db_path}{suffix}", "job store file")
+
     def _conn(self) -> sqlite3.Connection:
         """This thread's connection, for reads."""
         conn = getattr(self._local, "conn", None)
@@ -219,7 +238,7 @@ class JobStore:
         """``path`` created holding ``upload`` (not synced); StorageFull or StorageError, with
         the file removed, when that fails."""
         try:
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o666)  # mode: the umask's
+            fd = create_private(path, replace=True)  # 0600; a .tmp left by a crash is overwritten
         except OSError as e:
             logger.error("storing job %s failed: %s", job_id, e)
             raise storage_error(e) from None
@@ -505,11 +524,13 @@ def _row_to_job(r: sqlite3.Row) -> Job:
 
 class WaveSpool:
     """Decoded 16 kHz audio of long recordings waiting on this host's disk to be split by VAD
-    (memory-mapped, not held in memory); deleted when the job ends."""
+    (memory-mapped, not held in memory); deleted when the job ends. ``directory`` is a folder of
+    the data directory: both are made private (0700) here, the files 0600, in either topology."""
 
     def __init__(self, directory: str | Path):
         self.dir = Path(directory)
-        self.dir.mkdir(parents=True, exist_ok=True)
+        ensure_data_dir(self.dir.parent)
+        private_subdir(self.dir)
 
     def path(self, job_id: str) -> Path:
         return self.dir / f"{job_id}.wave.npy"
@@ -518,7 +539,7 @@ class WaveSpool:
         path = self.path(job_id)
         tmp = path.with_suffix(".tmp")
         try:
-            with open(tmp, "wb") as f:
+            with open(create_private(tmp, replace=True), "wb") as f:
                 np.save(f, np.ascontiguousarray(samples, dtype=np.float32))
             os.replace(tmp, path)
         except OSError as e:

@@ -28,6 +28,15 @@ its Redis command, an upload past the retention) are removed by :meth:`Payloads.
 api processes' janitors run. Files are written with a temporary name and renamed, never fsynced:
 a host crash loses the audio of queued jobs, which then fail with ``audio_lost`` (never silently),
 so on one host choose /dev/shm for speed; Redis's own durability is unchanged.
+
+The directory is checked at the start (0700, ours, and under no directory another user can write:
+pipeline/serving/private_dir.py) and then used only through the descriptor of the directory
+checked: every file is opened, renamed and deleted relative to it (``dir_fd=``), so a directory
+that another user puts at its path later is never read (issue 36: ``/audio`` served the bytes of
+such a swapped-in directory). The janitor's sweep logs an error when the path names another
+directory than the one in use. A stored value that names a damaged file (or no file this process
+can read) raises :class:`~pipeline.domain.errors.AudioUnreadable`: ``/audio`` answers it as a JSON
+500 ``audio_unreadable``.
 """
 
 from __future__ import annotations
@@ -37,6 +46,7 @@ import mmap
 import os
 import re
 import secrets
+import stat
 import threading
 import time
 from collections.abc import Callable, Iterable
@@ -46,7 +56,8 @@ from queue import SimpleQueue
 import numpy as np
 import torch
 
-from pipeline.serving.private_dir import create_private, ensure_private_dir
+from pipeline.domain.errors import AudioUnreadable, UnsafeDirectory
+from pipeline.serving.private_dir import PrivateDir, create_private
 
 logger = logging.getLogger("sensevoice.payloads")
 
@@ -57,6 +68,8 @@ FILE = b"F"
 SWEEP_MIN_AGE_S = 60.0  # a file younger than this may still be waiting for its Redis command
 SWEEP_BATCH = 500  # names checked against Redis per round trip
 _NAME = re.compile(r"^(uploads/[0-9a-f-]{36}|audio/[0-9a-f-]{36}/\d{1,6})$")  # relative to the dir
+_JOB_ID = re.compile(r"^[0-9a-f-]{36}$")
+WHAT = "shared directory (SENSEVOICE_SHARED_DIR)"
 
 
 def pcm16_bytes(audio: torch.Tensor) -> bytes:
@@ -78,12 +91,14 @@ def pcm16_tensor(data: bytes | memoryview) -> torch.Tensor:
     return torch.from_numpy(np.frombuffer(data, dtype="<i2").astype(np.int16))
 
 
-def map_private(path: str | os.PathLike, min_size: int, what: str = "a file") -> mmap.mmap:
+def map_private(path: str | os.PathLike, min_size: int, what: str = "a file",
+                dir_fd: int | None = None) -> mmap.mmap:
     """A private (copy-on-write) mapping of a whole file that is never changed once in place: its
     pages are read where they lie (writing the mapping never writes the file, and deleting the file
     leaves the mapping intact). ValueError when it holds fewer than ``min_size`` bytes (mapping
-    past its end would fault on access); ``what`` names the file in that message."""
-    fd = os.open(path, os.O_RDONLY)
+    past its end would fault on access); ``what`` names the file in that message. ``dir_fd``:
+    ``path`` is relative to that directory."""
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0), dir_fd=dir_fd)
     try:
         if os.fstat(fd).st_size < min_size:
             raise ValueError(f"{what} too short for the {min_size} bytes it must hold")
@@ -100,11 +115,39 @@ class Payloads:
         self._deletions: SimpleQueue[list[str]] = SimpleQueue()
         self._deleter: threading.Thread | None = None
         self._deleter_lock = threading.Lock()
+        self._root: PrivateDir | None = None
+        self._swap_logged = False
         if self.dir is not None:  # uploads/<job id>, audio/<job id>/<piece>: deletes by name, no scans
-            # 0700 and ours, or refused at start (pipeline/serving/private_dir.py); files 0600
-            ensure_private_dir(self.dir, "shared directory (SENSEVOICE_SHARED_DIR)")
+            # 0700, ours, under no directory others can write, or refused at start
+            # (pipeline/serving/private_dir.py); files 0600; used through this descriptor only
+            self._root = PrivateDir(self.dir, WHAT)
             for sub in ("uploads", "audio"):
-                ensure_private_dir(self.dir / sub, "shared directory (SENSEVOICE_SHARED_DIR)")
+                self._private_sub(sub)
+
+    @property
+    def _fd(self) -> int:
+        assert self._root is not None
+        return self._root.fd
+
+    def _private_sub(self, sub: str) -> None:
+        """``sub`` of the kept directory: created 0700, or checked (a directory, not a link, ours,
+        0700: nobody else can have made it inside a 0700 directory of ours, but an older version
+        or an operator may have)."""
+        try:
+            os.mkdir(sub, 0o700, dir_fd=self._fd)
+        except FileExistsError:
+            pass
+        st = os.stat(sub, dir_fd=self._fd, follow_symlinks=False)
+        if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o077:
+            raise UnsafeDirectory(
+                f"the {WHAT} {self.dir} holds {sub!r} that is not a private directory of this "
+                f"service's user (mode {stat.S_IMODE(st.st_mode):o}, uid {st.st_uid}): remove "
+                f"it (rm -rf {self.dir / sub}) and start again")
+
+    def replaced(self) -> bool:
+        """The shared directory's path names another directory than the one this process checked
+        at its start and uses (someone swapped it). False without a shared directory."""
+        return self._root is not None and self._root.replaced()
 
     # ------------------------------------------------------------------ write
     def audio(self, job_id: str, piece: int, audio: torch.Tensor) -> bytes:
@@ -119,25 +162,39 @@ class Payloads:
     def _value(self, name: str, kind: bytes, data: bytes) -> bytes:
         if self.dir is None:
             return kind + data
-        path = self.dir / name
-        tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}.tmp")
+        if not _NAME.match(name):
+            raise ValueError(f"not a shared file's name: {name[:80]!r}")
+        folder, base = name.rsplit("/", 1)
+        tmp = f"{folder}/.{base}.{secrets.token_hex(4)}.tmp"
+        fd = self._fd
         for attempt in (1, 2):  # a job's audio folder: made here, removed by a sweep once empty
             try:
                 if name.startswith("audio/"):
-                    path.parent.mkdir(mode=0o700, exist_ok=True)
-                with open(create_private(tmp), "wb") as f:
+                    try:
+                        os.mkdir(folder, 0o700, dir_fd=fd)
+                    except FileExistsError:
+                        pass
+                with open(create_private(tmp, dir_fd=fd), "wb") as f:
                     f.write(kind)
                     f.write(data)
-                os.replace(tmp, path)
+                os.replace(tmp, name, src_dir_fd=fd, dst_dir_fd=fd)
                 break
             except FileNotFoundError:  # the sweep removed the empty folder just now: again
-                tmp.unlink(missing_ok=True)
+                self._unlink(tmp)
                 if attempt == 2:
                     raise
             except BaseException:
-                tmp.unlink(missing_ok=True)
+                self._unlink(tmp)
                 raise
         return FILE + name.encode()
+
+    def _unlink(self, name: str, dir_fd: int | None = None) -> bool:
+        """Delete ``name`` (relative to the kept directory, or to ``dir_fd``): False if it was gone."""
+        try:
+            os.unlink(name, dir_fd=self._fd if dir_fd is None else dir_fd)
+            return True
+        except FileNotFoundError:
+            return False
 
     # ------------------------------------------------------------------ read
     def read_audio(self, value: bytes) -> torch.Tensor | None:
@@ -147,17 +204,21 @@ class Payloads:
         engine's, into its batch. A file is never changed once renamed into place (deleting it
         leaves a mapping intact), so a mapping cannot lose its pages."""
         if value[:1] == FILE:
+            name = self._name(value)
             try:
-                pages = map_private(self._path(value), len(PCM16_FILE), "a shared audio file")
+                pages = map_private(name, len(PCM16_FILE), "a shared audio file", dir_fd=self._fd)
             except FileNotFoundError:
                 return None
+            except ValueError as e:
+                raise AudioUnreadable(f"{e} ({name})") from None
             head = pages[:len(PCM16_FILE)]
             if head == PCM16_FILE:
                 samples = np.frombuffer(pages, dtype="<i2", offset=len(PCM16_FILE))
             elif head[:1] == PCM16:  # an older writer's file: unaligned samples, copied
                 samples = np.frombuffer(pages, dtype="<i2", offset=1).copy()
             else:
-                raise ValueError(f"a stored value of unknown format {head[:1]!r} (expected {PCM16_FILE!r})")
+                raise AudioUnreadable(f"a stored value of unknown format {head[:1]!r} (expected "
+                                      f"{PCM16_FILE!r}) in the shared file {name}")
             return torch.from_numpy(samples.astype(np.int16, copy=False))
         data = self._resolve(value, PCM16)
         return None if data is None else pcm16_tensor(data)
@@ -166,23 +227,36 @@ class Payloads:
         data = self._resolve(value, BYTES)
         return None if data is None else bytes(data)
 
-    def _path(self, value: bytes) -> str:
-        """The shared file a stored value names (refused unless it is one this layout makes)."""
+    def _name(self, value: bytes) -> str:
+        """The shared file a stored value names, relative to the kept directory (refused unless
+        it is one this layout makes: AudioUnreadable)."""
         name = value[1:].decode("ascii", "replace")
         if self.dir is None or not _NAME.match(name):
-            raise ValueError(f"a stored value names a shared file ({name[:80]!r}) that this "
-                             "process cannot read: set the same shared_dir on every process")
-        return os.path.join(self.dir, name)
+            raise AudioUnreadable(f"a stored value names a shared file ({name[:80]!r}) that this "
+                                  "process cannot read: set the same shared_dir on every process")
+        return name
 
     def _resolve(self, value: bytes, kind: bytes) -> memoryview | None:
         if value[:1] == FILE:
+            name = self._name(value)
             try:
-                with open(self._path(value), "rb") as f:
-                    value = f.read()
+                fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0),
+                             dir_fd=self._fd)
             except FileNotFoundError:
                 return None
+            except OSError as e:  # a link or a folder at its name (ELOOP, EISDIR), EACCES, EIO
+                logger.error("the shared file %s cannot be read: %s", name, e)
+                raise AudioUnreadable(f"the shared file {name} cannot be read "
+                                      f"({e.strerror or e})") from None
+            try:
+                with open(fd, "rb") as f:
+                    value = f.read()
+            except OSError as e:  # EISDIR comes here (O_RDONLY opens a folder), EIO
+                logger.error("the shared file %s cannot be read: %s", name, e)
+                raise AudioUnreadable(f"the shared file {name} cannot be read "
+                                      f"({e.strerror or e})") from None
         if value[:1] != kind:
-            raise ValueError(f"a stored value of unknown format {value[:1]!r} (expected {kind!r})")
+            raise AudioUnreadable(f"a stored value of unknown format {value[:1]!r} (expected {kind!r})")
         return memoryview(value)[1:]
 
     # ------------------------------------------------------------------ delete
@@ -214,37 +288,44 @@ class Payloads:
         """Delete the audio files of these jobs in this thread."""
         if self.dir is None:
             return
-        audio = os.path.join(self.dir, "audio")
+        fd = self._fd
         for jid in job_ids:
-            folder = os.path.join(audio, jid)
-            try:  # a clip's one piece, then its folder: two calls, no listing
-                os.unlink(os.path.join(folder, "0"))
-            except FileNotFoundError:
-                pass
+            if not _JOB_ID.match(jid):
+                continue  # never a name of this layout (no "..", no "/")
+            folder = f"audio/{jid}"
+            self._unlink(f"{folder}/0")  # a clip's one piece, then its folder: two calls, no listing
             try:
-                os.rmdir(folder)
+                os.rmdir(folder, dir_fd=fd)
                 continue
             except FileNotFoundError:
                 continue
             except OSError:  # a long job's other pieces (ENOTEMPTY): listed and removed
                 pass
             try:
-                with os.scandir(folder) as entries:
-                    for e in entries:
-                        Path(e.path).unlink(missing_ok=True)
-                os.rmdir(folder)
+                sub = self._open_sub(folder)
+                try:
+                    for name in os.listdir(sub):
+                        self._unlink(name, sub)
+                finally:
+                    os.close(sub)
+                os.rmdir(folder, dir_fd=fd)
             except FileNotFoundError:
                 pass
             except OSError as e:  # a piece written meanwhile (ENOTEMPTY): the sweep takes it
                 logger.debug("audio of job %s not removed yet: %s", jid, e)
 
+    def _open_sub(self, sub: str) -> int:
+        """A descriptor of the folder ``sub`` of the kept directory (never through a link)."""
+        return os.open(sub, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW
+                       | getattr(os, "O_CLOEXEC", 0), dir_fd=self._fd)
+
     def delete_piece(self, job_id: str, piece: int) -> None:
-        if self.dir is not None:
-            (self.dir / "audio" / job_id / str(int(piece))).unlink(missing_ok=True)
+        if self.dir is not None and _JOB_ID.match(job_id):
+            self._unlink(f"audio/{job_id}/{int(piece)}")
 
     def delete_upload(self, job_id: str) -> None:
-        if self.dir is not None:
-            (self.dir / "uploads" / job_id).unlink(missing_ok=True)
+        if self.dir is not None and _JOB_ID.match(job_id):
+            self._unlink(f"uploads/{job_id}")
 
     def sweep(self, still_stored: Callable[[list[str]], list[bool]],
               min_age_s: float = SWEEP_MIN_AGE_S, upload_min_age_s: float | None = None) -> int:
@@ -255,17 +336,21 @@ class Payloads:
         number of files deleted."""
         if self.dir is None:
             return 0
+        self._log_if_replaced()
         now = time.time()
         cutoff = now - min_age_s
         upload_cutoff = now - (min_age_s if upload_min_age_s is None else upload_min_age_s)
         names = self._old_files("uploads", upload_cutoff)
-        audio = self.dir / "audio"
-        with os.scandir(audio) as folders:
-            job_dirs = [e.name for e in folders if e.is_dir(follow_symlinks=False)]
+        audio = self._open_sub("audio")
+        try:
+            with os.scandir(audio) as folders:
+                job_dirs = [e.name for e in folders if e.is_dir(follow_symlinks=False)]
+        finally:
+            os.close(audio)
         for jid in job_dirs:
             names += self._old_files(f"audio/{jid}", cutoff)
             try:
-                (audio / jid).rmdir()  # empty (its job ended): gone; else it stays
+                os.rmdir(f"audio/{jid}", dir_fd=self._fd)  # empty (its job ended): gone; else it stays
             except OSError:
                 pass
         deleted = 0
@@ -273,7 +358,7 @@ class Payloads:
             batch = names[start:start + SWEEP_BATCH]
             for name, kept in zip(batch, still_stored(batch)):
                 if not kept:
-                    (self.dir / name).unlink(missing_ok=True)
+                    self._unlink(name)
                     deleted += 1
         if deleted:
             logger.info("removed %d shared files whose jobs are gone", deleted)
@@ -284,7 +369,11 @@ class Payloads:
         a temporary file of a writer that died is deleted on the way."""
         names = []
         try:
-            with os.scandir(self.dir / sub) as entries:
+            fd = self._open_sub(sub)
+        except (FileNotFoundError, NotADirectoryError):
+            return names
+        try:
+            with os.scandir(fd) as entries:
                 for e in entries:
                     try:
                         if e.stat(follow_symlinks=False).st_mtime >= cutoff:
@@ -292,9 +381,22 @@ class Payloads:
                     except FileNotFoundError:
                         continue
                     if e.name.startswith(".") and e.name.endswith(".tmp"):
-                        Path(e.path).unlink(missing_ok=True)
+                        self._unlink(e.name, fd)
                     elif _NAME.match(f"{sub}/{e.name}"):
                         names.append(f"{sub}/{e.name}")
-        except FileNotFoundError:
-            pass
+        finally:
+            os.close(fd)
         return names
+
+    def _log_if_replaced(self) -> None:
+        """An error in the log (once) when the shared directory's path names another directory
+        than the one in use: someone renamed it away and may have put his own there. This process
+        goes on with the one it checked; a process started now would use (or refuse) the other."""
+        if self._swap_logged or not self.replaced():
+            return
+        self._swap_logged = True
+        logger.error("the %s %s is no longer the directory this process checked at its start: "
+                     "someone renamed or replaced it (look at who can write %s). This process "
+                     "goes on using the one it checked and never reads the other; restart every "
+                     "api and worker process once the path is safe again",
+                     WHAT, self.dir, self.dir.parent if self.dir else "")

@@ -46,7 +46,8 @@ class ServerSettings(BaseModel):
 
     host: str = Field("127.0.0.1", description="Address to bind.")
     port: int = Field(7860, description="Port to bind.")
-    data_dir: Path = Field(Path("data"), description="Job store (SQLite) and audio spool.")
+    data_dir: Path = Field(Path("data"), description="Job store (SQLite) and audio spool; created "
+                           "0700 (files 0600), an existing one of this user's tightened to 0700.")
     cache_dir: Path = Field(
         Path.home() / ".cache" / "sensevoice-app",
         description="Where the demo model is built and cached.",
@@ -256,7 +257,9 @@ class BrokerSettings(BaseModel):
         "", description="Distributed topology: a directory every api and worker process sees (on "
         "one host: /dev/shm/sensevoice). Decoded audio and uploads travel as files there and Redis "
         "holds only their names; empty: they travel inside Redis (any hosts). Not fsynced: a host "
-        "crash fails the queued jobs whose audio was there (audio_lost), never silently.")
+        "crash fails the queued jobs whose audio was there (audio_lost), never silently. Created "
+        "0700; refused when it or a directory above it is another user's or others can write it "
+        "(a sticky one, as /dev/shm, is fine).")
     visibility_timeout_s: float = Field(
         60.0, gt=0, description="Distributed topology: a job claimed by a worker and not finished in "
         "this long (the worker died) is claimed again by another; after 3 claims it fails.")

@@ -321,6 +321,27 @@ class LiveSettings(BaseModel):
         "load the young ones have still to bring (a per-stream cost learned from the lane), "
         "would take it past this; partials thin out from half of it. Lower on a CPU shared with "
         "much else; higher where the model has a device of its own.")
+    max_stream_wall_s: float = Field(
+        4 * 3600.0, gt=0, description="Time one live stream (one FunASR recording) may stay open, "
+        "wall clock, whatever it sends: then its utterances are finalised and it ends with "
+        "stream_time_limit (1008). A stream that trickles a little audio now and then never meets "
+        "live_max_stream_s (audio); this bounds it too. 4 h: a long meeting or lecture.")
+    quiet_window_s: float = Field(
+        60.0, gt=0, description="The recent time over which a live stream counts as quiet (see "
+        "live_quiet_share); a stream younger than this is never quiet.")
+    quiet_share: float = Field(
+        0.05, ge=0, le=1.0, description="While every live slot is held and a new stream asks for "
+        "one, the quietest stream whose speech in its last live_quiet_window_s was under this "
+        "share of it (3 s of 60 s) is finalised and closed (quiet_stream_yielded, 1013) and the "
+        "new stream takes its slot. A quiet stream on a server with free slots is left alone. "
+        "0 = never.")
+    client_prefix_v4: int = Field(
+        32, ge=8, le=32, description="Live streams per client (max_live_streams_per_client) count "
+        "IPv4 clients by this prefix: 32 = each address, 24 = a /24 is one client.")
+    client_prefix_v6: int = Field(
+        64, ge=16, le=128, description="The same for IPv6 clients: 64 = a /64 (one site's "
+        "network: a client holds as many addresses in it as it likes) is one client; 128 = each "
+        "address.")
 
 class UiSettings(BaseModel):
     """The Gradio page."""
@@ -413,6 +434,11 @@ GROUP_OF = {
     'live_max_buffered_s': ('live', 'max_buffered_s'),
     'live_latency_budget_s': ('live', 'latency_budget_s'),
     'live_target_busy': ('live', 'target_busy'),
+    'live_max_stream_wall_s': ('live', 'max_stream_wall_s'),
+    'live_quiet_window_s': ('live', 'quiet_window_s'),
+    'live_quiet_share': ('live', 'quiet_share'),
+    'live_client_prefix_v4': ('live', 'client_prefix_v4'),
+    'live_client_prefix_v6': ('live', 'client_prefix_v6'),
     'ui': ('ui', 'enabled'),
     'ui_auth': ('ui', 'auth'),
 }

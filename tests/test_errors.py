@@ -53,6 +53,8 @@ CONTRACT = {
     "StorageError": ("storage_error", 503, 1013),
     "StorageFull": ("storage_full", 507, 1011),
     "StreamTooLong": ("stream_too_long", 413, 1008),
+    "StreamTimeLimit": ("stream_time_limit", 408, 1008),
+    "QuietStreamYielded": ("quiet_stream_yielded", 503, 1013),
     "TooManyAuthFailures": ("too_many_auth_failures", 429, 1008),
     "TooManyExports": ("too_many_exports", 503, 1013),
     "TooManyStreams": ("too_many_streams", 503, 1013),

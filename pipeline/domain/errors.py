@@ -381,6 +381,23 @@ class StreamTooLong(SenseVoiceError):
     close_code = WsClose.POLICY_VIOLATION
 
 
+class StreamTimeLimit(SenseVoiceError):
+    """A live stream was open for the longest time one stream may be (wall clock, whatever it
+    sent: a stream trickling a little audio never reaches the audio limit)."""
+
+    status = 408
+    code = "stream_time_limit"
+    close_code = WsClose.POLICY_VIOLATION
+
+
+class QuietStreamYielded(Busy):
+    """Every live slot was held and a new stream asked for one: this stream, which sent almost
+    no speech lately, was closed to give it its slot."""
+
+    code = "quiet_stream_yielded"
+    retry_after = 5
+
+
 class InvalidMessage(SenseVoiceError):
     """A live stream's text frame is not one of the protocol's messages."""
 

@@ -6,10 +6,15 @@ bound, 42 uploads of 30 min of silence (14 KB FLACs each) in 45 s took the serve
 Now each long job counts (one job, its audio seconds) from acceptance until it is finished, a long
 upload beyond either bound is refused at once (503 backlog_full + Retry-After), and the waiting
 audio lives on disk (the service memory-maps it), not in memory.
+
+Per-client limits count a client by :func:`client_key`: its address, or (where the operator asks)
+the network it is in -- one host of a /24 gets as many as the whole /24 when counted by /24, so
+eight addresses of one network no longer hold eight clients' share (issue 36).
 """
 
 from __future__ import annotations
 
+import ipaddress
 import threading
 
 from pipeline.domain.errors import BacklogFull
@@ -62,3 +67,20 @@ class Backlog:
             raise BacklogFull(f"{total / 3600:.1f} h of long recordings are waiting to be "
                               f"transcribed (the limit is {self.max_seconds / 3600:g} h); try again "
                               f"in {self.retry_after_s} s", retry_after=self.retry_after_s)
+
+
+def client_key(address: str, prefix_v4: int = 32, prefix_v6: int = 128) -> str:
+    """The name a per-client limit counts ``address`` under: the address itself, or with a
+    prefix shorter than the full address its network (``"192.0.2.0/24"``). An IPv4 address
+    mapped into IPv6 (``::ffff:192.0.2.7``, a dual-stack socket) counts as the IPv4 one. What
+    is not an IP address (a test client's name, a Unix socket's '') is its own key, unchanged."""
+    try:
+        ip = ipaddress.ip_address(address.split("%", 1)[0])  # a zone (fe80::1%eth0) is no part
+    except ValueError:
+        return address
+    if ip.version == 6 and ip.ipv4_mapped is not None:
+        ip = ip.ipv4_mapped
+    prefix = prefix_v4 if ip.version == 4 else prefix_v6
+    if prefix >= ip.max_prefixlen:
+        return str(ip)
+    return str(ipaddress.ip_network(f"{ip}/{prefix}", strict=False))

@@ -28,9 +28,19 @@ which stops reading the socket; after ``idle_timeout_s`` of that, ``live_overloa
 wait (``decode_timeout_s``: a worker that hangs ends the stream with ``not_ready``; in the
 distributed topology one that died is noticed within ``live_lost_after_s`` and its re-decode moved
 to another worker, or the stream ends with ``live_worker_lost``), the audio
-of one stream in all (``max_stream_s``), an utterance's length (``max_utterance_s``, cut at its
-quietest point). :class:`LiveHub` bounds the streams of a process (``max_streams``) and counts them
-in the service's Prometheus registry.
+of one stream in all (``max_stream_s``), its time open whatever it sends (``max_stream_wall_s``: the
+route finalises it and ends it with ``stream_time_limit``), an utterance's length
+(``max_utterance_s``, cut at its quietest point). :class:`LiveHub` bounds the streams of a process
+(``max_streams``) and of one client (``max_streams_per_client``, a client being an address or its
+network: ``client_prefix_v4`` / ``_v6``), and counts them in the service's Prometheus registry.
+
+**Quiet streams give way** (issue 36: 64 streams from 8 addresses, each sending 20 ms every 10 s,
+held every slot for as long as tried). Each stream measures the speech it sent over the last
+``quiet_window_s`` of wall clock (:class:`SpeechMeter`). While every slot is held, a new stream
+that would be let in otherwise takes the slot of the quietest stream old enough to judge whose
+speech was under ``quiet_share`` of that window (the client holding the most streams first): that
+stream is asked to stop (:meth:`LiveSession.stop`; the route finalises what it sent and closes it
+with ``quiet_stream_yielded``) and no longer counts. With a free slot nothing is closed.
 
 Times are seconds from the stream's start, on the 16 kHz clock of its audio.
 """
@@ -54,11 +64,12 @@ from pipeline.audio.stream_vad import (Closed, Dropped, Endpointer, EndpointRule
                                        StreamScorer, quietest_point)
 from pipeline.audio.vad import WINDOW, Segmenter
 from pipeline.domain.errors import (BrokerUnavailable, LiveAtCapacity, LiveDecodeFailed,
-                                    LiveOverloaded, LiveWorkerLost, NotReady, SenseVoiceError,
-                                    StreamTooLong, TooManyStreams)
+                                    LiveOverloaded, LiveWorkerLost, NotReady, QuietStreamYielded,
+                                    SenseVoiceError, StreamTimeLimit, StreamTooLong, TooManyStreams)
 from pipeline.domain.richtext import parse_rich_text
 from pipeline.domain.tags import SAMPLE_RATE_HZ
 from pipeline.domain.types import Segment, TranscribeOptions, Word
+from pipeline.serving.admission import client_key
 
 logger = logging.getLogger("sensevoice.live")
 
@@ -89,6 +100,11 @@ class LiveLimits:
     decode_timeout_s: float = 60.0  # a decode not answered by then: the workers are gone or hung
     latency_budget_s: float = 0.15  # re-decodes slower than this (recently): no new stream
     target_busy: float = 0.6  # the model busy at most this share of the time with every stream
+    max_stream_wall_s: float = 4 * 3600.0  # a stream's time open, wall clock
+    quiet_window_s: float = 60.0  # a stream's recent speech is measured over this
+    quiet_share: float = 0.05  # under this share of speech: quiet (gives way when slots are full)
+    client_prefix_v4: int = 32  # the per-client limit counts an IPv4 client by this network
+    client_prefix_v6: int = 64
 
     @classmethod
     def from_settings(cls, settings) -> LiveLimits:
@@ -102,7 +118,12 @@ class LiveLimits:
                    max_buffered_s=settings.live.max_buffered_s,
                    burst_s=settings.live.burst_s,
                    latency_budget_s=settings.live.latency_budget_s,
-                   target_busy=settings.live.target_busy)
+                   target_busy=settings.live.target_busy,
+                   max_stream_wall_s=settings.live.max_stream_wall_s,
+                   quiet_window_s=settings.live.quiet_window_s,
+                   quiet_share=settings.live.quiet_share,
+                   client_prefix_v4=settings.live.client_prefix_v4,
+                   client_prefix_v6=settings.live.client_prefix_v6)
 
     @property
     def buffered_samples(self) -> int:
@@ -210,6 +231,41 @@ class RealTimePace:
         self.received += n
 
 
+class SpeechMeter:
+    """The speech a stream sent over the last ``window_s`` of wall clock (seconds of audio its
+    speech detector scored as voiced), kept in buckets of a second: a few dozen numbers a stream
+    whatever its frame rate."""
+
+    def __init__(self, window_s: float):
+        self.window_s = window_s
+        self._buckets: deque[list[float]] = deque()  # [second, voiced seconds]
+
+    def add(self, voiced_s: float, now: float) -> None:
+        second = math.floor(now)
+        if self._buckets and self._buckets[-1][0] == second:
+            self._buckets[-1][1] += voiced_s
+        else:
+            self._buckets.append([second, voiced_s])
+        self._forget(now)
+
+    def voiced(self, now: float) -> float:
+        self._forget(now)
+        return sum(v for _, v in self._buckets)
+
+    def _forget(self, now: float) -> None:
+        while self._buckets and self._buckets[0][0] + 1 <= now - self.window_s:
+            self._buckets.popleft()
+
+
+def _span(seconds: float) -> str:
+    """A duration for a person: '4 h', '90 min', '45 s'."""
+    if seconds >= 3600 and seconds % 3600 == 0:
+        return f"{seconds / 3600:g} h"
+    if seconds >= 60 and seconds % 60 == 0:
+        return f"{seconds / 60:g} min"
+    return f"{seconds:g} s"
+
+
 def _seconds(samples: int) -> float:
     return round(samples / SAMPLE_RATE_HZ, 3)
 
@@ -220,9 +276,16 @@ class LiveSession:
     the stream early (a decode, the readiness of the model, or ``emit`` itself)."""
 
     def __init__(self, hub: LiveHub, options: TranscribeOptions, sample_rate: int,
-                 emit: Callable[[Caption], Awaitable[None]]):
+                 emit: Callable[[Caption], Awaitable[None]], client: str = ""):
         self.hub = hub
         self.limits = hub.limits
+        self.client = client  # the per-client limit's key (client_key)
+        loop = asyncio.get_running_loop()
+        self.opened = loop.time()  # the loop's clock (asyncio.timeout_at's)
+        self.deadline = self.opened + self.limits.max_stream_wall_s
+        self.speech = SpeechMeter(self.limits.quiet_window_s)
+        self._stop: SenseVoiceError | None = None  # why the route should finalise and end it
+        self.on_stop: Callable[[], None] | None = None  # the route's wake-up while it waits
         self.options = options
         self.partial_options = replace(options, word_timestamps=False)
         self.emit = emit
@@ -277,6 +340,31 @@ class LiveSession:
         await asyncio.wait({self._driver})
         self._check()
 
+    def stop(self, error: SenseVoiceError) -> None:
+        """Ask the route to finalise what arrived and end the stream with ``error`` (it wakes a
+        route waiting for the client at once: :attr:`on_stop`)."""
+        if self._stop is None:
+            self._stop = error
+        if self.on_stop is not None:
+            self.on_stop()
+
+    def stop_due(self, now: float) -> SenseVoiceError | None:
+        """Why the stream must end now (asked to stop, or past its time open), or None."""
+        if self._stop is None and now >= self.deadline:
+            self._stop = StreamTimeLimit(
+                f"a live stream may stay open at most {_span(self.limits.max_stream_wall_s)}; "
+                "start a new stream")
+        return self._stop
+
+    def quiet(self, now: float) -> float | None:
+        """The speech sent over the quiet window when it is under the quiet share (the stream
+        old enough to judge, not asked to stop already), else None."""
+        window = self.limits.quiet_window_s
+        if self._stop is not None or self.failed.done() or now - self.opened < window:
+            return None
+        voiced = self.speech.voiced(now)
+        return voiced if voiced < self.limits.quiet_share * window else None
+
     def abort(self) -> None:
         """Stop now (the client left, or the route gave up): nothing more is decoded or emitted."""
         self._driver.cancel()
@@ -297,6 +385,8 @@ class LiveSession:
     def _take(self, scored) -> None:
         self.buffer.append(scored.samples)
         self.stats.audio_samples += len(scored.samples)
+        voiced = int(np.count_nonzero(scored.probs >= self.hub.rules.threshold))
+        self.speech.add(voiced * WINDOW / SAMPLE_RATE_HZ, asyncio.get_running_loop().time())
         for event in self.endpointer.push(scored.probs):
             self._on_event(event)
         if self.endpointer.triggered:
@@ -728,7 +818,9 @@ class LiveHub:
         self.rules = EndpointRules.of(Segmenter(max_segment_s=self.limits.max_utterance_s),
                                       self.limits.pause_s, self.limits.max_utterance_s)
         self.open = 0
-        self._by_client: dict[str, int] = {}  # client address -> its open streams
+        self._by_client: dict[str, int] = {}  # client key -> its open streams
+        self._sessions: set[LiveSession] = set()  # open
+        self._yielding: set[LiveSession] = set()  # asked to give way: no longer hold a slot
         self.metrics = LiveMetrics(registry)
         self.load = LaneLoad(self.limits.partial_interval_s, self.limits.latency_budget_s,
                              busy_seconds=busy_seconds, target_busy=self.limits.target_busy)
@@ -746,29 +838,71 @@ class LiveHub:
         if reason is not None:
             raise NotReady(reason)
 
+    def client_key(self, address: str) -> str:
+        """What the per-client limit counts ``address`` as (the address, or its network)."""
+        return client_key(address, self.limits.client_prefix_v4, self.limits.client_prefix_v6)
+
     def _admit(self, client: str) -> int:
-        """The streams ``client`` holds; TooManyStreams or NotReady if it may not open one."""
+        """The streams ``client`` (a client key) holds; TooManyStreams or NotReady if it may not
+        open one. Every slot held: the quietest stream gives way (see the module docstring)."""
         if self.limits.max_streams <= 0:
             raise TooManyStreams("live captions are off on this server (max_live_streams is 0)")
-        if self.open >= self.limits.max_streams:
-            raise TooManyStreams(f"{self.open} live streams are open, the most this server serves "
-                                 "at once; try again in a few seconds")
+        victim = None
+        if self.open - len(self._yielding) >= self.limits.max_streams:
+            victim = self._quietest()
+            if victim is None:
+                raise TooManyStreams(f"{self.open} live streams are open, the most this server "
+                                     "serves at once; try again in a few seconds")
         held = self._by_client.get(client, 0)
         if client and 0 < self.limits.max_streams_per_client <= held:
-            raise TooManyStreams(f"this address holds {held} live streams, the most one client may "
+            what = "address" if "/" not in client else f"network ({client})"
+            raise TooManyStreams(f"this {what} holds {held} live streams, the most one client may "
                                  "open at once; close one first")
         self.check_ready()
-        reason = self.load.refusal(self.open)
+        reason = self.load.refusal(self.open - len(self._yielding))
         if reason is not None:  # which rule refused, for whoever tunes them (docs/BENCHMARKS.md)
             logger.info("live stream refused with %d open: %s", self.open, reason)
             raise LiveAtCapacity(reason)
+        if victim is not None:
+            self._give_way(victim)
         return held
+
+    def _quietest(self) -> LiveSession | None:
+        """The stream to give way to a new one: quiet (LiveSession.quiet), of the client holding
+        the most streams, then the one that spoke least, then the oldest. None: no stream is."""
+        if self.limits.quiet_share <= 0:
+            return None
+        now = asyncio.get_running_loop().time()
+        best, best_rank = None, None
+        for session in self._sessions:
+            if session in self._yielding:
+                continue
+            voiced = session.quiet(now)
+            if voiced is None:
+                continue
+            rank = (-self._by_client.get(session.client, 0), voiced, session.opened)
+            if best_rank is None or rank < best_rank:
+                best, best_rank = session, rank
+        return best
+
+    def _give_way(self, session: LiveSession) -> None:
+        window = self.limits.quiet_window_s
+        voiced = session.speech.voiced(asyncio.get_running_loop().time())
+        logger.info("live stream of %s gives way to a new one: %.1f s of speech in its last %g s, "
+                    "with all %d slots held", session.client or "?", voiced, window,
+                    self.limits.max_streams)
+        self._yielding.add(session)
+        session.stop(QuietStreamYielded(
+            f"every live slot is held and a client is waiting: this stream sent {voiced:.1f} s "
+            f"of speech in the last {_span(window)}, so it gives its slot to the waiting one; "
+            "start a new stream when there is speech to caption"))
 
     @asynccontextmanager
     async def stream(self, options: TranscribeOptions, sample_rate: int,
                      emit: Callable[[Caption], Awaitable[None]], client: str = ""):
         """A :class:`LiveSession` holding one of the process's stream slots (and one of
-        ``client``'s, the peer address) for the block."""
+        ``client``'s, the peer address counted by :meth:`client_key`) for the block."""
+        client = self.client_key(client)
         try:
             held = self._admit(client)
         except SenseVoiceError as e:
@@ -779,8 +913,9 @@ class LiveHub:
         self.open += 1
         self._by_client[client] = held + 1
         self.metrics.streams.inc()
-        session = LiveSession(self, options, sample_rate, emit)
+        session = LiveSession(self, options, sample_rate, emit, client)
         session.load_token = token
+        self._sessions.add(session)
         code = "ok"
         try:
             yield session
@@ -793,6 +928,8 @@ class LiveHub:
         finally:
             session.abort()
             session.settle()
+            self._sessions.discard(session)
+            self._yielding.discard(session)
             self.load.ended(token)
             self.open -= 1
             if self._by_client[client] <= 1:

@@ -18,8 +18,10 @@ sends binary frames of 16-bit little-endian mono PCM, of any size, then the text
   end ("end") closes it; ``segment`` is the first of ``segments`` (language, emotion, events, itn,
   text, start, end, words). After ``end`` every utterance is final and the server closes (1000);
 * ``{"type": "error", "code", "message"}``, then the server closes with the error's
-  ``close_code`` (``pipeline.domain.errors``). Everything received before an idle time-out or
-  the stream-length limit is finalised first.
+  ``close_code`` (``pipeline.domain.errors``). Everything received before an idle time-out,
+  the stream-length limit, the stream's time limit (``stream_time_limit``: open
+  ``live_max_stream_wall_s``, wall clock) or its giving way (``quiet_stream_yielded``: a quiet
+  stream whose slot a new stream took while every slot was held) is finalised first.
 
 Times are seconds from the stream's start.
 
@@ -61,7 +63,8 @@ from fastapi import APIRouter, WebSocket
 
 from pipeline.audio.stream_vad import MAX_RATE, MIN_RATE
 from pipeline.domain.errors import (FrameTooLarge, IdleTimeout, InvalidMessage, InvalidOption,
-                                    LinkExpired, SenseVoiceError, StreamTooLong, Unauthorized, WsClose)
+                                    LinkExpired, QuietStreamYielded, SenseVoiceError,
+                                    StreamTimeLimit, StreamTooLong, Unauthorized, WsClose)
 from pipeline.domain.tags import AUTO_LANGUAGE, REQUEST_LANGUAGES, SAMPLE_RATE_HZ
 from pipeline.domain.types import TranscribeOptions
 from pipeline.serving.live import Caption, LiveHub, LiveSession
@@ -155,7 +158,32 @@ class Socket:
             async with asyncio.timeout(self.idle_s):
                 return await self.ws.receive()
         except TimeoutError:
-            raise IdleTimeout(f"nothing arrived for {self.idle_s:g} s; the stream is closed") from None
+            raise self.idle() from None
+
+    def idle(self) -> IdleTimeout:
+        return IdleTimeout(f"nothing arrived for {self.idle_s:g} s; the stream is closed")
+
+    async def receive_for(self, session: LiveSession) -> dict:
+        """The next message of ``session``'s stream; IdleTimeout after ``idle_s`` of silence, or
+        the error ``session`` must end with (its time open is over, or it was asked to stop: a
+        wait for the client is cut short at once, with no task per frame)."""
+        loop = asyncio.get_running_loop()
+        stop = session.stop_due(loop.time())
+        if stop is not None:
+            raise stop
+        try:
+            async with asyncio.timeout_at(min(loop.time() + self.idle_s, session.deadline)) as scope:
+                def wake() -> None:
+                    if not scope.expired():  # expiring: the stop is read below all the same
+                        scope.reschedule(loop.time())
+
+                session.on_stop = wake
+                try:
+                    return await self.ws.receive()
+                finally:
+                    session.on_stop = None
+        except TimeoutError:
+            raise session.stop_due(loop.time()) or self.idle() from None
 
 
 @asynccontextmanager
@@ -184,7 +212,7 @@ async def failing_with(session: LiveSession):
 
 
 def client_of(ws: WebSocket) -> str:
-    """The peer's address (the per-client stream limit's key)."""
+    """The peer's address (the per-client stream limit counts it by LiveHub.client_key)."""
     return ws.client.host if ws.client else ""
 
 
@@ -238,12 +266,13 @@ def _frame(message: dict, limit: int) -> tuple[bytes | None, str | None]:
 
 async def feed_until_text(sock: Socket, session: LiveSession, limit: int) -> dict:
     """Feed the binary frames the client sends to ``session`` until a text frame comes; return
-    that frame's JSON. The audio that arrived is finalised before an idle time-out or the stream
-    limit ends the stream; a client that leaves raises ClientGone. Both protocols read this way."""
+    that frame's JSON. The audio that arrived is finalised before an idle time-out, the stream
+    limit, the time limit or a stop (LiveSession.stop) ends the stream; a client that leaves
+    raises ClientGone. Both protocols read this way."""
     while True:
         try:
-            message = await sock.receive()
-        except IdleTimeout:
+            message = await sock.receive_for(session)
+        except (IdleTimeout, StreamTimeLimit, QuietStreamYielded):
             await session.end()  # what arrived is finalised before the error
             raise
         if message["type"] == "websocket.disconnect":

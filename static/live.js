@@ -167,6 +167,7 @@
     broker_unavailable: 'busy', storage_error: 'busy', too_many_uploads: 'busy',
     too_many_uploads_from_client: 'busy', model_unavailable: 'not_ready',
     idle_timeout: 'idle', stream_too_long: 'too_long', audio_too_long: 'too_long',
+    stream_time_limit: 'too_long', quiet_stream_yielded: 'idle',
     invalid_option: 'invalid', invalid_message: 'invalid',
     cross_site_request: 'refused', host_not_allowed: 'refused'
   };

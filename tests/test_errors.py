@@ -30,6 +30,7 @@ CONTRACT = {
     "FrameTooLarge": ("frame_too_large", 413, 1009),
     "HeadersTooLarge": ("headers_too_large", 431, 1008),
     "HostNotAllowed": ("host_not_allowed", 400, 1008),
+    "AmbiguousRequest": ("ambiguous_request", 400, 1008),
     "IdleTimeout": ("idle_timeout", 408, 1008),
     "InvalidMessage": ("invalid_message", 400, 1003),
     "InvalidOption": ("invalid_option", 400, 1008),

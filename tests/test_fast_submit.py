@@ -143,3 +143,121 @@ def test_a_failed_write_is_the_routes_storage_answer(live_server, speech_clip, t
     route = httpx.post(live_server.url + "/api/jobs", params={"wait": 1}, files={"file": ("a.wav", wav)}, timeout=60)
     assert len(taken) == 1 and fast.status_code == route.status_code == 507, (fast.text, route.text)
     assert fast.json() == route.json() and fast.json()["error"]["code"] == "storage_full"
+
+
+# -- bodies that could be read two ways (issue 36): the fast path answered 202 where the route
+# answered 400; now each goes to the route (or is refused at the edge), and the answers match
+def multipart(boundary: str, parts: list[tuple[str, bytes]]) -> bytes:
+    """A multipart body of (part headers, part data), written by hand (httpx would tidy it)."""
+    out = b""
+    for headers, data in parts:
+        out += f"--{boundary}\r\n{headers}\r\n\r\n".encode("latin-1") + data + b"\r\n"
+    return out + f"--{boundary}--\r\n".encode()
+
+
+def file_part(wav: bytes, name: str = "file") -> tuple[str, bytes]:
+    return (f'Content-Disposition: form-data; name="{name}"; filename="a.wav"', wav)
+
+
+def field(name: str, value: bytes) -> tuple[str, bytes]:
+    return (f'Content-Disposition: form-data; name="{name}"', value)
+
+
+def fast_and_route(server, body: bytes, headers) -> tuple[httpx.Response, httpx.Response]:
+    """The same request as the fast path would take it, and with a query (the route's own)."""
+    fast = httpx.post(server.url + "/api/jobs", content=body, headers=headers, timeout=60)
+    route = httpx.post(server.url + "/api/jobs", params={"wait": 0}, content=body, headers=headers,
+                       timeout=60)
+    return fast, route
+
+
+def same_answer(fast: httpx.Response, route: httpx.Response) -> None:
+    assert fast.status_code == route.status_code, (fast.text, route.text)
+    if fast.status_code >= 400:
+        assert fast.json() == route.json(), (fast.text, route.text)
+    else:
+        assert set(fast.json()) == set(route.json()) == {"id", "status", "position"}
+
+
+MULTIPART = "multipart/form-data; boundary=xyz"
+
+
+@pytest.mark.parametrize("case, parts, status", [
+    ("a plain file field after the file part", lambda wav: [file_part(wav), field("file", b"x")], 400),
+    ("a plain file field before the file part", lambda wav: [field("file", b"x"), file_part(wav)], 202),
+    ("a plain file field only", lambda wav: [field("file", wav)], 400),
+    ("an ignored field twice", lambda wav: [file_part(wav), field("model", b"a"), field("model", b"b")], 202),
+    ("a part without a name", lambda wav: [file_part(wav), ("Content-Disposition: form-data", b"x")], 400),
+    ("a part's disposition twice", lambda wav: [
+        ('Content-Disposition: form-data; name="file"; filename="a.wav"\r\n'
+         'Content-Disposition: form-data; name="other"; filename="b.wav"', wav)], None),
+    ("a disposition's name twice", lambda wav: [
+        ('Content-Disposition: form-data; name="other"; name="file"; filename="a.wav"', wav)], None),
+])
+def test_a_part_that_could_be_read_two_ways_gets_the_routes_answer(live_server, speech_clip, taken,
+                                                                     case, parts, status):
+    body = multipart("xyz", parts(speech_clip.read_bytes()))
+    fast, route = fast_and_route(live_server, body, {"content-type": MULTIPART})
+    same_answer(fast, route)
+    assert status is None or fast.status_code == status, (case, fast.text)
+    assert taken == [], case
+
+
+@pytest.mark.parametrize("content_types", [
+    ["multipart/form-data; boundary=xyz", "multipart/form-data; boundary=abc"],  # body: the first's
+    ["multipart/form-data; boundary=abc", "multipart/form-data; boundary=xyz"],  # body: the last's
+    ["multipart/form-data; boundary=abc; boundary=xyz"],
+    ["multipart/form-data; boundary=xyz; Boundary=abc"],
+    ["multipart/form-data; boundary=xyz", "text/plain"],
+])
+def test_a_content_type_that_could_be_read_two_ways_is_refused_by_name(live_server, speech_clip, taken,
+                                                                       content_types):
+    body = multipart("xyz", [file_part(speech_clip.read_bytes())])
+    headers = [("content-type", value) for value in content_types]
+    fast, route = fast_and_route(live_server, body, headers)
+    same_answer(fast, route)
+    assert fast.status_code == 400 and fast.json()["error"]["code"] == "ambiguous_request", fast.text
+    assert taken == []
+
+
+def test_a_charset_goes_to_the_route(live_server, speech_clip, taken):
+    """A charset changes how the route decodes names and values: the route decides."""
+    body = multipart("xyz", [file_part(speech_clip.read_bytes()), field("language", b"en")])
+    fast, route = fast_and_route(live_server, body, {"content-type": MULTIPART + "; charset=latin-1"})
+    same_answer(fast, route)
+    assert fast.status_code == 202 and taken == []
+
+
+def test_duplicated_framing_headers_never_reach_the_fast_path(live_server, speech_clip, taken):
+    """Two Content-Length or Transfer-Encoding headers: refused before the app (by the HTTP
+    parser or the edge), never submitted here."""
+    import socket
+
+    body = multipart("xyz", [file_part(speech_clip.read_bytes())])
+    host, port = live_server.url.split("//")[1].split(":")
+    for extra in (f"Content-Length: {len(body)}\r\nContent-Length: {len(body)}\r\n",
+                  f"Content-Length: {len(body)}\r\nTransfer-Encoding: chunked\r\n"):
+        with socket.create_connection((host, int(port)), timeout=30) as sock:
+            sock.sendall(f"POST /api/jobs HTTP/1.1\r\nHost: {host}:{port}\r\nContent-Type: {MULTIPART}\r\n"
+                         f"{extra}Connection: close\r\n\r\n".encode() + body)
+            answer = b""
+            while chunk := sock.recv(65536):
+                answer += chunk
+        assert answer.startswith(b"HTTP/1.1 400"), answer[:200]
+    assert taken == []
+
+
+def test_the_fast_path_itself_passes_ambiguous_headers_on():
+    """Behind the edge these never arrive; the fast path still reads no header two ways."""
+    def scope(*headers):
+        return {"headers": [(n.encode(), v.encode()) for n, v in headers]}
+
+    ok = scope(("content-type", MULTIPART), ("content-length", "10"))
+    assert fast_submit._boundary_and_length(ok) == (b"xyz", 10)
+    for bad in [scope(("content-type", MULTIPART), ("Content-Type", "multipart/form-data; boundary=a"),
+                      ("content-length", "10")),
+                scope(("content-type", MULTIPART), ("content-length", "10"), ("Content-Length", "10")),
+                scope(("content-type", MULTIPART), ("content-length", "10"), ("transfer-encoding", "chunked")),
+                scope(("content-type", MULTIPART + "; boundary=a"), ("content-length", "10")),
+                scope(("content-type", MULTIPART + "; charset=utf-8"), ("content-length", "10"))]:
+        assert fast_submit._boundary_and_length(bad)[0] is None, bad

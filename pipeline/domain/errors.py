@@ -304,6 +304,16 @@ class HeadersTooLarge(SenseVoiceError):
     close_code = WsClose.POLICY_VIOLATION
 
 
+class AmbiguousRequest(SenseVoiceError):
+    """A request whose body could be read two ways (two Content-Type headers, a parameter of it
+    given twice, two Content-Length or Transfer-Encoding headers): a proxy reading one way would
+    inspect a different body than this server reads."""
+
+    status = 400
+    code = "ambiguous_request"
+    close_code = WsClose.POLICY_VIOLATION
+
+
 class HostNotAllowed(SenseVoiceError):
     """The Host header names a host this server does not answer for (DNS-rebinding defence)."""
 

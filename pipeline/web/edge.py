@@ -24,7 +24,12 @@ Request level (``HostOriginGuard``, ASGI middleware in front of everything else,
 * a browser request from another site that could change state (any method but GET/HEAD/OPTIONS,
   and WebSocket upgrades) gets 403 cross_site_request: ``Sec-Fetch-Site: cross-site|same-site``,
   or an ``Origin`` that is not the request's own scheme://host[:port] (``null`` included).
-  Requests without either header (curl, scripts, the python clients) pass.
+  Requests without either header (curl, scripts, the python clients) pass;
+* a request whose body could be read two ways gets 400 ambiguous_request (issue 36: with two
+  ``Content-Type`` headers of different boundaries, a proxy reading the first inspects another
+  body than the form parser, which reads the first too, or the fast submit, which read the last):
+  a framing header (Content-Type, Content-Length, Transfer-Encoding) given twice, or a parameter
+  of the Content-Type given twice (``boundary=a; boundary=b``: which one wins depends on the reader).
 
 Request bodies (deadline, minimum rate, per-client upload slots) are guarded by
 ``pipeline.web.middleware.UploadLimit``, which reads the same settings.
@@ -40,8 +45,8 @@ import time
 import orjson
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-from pipeline.domain.errors import (CrossSiteRequest, HeadersTooLarge, HostNotAllowed, RequestTimeout,
-                     SenseVoiceError)
+from pipeline.domain.errors import (AmbiguousRequest, CrossSiteRequest, HeadersTooLarge, HostNotAllowed,
+                                    RequestTimeout, SenseVoiceError)
 
 logger = logging.getLogger("sensevoice.edge")
 
@@ -52,6 +57,7 @@ LOOPBACK_NAMES = ("localhost", "127.0.0.1", "::1")
 WILDCARD_BINDS = ("", "0.0.0.0", "::", "[::]")
 SAFE_METHODS = frozenset(("GET", "HEAD", "OPTIONS"))
 PROBE_PATHS = frozenset(("/healthz", "/readyz"))  # answered for any Host: orchestrator probes
+FRAMING_HEADERS = (b"content-type", b"content-length", b"transfer-encoding")  # each at most once
 
 
 # ---------------------------------------------------------------------------- client identity
@@ -499,11 +505,45 @@ def same_origin(origin: str, scheme: str, host_header: str) -> bool:
     return o_host == r_host and (o_port or default) == (r_port or default) and o_port != -1
 
 
+def header_parameters(value: bytes) -> list[bytes]:
+    """The parameter names of a header value like ``type; a=1; b="x;y"`` (lower case, in order;
+    a ``;`` inside quotes separates nothing)."""
+    names, segment, quoted, escaped = [], bytearray(), False, False
+    for byte in value + b";":
+        if escaped:
+            escaped = False
+        elif quoted and byte == 0x5C:  # backslash
+            escaped = True
+        elif byte == 0x22:  # double quote
+            quoted = not quoted
+        elif byte == 0x3B and not quoted:  # ;
+            names.append(bytes(segment).partition(b"=")[0].strip().lower())
+            segment.clear()
+            continue
+        segment.append(byte)
+    return names[1:]  # (the first segment is the type itself)
+
+
+def ambiguous_framing(headers) -> str | None:
+    """Why a request's body could be read two ways (see the module's docstring), or None."""
+    seen: dict[bytes, bytes] = {}
+    for name, value in headers:
+        name = name.lower()
+        if name in FRAMING_HEADERS:
+            if name in seen:
+                return f"the {name.decode()} header is given twice"
+            seen[name] = value
+    params = header_parameters(seen.get(b"content-type", b""))
+    if len(set(params)) != len(params):
+        return "a parameter of the content-type header is given twice"
+    return None
+
+
 class HostOriginGuard:
     """ASGI middleware, the outermost of the app's own (in front of FastPolls): a Host this
     server does not answer for gets 400 host_not_allowed (DNS rebinding); a browser request from
-    another site that could change state gets 403 cross_site_request (CSRF). HTTP and WebSocket
-    scopes. /healthz and /readyz answer any Host (probes address the server by its IP)."""
+    another site that could change state gets 403 cross_site_request (CSRF); a body that could
+    be read two ways, 400 ambiguous_request. HTTP and WebSocket scopes. /healthz and /readyz answer any Host (probes address the server by its IP)."""
 
     def __init__(self, app, allowed: frozenset[str] | None, probe_paths=PROBE_PATHS):
         self.app = app
@@ -539,6 +579,9 @@ class HostOriginGuard:
                 return await refuse(scope, send, CrossSiteRequest(
                     f"a request from origin {origin.decode('latin-1')[:100]!r} may not change "
                     "anything here"))
+        if kind == "http" and (why := ambiguous_framing(scope["headers"])) is not None:
+            return await refuse(scope, send, AmbiguousRequest(
+                f"{why}: a request's body must be readable one way only"))
         await self.app(scope, receive, send)
 
 

@@ -11,7 +11,16 @@ body it does not take as the route would (an option value the route's validation
 twice, a part too many), goes to the route with its body replayed unchanged: the route stays the
 one definition of errors. It sits inside the upload guards (size, time, slots) and the Host/Origin
 and sign-in guards, and buffers only bodies of a declared length up to ``MAX_BYTES`` (a larger one
-goes to the route, whose parser spools it to disk)."""
+goes to the route, whose parser spools it to disk).
+
+Issue 36: the rule is that this answers exactly what the route answers, so every body that could
+be read two ways goes to the route (it answered 202 where the route answered 400): a framing
+header or a Content-Type parameter given twice (:func:`pipeline.web.edge.ambiguous_framing`: the
+edge refuses those before either runs), a Content-Type parameter besides the boundary (a charset
+changes how the route decodes names and values), any part name given twice (the route reads the
+last of a name: a plain ``file`` field after the file part is its 400), a ``file`` part that is not
+a file, a part without a name, a part whose Content-Disposition (or one of its parameters) is
+given twice."""
 
 from __future__ import annotations
 
@@ -26,7 +35,7 @@ from pipeline.domain.errors import SenseVoiceError
 from pipeline.domain.types import Lane, TranscribeOptions
 from pipeline.serving.records import storage_error
 from pipeline.web.auth import token_ok
-from pipeline.web.edge import replay_body
+from pipeline.web.edge import ambiguous_framing, header_parameters, replay_body
 from pipeline.web.errors import domain_response
 
 logger = logging.getLogger("sensevoice.api")
@@ -98,12 +107,19 @@ def submit_limiter(state, intake) -> CapacityLimiter:
 
 
 def _boundary_and_length(scope) -> tuple[bytes | None, int | None]:
-    """A multipart body's boundary and its declared length (the server holds a body to it)."""
+    """A multipart body's boundary and its declared length (the server holds a body to it);
+    None for either when the route must decide (a header that could be read two ways, a
+    parameter besides the boundary, a chunked body)."""
+    if ambiguous_framing(scope["headers"]) is not None:
+        return None, None
     boundary = length = None
     for name, value in scope["headers"]:
+        name = name.lower()
         if name == b"content-type":
             kind, params = parse_options_header(value)
-            boundary = params.get(b"boundary") if kind == b"multipart/form-data" else None
+            if kind != b"multipart/form-data" or header_parameters(value) != [b"boundary"]:
+                return None, None
+            boundary = params.get(b"boundary")
         elif name == b"content-length":
             length = int(value) if value.isdigit() and len(value) < 12 else None
         elif name == b"transfer-encoding":
@@ -160,19 +176,28 @@ def _parse(boundary: bytes, body: bytearray) -> tuple[bytes, str, TranscribeOpti
         return None
     upload: tuple[bytes, str] | None = None
     fields: dict[str, str] = {}
+    names: set[str] = set()
     for part in parts:
-        disposition = dict(part.headers).get(b"content-disposition")
-        if disposition is None:
+        dispositions = [value for name, value in part.headers if name == b"content-disposition"]
+        if len(dispositions) != 1:
             return None
-        _, params = parse_options_header(disposition)
-        name = _decoded(params.get(b"name", b""))
+        _, params = parse_options_header(dispositions[0])
+        given = header_parameters(dispositions[0])
+        if b"name" not in params or len(set(given)) != len(given):
+            return None
+        name = _decoded(params[b"name"])
+        if name in names:  # (the route reads the last part of a name)
+            return None
+        names.add(name)
         if b"filename" in params:
-            if name != "file" or upload is not None:
+            if name != "file":
                 return None
             upload = (b"".join(part.chunks), _decoded(params[b"filename"]))
+        elif name == "file":  # a plain field where the route wants a file: its 400
+            return None
         elif name in FIELDS:
             value = b"".join(part.chunks)
-            if name in fields or len(value) > MAX_FIELD_BYTES:
+            if len(value) > MAX_FIELD_BYTES:
                 return None
             try:
                 fields[name] = value.decode("utf-8")

@@ -704,6 +704,114 @@ def test_nginx_makes_the_ui_sticky_and_the_api_round_robin():
             assert "nginx.ingress.kubernetes.io/affinity" not in other["metadata"].get("annotations", {})
 
 
+NGINX_UNITS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
+
+
+def nginx_seconds(value: str) -> float:
+    """An nginx time ("660s", "1h", "4h15m", "90" = seconds) in seconds."""
+    parts = re.findall(r"(\d+)(ms|s|m|h|d|w)?", value)
+    assert parts and "".join(n + u for n, u in parts) == value, f"not an nginx time: {value!r}"
+    return sum(int(n) * NGINX_UNITS[u or "s"] for n, u in parts)
+
+
+def nginx_locations() -> dict[str, str]:
+    """location (with its modifier: "= /metrics", "~ ^/...", "/ui") -> its body, in file order."""
+    return dict(re.findall(r"location\s+([^{]+?)\s*\{([^}]*)\}", NGINX.read_text()))
+
+
+def nginx_location_for(path: str) -> str:
+    """The location nginx chooses for ``path``: an exact match, else the longest prefix unless a
+    regular expression (first in file order) matches and that prefix is not ^~."""
+    locations = nginx_locations()
+    for key in locations:
+        if key.startswith("=") and key[1:].strip() == path:
+            return key
+    prefixes = [k for k in locations if not k.startswith(("=", "~"))
+                and path.startswith(k.removeprefix("^~").strip())]
+    best = max(prefixes, key=lambda k: len(k.removeprefix("^~").strip()), default=None)
+    if best is not None and best.startswith("^~"):
+        return best
+    for key in locations:
+        if key.startswith("~"):
+            modifier, pattern = key.split(None, 1)
+            if re.search(pattern, path, re.I if modifier == "~*" else 0):
+                return key
+    assert best is not None, f"no nginx location for {path}"
+    return best
+
+
+def nginx_headers(location: str) -> dict[str, str]:
+    """The headers nginx sets on the way to the app in ``location``: its own proxy_set_header
+    lines, or (only when it has none) the server block's."""
+    own = dict(re.findall(r"proxy_set_header\s+(\S+)\s+([^;]+);", nginx_locations()[location]))
+    if own:
+        return own
+    server = re.sub(r"location\s+[^{]+\{[^}]*\}", "", NGINX.read_text())
+    return dict(re.findall(r"proxy_set_header\s+(\S+)\s+([^;]+);", server))
+
+
+def test_nginx_names_only_settings_the_app_reads():
+    """Issue 36: nginx.conf said the app trusts X-Forwarded-For through FORWARDED_ALLOW_IPS, which
+    it no longer reads (SENSEVOICE_TRUSTED_PROXIES does that). Every variable-like name in the file
+    is a setting of the app, and the one that decides whom the forwarded headers are believed from
+    is named where they are set."""
+    conf = NGINX.read_text()
+    fields = settings_fields()
+    names = set(re.findall(r"\b[A-Z][A-Z0-9]*(?:_[A-Z0-9]+)+\b", conf))
+    assert names, "nginx.conf names no setting"
+    for name in names:
+        assert name.startswith("SENSEVOICE_") and name[len("SENSEVOICE_"):].lower() in fields, \
+            f"nginx.conf names {name}, which is no setting of the app"
+    assert "SENSEVOICE_TRUSTED_PROXIES" in names
+    # and the proxy's own address (compose.yaml pins it) is one the api believes them from
+    import ipaddress
+
+    api_env = {k: interpolate(str(v)) for k, v in compose()["services"]["api"]["environment"].items()}
+    trusted = [ipaddress.ip_network(t.strip(), strict=False)
+               for t in settings_from_env(api_env).server.trusted_proxies.split(",") if t.strip()]
+    networks = compose()["services"]["proxy"]["networks"]
+    addresses = [ipaddress.ip_address(interpolate(n["ipv4_address"])) for n in networks.values()]
+    assert addresses and all(any(a in t for t in trusted) for a in addresses), (addresses, trusted)
+
+
+def test_nginx_keeps_a_live_stream_open_for_its_whole_life():
+    """Issue 36: the live WebSocket went through "location /" (proxy_read_timeout 660 s), so nginx
+    closed a stream whose server sent no frame for 11 minutes (a client sending silence gets no
+    caption). Each WebSocket route of the app (read from its router, not listed here) is proxied
+    with the upgrade headers and timeouts longer than a stream may live (live_max_stream_wall_s,
+    as the default and as the deploy files set it)."""
+    from fastapi.routing import APIWebSocketRoute
+
+    from pipeline.config import Settings
+    from pipeline.web.routes.stream import build_stream_router
+
+    paths = [r.path for r in build_stream_router(None).routes if isinstance(r, APIWebSocketRoute)]
+    assert {"/api/stream", "/api/stream/funasr"} <= set(paths), paths
+    caps = [Settings().live.max_stream_wall_s]
+    api_env = {k: interpolate(str(v)) for k, v in compose()["services"]["api"]["environment"].items()}
+    caps.append(settings_from_env(api_env).live.max_stream_wall_s)
+    caps += [settings_from_env(container_env(c)).live.max_stream_wall_s
+             for n, _, c in containers() if n == "sensevoice-api"]
+    cap = max(caps)
+    for path in paths:
+        location = nginx_location_for(path)
+        body = nginx_locations()[location]
+        assert re.search(r"proxy_pass\s+http://api_rr;", body), (path, location)  # any api replica
+        headers = nginx_headers(location)
+        assert headers.get("Upgrade") == "$http_upgrade", (path, location, headers)
+        assert headers.get("Connection") == "$connection_upgrade", (path, location, headers)
+        # a location with headers of its own inherits none: the ones the app needs are all there
+        assert headers.get("Host") == "$http_host" and headers.get("X-Forwarded-For") == "$remote_addr"
+        for directive in ("proxy_read_timeout", "proxy_send_timeout"):
+            (value,) = re.findall(rf"{directive}\s+(\S+);", body) or [None]
+            assert value is not None, f"{location}: no {directive} (nginx's 60 s default)"
+            assert nginx_seconds(value) > cap, (path, location, directive, value, cap)
+    # the rest of the API keeps its bounded timeouts (a stuck request is not held for hours)
+    assert nginx_location_for("/api/jobs") == "/"
+    assert nginx_seconds(re.search(r"proxy_read_timeout\s+(\S+);", nginx_locations()["/"]).group(1)) < 3600
+    assert nginx_location_for("/ui/") == "/ui" and nginx_location_for("/metrics") == "= /metrics"
+
+
 # ------------------------------------------------------------------ the single-host compose file
 def test_single_host_compose_is_the_embedded_topology_on_one_gpu():
     doc = compose(COMPOSE_SINGLE)

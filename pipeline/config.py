@@ -165,6 +165,13 @@ class LimitsSettings(BaseModel):
     max_event_streams_per_client: int = Field(
         64, ge=0, description="Event streams one client address may hold at once, all jobs "
         "together (0 = no limit); more get 429 too_many_event_streams_from_client.")
+    max_exports: int = Field(
+        4, ge=0, description="CSV exports of the calls table (POST /api/calls, format csv) each web "
+        "process builds at once, in worker threads (0 = no limit); more get 503 too_many_exports + "
+        "Retry-After. One of 30,000 calls is about a second of CPU.")
+    max_exports_per_client: int = Field(
+        2, ge=0, description="CSV exports one client address may have in progress (0 = no limit); "
+        "more get 429 too_many_exports_from_client + Retry-After.")
     auth_failures_per_client: int = Field(
         20, ge=0, description="Failed sign-ins (401s, failed UI logins, live streams refused for "
         "their token) one client address may make per auth_failure_window_s (0 = no limit); then "
@@ -392,6 +399,8 @@ GROUP_OF = {
     'max_uploads_per_client': ('limits', 'max_uploads_per_client'),
     'max_event_streams_per_job': ('limits', 'max_event_streams_per_job'),
     'max_event_streams_per_client': ('limits', 'max_event_streams_per_client'),
+    'max_exports': ('limits', 'max_exports'),
+    'max_exports_per_client': ('limits', 'max_exports_per_client'),
     'auth_failures_per_client': ('limits', 'auth_failures_per_client'),
     'auth_failure_window_s': ('limits', 'auth_failure_window_s'),
     'max_connections_per_client': ('limits', 'max_connections_per_client'),

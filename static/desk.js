@@ -21,7 +21,8 @@
  *   editable (the model's text kept beside it, a "corrected" mark), a flag with a note, the call
  *   marked reviewed; playback speed 0.75-2x; keys (outside text fields): space play/pause,
  *   J/K previous/next segment, L loop the segment, E edit, F flag. Every change is a PATCH of the
- *   job's review (kept by the server with the job; its exports carry it).
+ *   job's review (kept by the server with the job; its exports carry it) through the job's review
+ *   link (links.review of its view: its download link only reads).
  *
  * Safety: DOM by createElement + textContent only (a note or a file name is never markup); URLs
  * from encoded ids and a query that must look like exp=<digits>&sig=<b64url>.
@@ -550,9 +551,14 @@
 
   // ---- the review editor ----
 
+  // the job's review link (links.review: with a token, signed for editing the review; a download
+  // link only reads it, a PATCH with one is refused 403 read_only_link)
   function reviewUrl(view) {
-    var q = queryOf(view.links && view.links.result);
-    return '/api/jobs/' + encodeURIComponent(String(view.id)) + '/review' + (q ? '?' + q : '');
+    var base = '/api/jobs/' + encodeURIComponent(String(view.id)) + '/review';
+    var review = view.links && view.links.review;
+    var q = typeof review === 'string' && review.split('?')[0] === base ? queryOf(review)
+      : queryOf(view.links && view.links.result);
+    return base + (q ? '?' + q : '');
   }
 
   function audioUrl(view) {

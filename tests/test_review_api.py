@@ -169,12 +169,27 @@ def test_calls_with_a_token_list_only_signed_jobs(demo_dir, tmp_path, clip_facto
         assert httpx.post(srv.url + "/api/calls", json={"jobs": [forged]}, timeout=10).json()["total"] == 0
         assert httpx.post(srv.url + "/api/calls", json={"all": True}, timeout=10).status_code == 401
         link = f"?exp={entry['exp']}&sig={entry['sig']}"
+        # the download link reads the review but never edits it (issue 36): 403 with a clear error
         r = httpx.patch(f"{srv.url}/api/jobs/{job['id']}/review{link}", json={"reviewed": True},
                         timeout=10)
+        assert r.status_code == 403 and r.json()["error"]["code"] == "read_only_link", r.text
+        assert "review link" in r.json()["error"]["message"]
+        # the browser's listing (no token) hands out no review link; the page's view does
+        assert "review" not in httpx.post(srv.url + "/api/calls", json={"jobs": [entry]},
+                                          timeout=10).json()["rows"][0]["links"]
+        view = srv.app.state.pages.live_view(srv.runtime.view.get(job["id"]))
+        review_link = view["links"]["review"]
+        assert review_link.startswith(f"/api/jobs/{job['id']}/review?exp=") and entry["sig"] not in review_link
+        r = httpx.patch(srv.url + review_link, json={"reviewed": True}, timeout=10)
         assert r.status_code == 200 and r.json()["review"]["reviewed"]
+        # a review link opens the review only: not the audio nor the result
+        rq = review_link.split("?", 1)[1]
+        for path in ("audio", "result"):
+            assert httpx.get(f"{srv.url}/api/jobs/{job['id']}/{path}?{rq}", timeout=10).status_code == 401
         r = httpx.patch(f"{srv.url}/api/jobs/{job['id']}/review", json={"reviewed": False}, timeout=10)
         assert r.status_code == 401
         assert httpx.get(f"{srv.url}/api/jobs/{job['id']}/review{link}", timeout=10).json()["review"]["reviewed"]
+        assert httpx.get(srv.url + review_link, timeout=10).json()["review"]["reviewed"]
     finally:
         srv.stop()
 

@@ -434,32 +434,65 @@ def run_query(rows: list[CallRow], q: CallsQuery, paged: bool = True) -> CallsPa
 
 CSV_COLUMNS = ("id", "name", "state", "created_at_utc", "audio_seconds", "languages", "speakers",
                "emotion_shares", "events", "flags", "corrected", "reviewed")
+CSV_CHUNK_ROWS = 1000  # rows per chunk of csv_chunks
+# what a spreadsheet may run as a formula, or split into another cell, at the start of a cell (the
+# fullwidth forms too: some spreadsheets read them as the ASCII ones)
+CSV_DANGEROUS_START = frozenset("=+-@;,|\t\r\uff1d\uff0b\uff0d\uff20")
 
 
-def _cell(value: Any) -> str:
-    """A CSV cell that a spreadsheet never runs as a formula (a hostile file name such as
-    ``=HYPERLINK(...)`` is written with a leading apostrophe) and holds no control character."""
-    text = "".join(ch if ch.isprintable() else " " for ch in str(value))
-    return "'" + text if text[:1] in ("=", "+", "-", "@", "\t", "\r") else text
+def csv_cell(value: Any) -> str:
+    """A CSV cell that a spreadsheet never runs as a formula and that holds no control character:
+    control, format and non-ASCII space characters become a space, and a cell whose first
+    character after any leading whitespace (spaces, tabs, NBSP, other Unicode spaces) is one of
+    ``= + - @ ; , |`` (a hostile file name such as ``=HYPERLINK(...)``, one with a tab or a NBSP
+    before its ``=``, ``;=1+1`` read by a ``;``-separated spreadsheet) is written after a single
+    quote. The one guard of every CSV the server writes (with every cell quoted: :func:`csv_chunks`)."""
+    text = value if isinstance(value, str) else str(value)
+    if not text.isprintable():
+        text = "".join(ch if ch.isprintable() else " " for ch in text)
+    head = text.lstrip()
+    return "'" + text if head[:1] in CSV_DANGEROUS_START else text
+
+
+def _csv_fields(r: CallRow) -> tuple:
+    """One row's cells (unguarded), as the table shows them."""
+    import time as _time
+
+    s = r.summary
+    shares = events = langs = speakers = ""
+    if s is not None:
+        shares = "; ".join(
+            f"{spk or 'all'} {emo} {share * 100:.0f}%"
+            for spk, per in sorted(s.emotions.items())
+            for emo, share in sorted(((e, round(s.share(spk, e), 4)) for e in per), key=lambda kv: -kv[1])
+            if share >= 0.005)
+        events = "; ".join(f"{k} {v}" for k, v in sorted(s.events.items()))
+        langs = " ".join(s.languages)
+        speakers = " ".join(x or "1" for x in s.speakers)
+    review = r.review
+    return (r.id, r.filename, r.state,
+            _time.strftime("%Y-%m-%d %H:%M:%S", _time.gmtime(r.created_at)),
+            f"{r.audio_seconds:.2f}", langs, speakers, shares, events, review.flagged,
+            review.corrected, "yes" if review.reviewed else "no")
+
+
+def csv_chunks(rows: list[CallRow], chunk_rows: int = CSV_CHUNK_ROWS):
+    """The table as CSV, in pieces of ``chunk_rows`` rows (str; the first starts with a BOM, for
+    spreadsheets, and the header): every cell quoted and guarded (:func:`csv_cell`)."""
+    buf = io.StringIO()
+    w = csv.writer(buf, lineterminator="\r\n", quoting=csv.QUOTE_ALL)
+    buf.write("\ufeff")
+    w.writerow([csv_cell(c) for c in CSV_COLUMNS])
+    for a in range(0, len(rows), chunk_rows):
+        w.writerows([[csv_cell(x) for x in _csv_fields(r)] for r in rows[a:a + chunk_rows]])
+        yield buf.getvalue()
+        buf.seek(0)
+        buf.truncate()
+    if buf.tell():
+        yield buf.getvalue()
 
 
 def to_csv(rows: list[CallRow]) -> str:
-    """The table as CSV (UTF-8 with a BOM for spreadsheets; one row per call)."""
-    import time as _time
-
-    buf = io.StringIO()
-    w = csv.writer(buf, lineterminator="\r\n")
-    w.writerow(CSV_COLUMNS)
-    for r in rows:
-        d = r.to_dict()
-        shares = "; ".join(f"{spk or 'all'} {emo} {share * 100:.0f}%"
-                           for spk, per in sorted(d["emotion_shares"].items())
-                           for emo, share in sorted(per.items(), key=lambda kv: -kv[1]) if share >= 0.005)
-        events = "; ".join(f"{k} {v}" for k, v in sorted(d["events"].items()))
-        w.writerow([_cell(x) for x in (
-            r.id, r.filename, r.state,
-            _time.strftime("%Y-%m-%d %H:%M:%S", _time.gmtime(r.created_at)),
-            f"{r.audio_seconds:.2f}", " ".join(d["languages"]),
-            " ".join(s or "1" for s in d["speakers"]), shares, events, d["flags"], d["corrected"],
-            "yes" if d["reviewed"] else "no")])
-    return "\ufeff" + buf.getvalue()
+    """The table as CSV (UTF-8 with a BOM for spreadsheets; one row per call): :func:`csv_chunks`
+    joined."""
+    return "".join(csv_chunks(rows))

@@ -2,10 +2,17 @@
 API token is set (a browser cannot add an Authorization header to <audio src> or <a href>).
 
 A link carries ``exp`` (unix seconds, when the job's retention ends) and ``sig`` = base64url of
-HMAC-SHA256(key, "<job id>\\n<exp>"), where ``key`` = HMAC-SHA256(API token, a fixed label): the token
-itself never leaves the server, and a changed token voids every link. A valid link opens only that
-job's GET ``/api/jobs/{id}/audio`` and ``/api/jobs/{id}/result`` (pipeline/web/routes/jobs.py), until ``exp``.
-Without a token the links are the plain routes (which are then open anyway).
+HMAC-SHA256(key, "<job id>\\n<exp>"), where ``key`` = HMAC-SHA256(API token, the scope's label): the
+token itself never leaves the server, and a changed token voids every link. A link has a scope:
+
+* ``read`` (the audio, result and page links): opens only that job's GET ``/api/jobs/{id}/audio``,
+  ``/result``, ``/events`` and ``/review`` (pipeline/web/routes/jobs.py, calls.py), until ``exp``;
+* ``review`` (``links.review``, given with the page's view of a finished job): opens that job's
+  ``/review``, GET and PATCH. A download link that travels (a mail, a ticket, a proxy's log) never
+  edits a review: PATCH with a read link is 403 ``read_only_link``.
+
+The scopes have different keys, so a signature of one scope is never valid in another. Without a
+token the links are the plain routes (which are then open anyway).
 """
 
 from __future__ import annotations
@@ -17,15 +24,17 @@ import math
 import time
 from urllib.parse import quote
 
-KEY_LABEL = b"sensevoice/ui-job-links/v1"
+KEY_LABEL = b"sensevoice/ui-job-links/v1"  # the read scope's (the first links had only it)
+SCOPE_LABELS = {"read": KEY_LABEL, "review": b"sensevoice/ui-review-links/v1"}
 MAX_SIG_CHARS = 64  # a real one is 43; longer input is refused before any hashing
 
 
-def link_key(token: str) -> bytes:
-    """The signing key derived from the API token (empty without one: nothing is signed)."""
+def link_key(token: str, scope: str = "read") -> bytes:
+    """The signing key of ``scope``'s links derived from the API token (empty without one: nothing
+    is signed)."""
     if not token:
         return b""
-    return hmac.new(token.encode(), KEY_LABEL, hashlib.sha256).digest()
+    return hmac.new(token.encode(), SCOPE_LABELS[scope], hashlib.sha256).digest()
 
 
 def sign(key: bytes, job_id: str, exp: int) -> str:
@@ -59,16 +68,23 @@ def expiry(job, retention_hours: float, now: float | None = None) -> int:
     return int(math.ceil(finished + max(retention_hours, 0.0) * 3600))
 
 
-def job_links(job, token: str, retention_hours: float, now: float | None = None) -> dict:
+def job_links(job, token: str, retention_hours: float, now: float | None = None,
+              review: bool = False) -> dict:
     """The audio and result URLs of ``job`` for the UI (signed when a token is set). The result
-    URL takes ``&format=...`` (and the other export options) appended."""
+    URL takes ``&format=...`` (and the other export options) appended. With ``review``, also the
+    URL that reads and edits its review (``links.review``, a review-scoped link): only for those
+    who may edit it (the page's own view, the token's holder)."""
     base = f"/api/jobs/{quote(job.id, safe='')}"
     key = link_key(token)
     if not key:
-        return {"audio": base + "/audio", "result": base + "/result"}
+        links = {"audio": base + "/audio", "result": base + "/result"}
+        return {**links, "review": base + "/review"} if review else links
     exp = expiry(job, retention_hours, now)
     query = f"?exp={exp}&sig={sign(key, job.id, exp)}"
-    return {"audio": base + "/audio" + query, "result": base + "/result" + query}
+    links = {"audio": base + "/audio" + query, "result": base + "/result" + query}
+    if review:
+        links["review"] = f"{base}/review?exp={exp}&sig={sign(link_key(token, 'review'), job.id, exp)}"
+    return links
 
 
 LIVE_SUBJECT = "live"  # what a live link signs (job ids are UUIDs: a job's link never opens a stream)

@@ -161,8 +161,8 @@ class JobPages:
         body["model"] = self.health.state
         # the player and download links once there is something to play or download (their expiry
         # counts from the job's end)
-        body["links"] = (job_links(job, settings.server.token, settings.limits.retention_hours)
-                         if job.state in FINAL else {})
+        body["links"] = (job_links(job, settings.server.token, settings.limits.retention_hours,
+                                   review=True) if job.state in FINAL else {})
         query = page_query(job, settings.server.token, settings.limits.retention_hours)
         body["links"]["events"] = f"/api/jobs/{job.id}/events" + (f"?{query}" if query else "")
         body["links"]["page"] = query

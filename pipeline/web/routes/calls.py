@@ -5,31 +5,39 @@
 * ``PATCH /api/jobs/{id}/review``: change it, ``{"reviewed": bool?, "segments": [{"index",
   "text"?, "flagged"?, "note"?}]}`` (``text: null`` goes back to the model's text). Only a finished
   job; the index is checked against its transcript; lengths are bounded (pipeline/domain/review.py).
-  Access is that of the job's result: the API token, or the job's own signed link (the page holds
-  that link, never the token); without a token, as open as the rest of the API (the job id is the
-  secret). The review is stored with the job (both stores; deleted with it, pipeline/serving/
+  Access: the API token, or the job's review link (``links.review`` of the page's view: a
+  review-scoped signed link, pipeline/web/links.py; the page holds that link, never the token); the
+  job's download link reads the review (GET) but a PATCH with it is 403 ``read_only_link``;
+  without a token, as open as the rest of the API (the job id is the secret). The review is stored with the job (both stores; deleted with it, pipeline/serving/
   calls_index.py) and the job's JSON, its events and its exports carry it.
 * ``POST /api/calls``: the calls table. ``{"jobs": [{"id", "exp"?, "sig"?}, ...]}`` lists the jobs
   the caller holds (a browser sends the jobs it submitted, with their signed links when the server
   has a token: an id without a valid link is not listed), or ``{"all": true}`` every job of the
   server (needs the API token when one is set); ``"query"`` filters, sorts and pages
   (pipeline/domain/calls.py); ``"format": "csv"`` answers the whole filtered table as CSV.
+  The work (checking the links, the store's query, the CSV) runs in a worker thread: a CSV of
+  30,000 calls is about a second of CPU, which once ran on the event loop (a dozen at once stopped
+  the server: issue 36). CSV exports are bounded per web process and per client address
+  (``max_exports``, ``max_exports_per_client``: beyond them 503 ``too_many_exports`` / 429
+  ``too_many_exports_from_client`` + Retry-After, :class:`ExportSlots`).
 """
 
 from __future__ import annotations
 
 import logging
+from contextlib import contextmanager
 
 import orjson
 from fastapi import APIRouter, Depends, Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse, Response
 
-from pipeline.domain.calls import CallsQuery, run_query, to_csv
-from pipeline.domain.errors import InvalidOption, Unauthorized
+from pipeline.domain.calls import CallsQuery, csv_chunks, run_query
+from pipeline.domain.errors import ClientExportLimit, InvalidOption, TooManyExports, Unauthorized
 from pipeline.domain.review import ReviewPatch, apply_patch
 from pipeline.serving.calls_index import calls_of
 from pipeline.web.auth import require_token_or_link, token_ok
+from pipeline.web.edge import scope_client_key
 from pipeline.web.links import job_links, link_key, link_state
 from pipeline.web.views import job_json
 
@@ -78,6 +86,41 @@ def owned_ids(entries, token: str) -> list[str]:
     return list(dict.fromkeys(out))
 
 
+class ExportSlots:
+    """The CSV exports in progress, in all and per client address (only touched on the event
+    loop: no lock). :meth:`hold` refuses at once beyond a limit (0 = none)."""
+
+    def __init__(self, total: int, per_client: int, retry_after_s: int = 5):
+        self.total, self.per_client, self.retry_after_s = total, per_client, retry_after_s
+        self.in_flight = 0
+        self.by_client: dict[str, int] = {}
+
+    @contextmanager
+    def hold(self, client: str | None):
+        mine = self.by_client.get(client, 0) if client is not None else 0
+        if self.per_client and client is not None and mine >= self.per_client:
+            raise ClientExportLimit(
+                f"this client already has {mine} CSV exports in progress, the most one client may "
+                f"have; try again in {self.retry_after_s} s", retry_after=self.retry_after_s)
+        if self.total and self.in_flight >= self.total:
+            raise TooManyExports(
+                f"{self.in_flight} CSV exports are being built, the most this server builds at "
+                f"once; try again in {self.retry_after_s} s", retry_after=self.retry_after_s)
+        self.in_flight += 1
+        if client is not None:
+            self.by_client[client] = mine + 1
+        try:
+            yield
+        finally:
+            self.in_flight -= 1
+            if client is not None:
+                n = self.by_client.get(client, 0) - 1
+                if n > 0:
+                    self.by_client[client] = n
+                else:
+                    self.by_client.pop(client, None)
+
+
 def review_view(job) -> dict:
     review = job.meta.get("review")
     segments = job.result.segments if job.result else ()
@@ -91,14 +134,17 @@ def build_calls_router(settings, view, broker) -> APIRouter:
     """The routes over the job view (reads) and the broker's calls index (reviews, listings)."""
     router = APIRouter()
     token = settings.server.token
-    auth_or_link = [Depends(require_token_or_link(token))]
+    read_or_review = [Depends(require_token_or_link(token, ("read", "review")))]
+    review_only = [Depends(require_token_or_link(token, ("review",)))]
     calls = calls_of(broker)
+    limits = settings.limits
+    exports = ExportSlots(limits.max_exports, limits.max_exports_per_client)
 
-    @router.get("/api/jobs/{job_id}/review", dependencies=auth_or_link)
+    @router.get("/api/jobs/{job_id}/review", dependencies=read_or_review)
     def get_review(job_id: str):
         return JSONResponse(review_view(view.get(job_id)))
 
-    @router.patch("/api/jobs/{job_id}/review", dependencies=auth_or_link)
+    @router.patch("/api/jobs/{job_id}/review", dependencies=review_only)
     async def patch_review(job_id: str, request: Request):
         patch = ReviewPatch.from_json(await read_json(request, 1024 * 1024))
 
@@ -121,30 +167,39 @@ def build_calls_router(settings, view, broker) -> APIRouter:
         if fmt not in ("json", "csv"):
             raise InvalidOption("format is 'json' or 'csv'")
         query = CallsQuery.from_json(body.get("query"))
+        signed_in = token_ok(request.headers.get, token)  # (always, without a token)
         if body.get("all") is True:
             if not token_ok(request.headers.get, token):
                 raise Unauthorized("listing every job of the server needs the API token "
                                    "(send 'Authorization: Bearer <token>')")
-            ids = None
+            entries = None
         else:
-            ids = owned_ids(body.get("jobs") or [], token)
+            entries = body.get("jobs") or []
+        hours = limits.retention_hours
 
-        def work():
-            rows = calls.rows(ids, search=query.q)
-            return run_query(rows, query, paged=fmt == "json")
+        def page_of():
+            ids = None if entries is None else owned_ids(entries, token)
+            return run_query(calls.rows(ids, search=query.q), query, paged=fmt == "json")
 
-        page = await run_in_threadpool(work)
-        if fmt == "csv":
-            return Response(to_csv(page.rows).encode("utf-8"), media_type="text/csv; charset=utf-8",
-                            headers={"Content-Disposition": 'attachment; filename="calls.csv"'})
-        hours = settings.limits.retention_hours
-        rows = []
-        for r in page.rows:
-            d = r.to_dict()
-            d["links"] = job_links(r, token, hours)
-            rows.append(d)
-        return Response(orjson.dumps({"total": page.total, "page": page.page,
-                                      "per_page": page.per_page, "rows": rows}),
-                        media_type="application/json")
+        def as_json() -> bytes:  # (the links: an HMAC each, 500 rows at most)
+            page = page_of()
+            rows = []
+            for r in page.rows:
+                d = r.to_dict()
+                # the review link only to the token's holder: a download link must not lead to one
+                d["links"] = job_links(r, token, hours, review=signed_in)
+                rows.append(d)
+            return orjson.dumps({"total": page.total, "page": page.page,
+                                 "per_page": page.per_page, "rows": rows})
+
+        def as_csv() -> bytes:
+            return b"".join(c.encode("utf-8") for c in csv_chunks(page_of().rows))
+
+        if fmt == "json":
+            return Response(await run_in_threadpool(as_json), media_type="application/json")
+        with exports.hold(scope_client_key(request.scope)):
+            data = await run_in_threadpool(as_csv)
+        return Response(data, media_type="text/csv; charset=utf-8",
+                        headers={"Content-Disposition": 'attachment; filename="calls.csv"'})
 
     return router

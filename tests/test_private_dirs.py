@@ -336,6 +336,9 @@ def test_a_shared_dir_whose_parent_others_can_write_is_refused(tmp_path):
         Payloads(parent / "shm")
     assert "SENSEVOICE_SHARED_DIR" in e.value.message and "chmod go-w" in e.value.message
     assert not (parent / "shm").exists()  # refused before anything is created
+    with pytest.raises(UnsafeDirectory, match="which other users can write"):
+        Payloads(parent / "a" / "b" / "shm")
+    assert list(parent.iterdir()) == []  # not even the missing folders above it
     os.chmod(parent, 0o770)  # group-writable: the same
     with pytest.raises(UnsafeDirectory, match="which other users can write"):
         Payloads(parent / "shm")

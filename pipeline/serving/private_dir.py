@@ -116,7 +116,10 @@ def check_ancestors(path: str | os.PathLike, what: str = "directory") -> None:
     me = os.geteuid()
     real = Path(os.path.realpath(path))
     for parent in real.parents:
-        st = os.stat(parent)
+        try:
+            st = os.stat(parent)
+        except FileNotFoundError:  # made 0700 by us (make_dirs) after this check
+            continue
         mode = stat.S_IMODE(st.st_mode)
         if st.st_uid not in (0, me):
             raise UnsafeDirectory(
@@ -140,8 +143,8 @@ class PrivateDir:
         self.path = Path(path)
         self.what = what
         self.fd = -1
+        check_ancestors(self.path, what)  # before anything is created in them
         make_dirs(self.path.parent)
-        check_ancestors(self.path, what)  # before anything is created in it
         self.fd = fd = _open_private(self.path, what)
         st = os.fstat(fd)
         self.dev_ino = (st.st_dev, st.st_ino)

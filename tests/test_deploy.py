@@ -986,3 +986,39 @@ def test_sensevoice_pods_run_as_the_images_non_root_user():
         sc = pod["securityContext"]
         assert sc["runAsNonRoot"] is True and sc["runAsUser"] == 10001, name
         assert sc["runAsGroup"] == 10001 and sc["fsGroup"] == 10001, name
+
+
+def test_the_ingress_keeps_a_live_stream_open_for_its_whole_life():
+    """Issue 36: on Kubernetes the live WebSocket went through the /api Ingress (660 s), the same
+    11-minute cut-off nginx.conf had. For each WebSocket route of the app (read from its router), the
+    Ingress path that ingress-nginx picks (the longest matching prefix of the host) waits longer than
+    a stream may live, as the api pods set it; the rest of /api keeps its bounded wait."""
+    from fastapi.routing import APIWebSocketRoute
+
+    from pipeline.web.routes.stream import build_stream_router
+
+    (c,) = [c for n, _, c in containers() if n == "sensevoice-api"]
+    from pipeline.config import Settings
+
+    cap = max(Settings().live.max_stream_wall_s, settings_from_env(container_env(c)).live.max_stream_wall_s)
+
+    def ingress_for(path: str) -> dict:
+        best, best_len = None, -1
+        for ingress in by_kind("Ingress").values():
+            for rule in ingress["spec"]["rules"]:
+                for p in rule["http"]["paths"]:
+                    prefix, kind = p["path"], p["pathType"]
+                    hit = (path == prefix if kind == "Exact"
+                           else path == prefix or path.startswith(prefix.rstrip("/") + "/"))
+                    if hit and len(prefix) > best_len:
+                        best, best_len = ingress, len(prefix)
+        assert best is not None, path
+        return best["metadata"]["annotations"]
+
+    paths = [r.path for r in build_stream_router(None).routes if isinstance(r, APIWebSocketRoute)]
+    assert {"/api/stream", "/api/stream/funasr"} <= set(paths), paths
+    for path in paths:
+        annotations = ingress_for(path)
+        for key in ("proxy-read-timeout", "proxy-send-timeout"):
+            assert float(annotations[f"nginx.ingress.kubernetes.io/{key}"]) > cap, (path, key, cap)
+    assert float(ingress_for("/api/jobs")["nginx.ingress.kubernetes.io/proxy-read-timeout"]) < 3600

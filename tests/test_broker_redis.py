@@ -750,3 +750,22 @@ def test_a_process_without_the_shared_dir_says_so(redis_url, tmp_path):  # noqa:
     finally:
         writer.close()
         reader.close()
+
+
+def test_a_damaged_shared_audio_file_fails_its_job_and_not_the_claim(redis_url, tmp_path):  # noqa: F811
+    """A shared audio file damaged after its submit (issue 36): the claim raised AudioUnreadable,
+    so the feeder's claim failed whole and the entry came back on every claim (a poison item that
+    also held up the good job beside it). Now that job fails audio_lost and the other is served."""
+    shared = tmp_path / "shm"
+    b = RedisBroker(redis_url, retention_s=60, queue_size=100, shared_dir=shared)
+    try:
+        bad, _ = submit(b, n=16000)
+        good, sent = submit(b, n=16000)
+        (shared / "audio" / bad.id / "0").write_bytes(b"Xnot samples")
+        (item,) = b.claim("w1", 8, 0)
+        assert item.job_id == good.id and torch.equal(as_float_wave(item.audio), sent.audio)
+        failed = b.get(bad.id)
+        assert failed.state == JobState.FAILED and failed.error.code == "audio_lost"
+        assert b.claim("w1", 8, 0) == []  # acked: never claimed again
+    finally:
+        b.close()

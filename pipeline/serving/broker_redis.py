@@ -90,7 +90,7 @@ from redis.asyncio.retry import Retry as AsyncRetry
 from redis.retry import Retry
 
 
-from pipeline.domain.errors import (AudioGone, AudioLost, BrokerUnavailable, JobGone, JobNotFound,
+from pipeline.domain.errors import (AudioGone, AudioLost, AudioUnreadable, BrokerUnavailable, JobGone, JobNotFound,
                                     QueueFull, TooManyAttempts)
 from pipeline.serving import calls_index
 from pipeline.serving.job_events import Feed, JobEvent
@@ -1213,7 +1213,11 @@ class RedisBroker:
             if state not in (b"queued", b"running"):
                 stale.append((s, eid))
                 continue
-            audio = None if value is None else self.payloads.read_audio(value)
+            try:
+                audio = None if value is None else self.payloads.read_audio(value)
+            except AudioUnreadable as e:  # a damaged file fails its job, never the whole claim
+                logger.error("job %s: %s", jid, e.message)
+                audio = None
             if audio is None:
                 lost[jid] = (s, eid)
                 continue

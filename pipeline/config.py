@@ -158,6 +158,15 @@ class LimitsSettings(BaseModel):
         4, ge=0, description="Large uploads one client address may have in flight (0 = no limit); more "
         "get 429 + Retry-After. Behind a reverse proxy every client has the proxy's address unless "
         "trusted_proxies names it.")
+    max_batches_per_client: int = Field(
+        2, ge=0, description="Batches (POST /api/batches) one client address may have in progress, "
+        "read, unpacked and submitted (0 = no limit); more get 429 too_many_batches_from_client + "
+        "Retry-After. A batch's body takes an upload slot whatever its size.")
+    batch_recordings_per_slot: int = Field(
+        20, ge=1, description="A batch holds one upload slot per this many recordings (or per "
+        "quarter of max_upload_bytes unpacked, whichever is more; at most half the slots and the "
+        "client's max_uploads_per_client) until every recording is submitted: a few kilobytes of "
+        "zip are many decodes and jobs.")
     max_event_streams_per_job: int = Field(
         2048, ge=0, description="Event streams (GET /api/jobs/{id}/events) one job may have at "
         "once (0 = no limit); more get 503 event_streams_full. Each job's events are built once "
@@ -397,6 +406,8 @@ GROUP_OF = {
     'body_min_rate_bytes_s': ('limits', 'body_min_rate_bytes_s'),
     'body_grace_s': ('limits', 'body_grace_s'),
     'max_uploads_per_client': ('limits', 'max_uploads_per_client'),
+    'max_batches_per_client': ('limits', 'max_batches_per_client'),
+    'batch_recordings_per_slot': ('limits', 'batch_recordings_per_slot'),
     'max_event_streams_per_job': ('limits', 'max_event_streams_per_job'),
     'max_event_streams_per_client': ('limits', 'max_event_streams_per_client'),
     'max_exports': ('limits', 'max_exports'),

@@ -1,6 +1,7 @@
 """Zips of recordings as hostile input (pipeline/audio/archive.py): bombs, lying sizes, path
-tricks, nested archives, encrypted entries, too many entries; and POST /api/batches over real
-HTTP: 20 files in one request, a zip, each recording decoded under the upload rules."""
+tricks, nested archives, encrypted entries, too many entries, a central directory too large to be
+parsed, entries that share bytes; and POST /api/batches over real HTTP: 20 files in one request,
+a zip, each recording decoded under the upload rules."""
 
 from __future__ import annotations
 
@@ -12,7 +13,8 @@ import zipfile
 import httpx
 import pytest
 
-from pipeline.audio.archive import ArchiveRefused, NotAnArchive, read_zip
+from pipeline.audio.archive import (MAX_DIRECTORY_BYTES, MAX_RECORDS, ArchiveRefused, NotAnArchive,
+                                    end_record, read_zip)
 from tests.test_api import wait_done
 
 MB = 1 << 20
@@ -67,6 +69,93 @@ def test_nested_archives_encrypted_entries_and_too_many_entries():
         read_zip(make_zip({f"{i}.wav": b"x" for i in range(11)}), max_entries=10)
     with pytest.raises(NotAnArchive):
         read_zip(b"PK\x03\x04 not really")
+
+
+def directory_only(n: int, zip64: bool = True, declared: int | None = None) -> bytes:
+    """A zip that is (all but) a central directory: ``n`` 47-byte records of one empty entry, its
+    end record declaring ``declared`` records (``n``), through zip64 end records or not."""
+    local = struct.pack("<4s5H3I2H", b"PK\x03\x04", 20, 0, 0, 0, 0, 0, 0, 0, 1, 0) + b"a"
+    record = struct.pack("<4s6H3I5H2I", b"PK\x01\x02", 20, 20, 0, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0, 0,
+                         0, 0) + b"a"
+    cd = record * n
+    declared = n if declared is None else declared
+    if not zip64:
+        return local + cd + struct.pack("<4s4H2IH", b"PK\x05\x06", 0, 0, declared & 0xFFFF,
+                                        declared & 0xFFFF, len(cd), len(local), 0)
+    end64 = struct.pack("<4sQ2H2I4Q", b"PK\x06\x06", 44, 45, 45, 0, 0, declared, declared, len(cd),
+                        len(local))
+    locator = struct.pack("<4sIQI", b"PK\x06\x07", 0, len(local) + len(cd), 1)
+    end = struct.pack("<4s4H2IH", b"PK\x05\x06", 0, 0, 0xFFFF, 0xFFFF, 0xFFFFFFFF, 0xFFFFFFFF, 0)
+    return local + cd + end64 + locator + end
+
+
+@pytest.fixture
+def no_parse(monkeypatch):
+    """zipfile's central-directory parser, made to fail the test if it is reached."""
+    def parse(self):
+        raise AssertionError("zipfile parsed the central directory")
+    monkeypatch.setattr(zipfile.ZipFile, "_RealGetContents", parse)
+
+
+def test_a_huge_central_directory_is_refused_before_it_is_parsed(no_parse):
+    # the attack: 94 MB of 2,000,000 directory records (zip64 end records): 17 s and +800 MB
+    # parsed before the entry limit refused it
+    bomb = directory_only(2_000_000)
+    assert len(bomb) > 90_000_000
+    with pytest.raises(ArchiveRefused, match="2000000 entries"):
+        read_zip(bomb)
+    # the classic end record's count, and a count that lies under a directory too large to read
+    with pytest.raises(ArchiveRefused):
+        read_zip(directory_only(MAX_RECORDS + 1, zip64=False))
+    records = MAX_DIRECTORY_BYTES // 47 + 1  # (47 bytes a record)
+    with pytest.raises(ArchiveRefused, match=f"3 entries in {records * 47} bytes"):
+        read_zip(directory_only(records, zip64=False, declared=3))
+    with pytest.raises(NotAnArchive):  # no end record at all: nothing for zipfile to parse either
+        read_zip(b"PK\x03\x04" + bytes(100))
+
+
+def test_the_end_record_is_the_one_zipfile_reads():
+    # a record count that lies under the size limit: the parse is bounded by the size, then refused
+    lying = directory_only(MAX_RECORDS * 2, zip64=False, declared=3)
+    assert end_record(lying).records == 3
+    with pytest.raises(ArchiveRefused, match=f"{MAX_RECORDS * 2} entries"):
+        read_zip(lying)
+    plain = make_zip({"a.wav": b"RIFF", "b.wav": b"RIFF"})
+    commented = bytearray(plain)
+    commented[-2:] = struct.pack("<H", 9)  # an archive comment: the end record is searched for
+    commented += b"a comment"
+    for data in (plain, bytes(commented), directory_only(10), directory_only(10, zip64=False)):
+        theirs = zipfile._EndRecData(io.BytesIO(data))
+        ours = end_record(data)
+        assert (ours.records, ours.size) == (theirs[4], theirs[5])
+    assert [e.data for e in read_zip(bytes(commented))] == [b"RIFF", b"RIFF"]
+
+
+def test_entries_that_share_bytes_are_refused(monkeypatch):
+    one = make_zip({"a.wav": bytes(1_260_000)})  # deflated: a kilobyte or so
+    at, = struct.unpack("<I", one[-6:-2])
+    size, = struct.unpack("<I", one[-10:-6])
+    record = one[at:at + size]
+    # the attack: 160 directory entries pointing at one 1.26 MB recording (9.5 KB): 160 jobs
+    crafted = one[:at] + record * 160 + struct.pack("<4s4H2IH", b"PK\x05\x06", 0, 0, 160, 160,
+                                                     size * 160, at, 0)
+    assert len(crafted) < 12_000 and len(zipfile.ZipFile(io.BytesIO(crafted)).infolist()) == 160
+    inflated = []
+    real_open = zipfile.ZipFile.open
+    monkeypatch.setattr(zipfile.ZipFile, "open",
+                        lambda self, *a, **k: inflated.append(1) or real_open(self, *a, **k))
+    with pytest.raises(NotAnArchive, match="share bytes"):
+        read_zip(crafted)
+    assert inflated == []  # refused before any entry was unpacked
+    # an entry whose declared size runs into the next entry's header
+    two = bytearray(make_zip({"a.wav": b"A" * 1000, "b.wav": b"B" * 1000}, zipfile.ZIP_STORED))
+    at = two.find(b"PK\x01\x02")
+    two[at + 20:at + 24] = struct.pack("<I", 1010)  # a.wav's compressed size, 10 bytes too many
+    with pytest.raises(NotAnArchive, match="share bytes"):
+        read_zip(bytes(two))
+    # stored one after the other, as any zip tool writes them: taken
+    fine = make_zip({f"{i}.wav": b"RIFF" * 100 for i in range(150)} | {"d/": b""}, zipfile.ZIP_STORED)
+    assert len([e for e in read_zip(fine) if e.data]) == 150
 
 
 def test_batch_of_20_files_and_a_zip(live_server, clip_factory, tmp_path):

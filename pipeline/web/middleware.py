@@ -69,6 +69,11 @@ class UploadLimit:
       them (429 too_many_uploads_from_client), both with Retry-After; so that many slow or huge
       uploads at a time cannot take every thread or the memory (each upload is read whole before
       it is decoded), and one client cannot take every slot.
+    * Batches (``batch_path``): a batch's body takes a slot whatever its size (a few kilobytes of
+      zip can unpack into many recordings), its client may have ``max_batches_per_client`` of them
+      at once (429 too_many_batches_from_client + Retry-After), and its handler weighs the slot
+      by what it unpacked (:func:`weigh_upload_slot`): it holds that many slots until its answer
+      is sent, every recording submitted.
 
     A slot is released exactly once: when the final response body message has been sent (a
     background task after the response holds none), with the request's end as a backstop, or
@@ -79,7 +84,7 @@ class UploadLimit:
 
     def __init__(self, app, max_bytes: int, max_in_flight: int = 0, retry_after_s: int = 2,
                  max_per_client: int = 0, body_timeout_s: float = 0.0, min_rate_bytes_s: int = 0,
-                 grace_s: float = 0.0):
+                 grace_s: float = 0.0, batch_path: str | None = None, max_batches_per_client: int = 0):
         self.app = app
         self.max_bytes = max_bytes
         self.max_in_flight = max_in_flight  # 0 = no limit
@@ -88,8 +93,11 @@ class UploadLimit:
         self.body_timeout_s = body_timeout_s  # 0 = none
         self.min_rate = min_rate_bytes_s  # 0 = none
         self.grace_s = grace_s
-        self.in_flight = 0  # only touched on the event loop: no lock needed
+        self.in_flight = 0  # slots held (a weighed batch holds several); only touched on the event loop
         self.per_client: dict[str, int] = {}
+        self.batch_path = batch_path
+        self.max_batches_per_client = max_batches_per_client  # 0 = no limit
+        self.batches_per_client: dict[str, int] = {}
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
@@ -106,8 +114,15 @@ class UploadLimit:
         if length is not None and length > self.max_bytes:
             return await self._too_large(scope)(scope, receive, send)
         slot = None
-        if length is None or length > self.SMALL_BODY:
+        batch = scope["path"] == self.batch_path and scope["method"] == "POST"
+        if batch or length is None or length > self.SMALL_BODY:
             key = scope_client_key(scope)
+            if (batch and self.max_batches_per_client and key is not None
+                    and self.batches_per_client.get(key, 0) >= self.max_batches_per_client):
+                return await refusal_response(scope, ClientBatchLimit(
+                    f"this client already has {self.batches_per_client[key]} batches in progress, "
+                    f"the most one client may have; try again in {self.retry_after_s} s",
+                    retry_after=self.retry_after_s))(scope, receive, send)
             if self.max_per_client and key is not None and self.per_client.get(key, 0) >= self.max_per_client:
                 return await refusal_response(scope, ClientUploadLimit(
                     f"this client already has {self.per_client[key]} uploads in progress, the most "
@@ -118,7 +133,7 @@ class UploadLimit:
                     f"{self.in_flight} uploads are in progress, the most this server takes at once; "
                     f"try again in {self.retry_after_s} s", retry_after=self.retry_after_s))(
                     scope, receive, send)
-            slot = _UploadSlot(self, key)
+            slot = _UploadSlot(self, key, batch)
             scope[UPLOAD_SLOT] = slot  # the handler may give it back early
         try:
             await self._guarded(scope, receive, send, slot)
@@ -205,6 +220,7 @@ class UploadLimit:
 
 
 UPLOAD_SLOT = "sensevoice.upload_slot"  # the scope key of a request's _UploadSlot
+BATCH_PATH = "/api/batches"  # pipeline/web/routes/batches.py: a slot whatever the body's size
 
 
 def release_upload_slot(request: Request) -> None:
@@ -214,29 +230,82 @@ def release_upload_slot(request: Request) -> None:
         slot.release()
 
 
+def weigh_upload_slot(request: Request, weight: int) -> int:
+    """Make the request's upload slot count as ``weight`` slots (a batch, once it knows what it
+    unpacked), capped at half of the slots in all and at the client's own limit (so that one batch
+    can always be taken by an idle server, and never takes every slot), until it is released.
+    Raises :class:`TooManyUploads` / :class:`ClientUploadLimit` (with Retry-After) when the other
+    uploads in flight leave no room for it. Returns the weight held (on the event loop)."""
+    slot = request.scope.get(UPLOAD_SLOT)
+    return 1 if slot is None else slot.weigh(weight)
+
+
+class ClientBatchLimit(ClientUploadLimit):
+    """This client already has the most batches (POST /api/batches) in progress one client may have."""
+
+    code = "too_many_batches_from_client"
+
+
+def _add(counts: dict[str, int], key: str, n: int) -> None:
+    n += counts.get(key, 0)
+    if n > 0:
+        counts[key] = n
+    else:
+        counts.pop(key, None)
+
+
 class _UploadSlot:
-    """One large upload's place in UploadLimit's counts (in all and per client)."""
+    """One large upload's place in UploadLimit's counts (in all and per client; a batch's weighs
+    ``weight`` slots and counts in its client's batches too)."""
 
-    __slots__ = ("limit", "key", "held")
+    __slots__ = ("limit", "key", "held", "weight", "batch")
 
-    def __init__(self, limit: UploadLimit, key: str | None):
-        self.limit, self.key, self.held = limit, key, True
+    def __init__(self, limit: UploadLimit, key: str | None, batch: bool = False):
+        self.limit, self.key, self.held, self.weight, self.batch = limit, key, True, 1, batch
         limit.in_flight += 1
         if key is not None:
-            limit.per_client[key] = limit.per_client.get(key, 0) + 1
+            _add(limit.per_client, key, 1)
+            if batch:
+                _add(limit.batches_per_client, key, 1)
+
+    def weigh(self, weight: int) -> int:
+        limit = self.limit
+        weight = max(weight, 1)
+        if limit.max_in_flight:
+            weight = min(weight, max(limit.max_in_flight // 2, 1))
+        if limit.max_per_client and self.key is not None:
+            weight = min(weight, limit.max_per_client)
+        more = weight - self.weight
+        if not self.held or more <= 0:
+            return self.weight
+        retry = limit.retry_after_s
+        if limit.max_in_flight and limit.in_flight + more > limit.max_in_flight:
+            raise TooManyUploads(
+                f"this batch needs {weight} upload slots until its recordings are submitted and "
+                f"{limit.max_in_flight - limit.in_flight + self.weight} are free; try again in {retry} s",
+                retry_after=retry)
+        if (limit.max_per_client and self.key is not None
+                and limit.per_client.get(self.key, 0) + more > limit.max_per_client):
+            raise ClientUploadLimit(
+                f"this batch needs {weight} of this client's {limit.max_per_client} upload slots "
+                f"until its recordings are submitted, and its other uploads hold "
+                f"{limit.per_client[self.key] - self.weight}; try again in {retry} s", retry_after=retry)
+        limit.in_flight += more
+        if self.key is not None:
+            _add(limit.per_client, self.key, more)
+        self.weight = weight
+        return weight
 
     def release(self) -> None:
         if not self.held:  # idempotent: the final message and the backstop both call it
             return
         self.held = False
         limit = self.limit
-        limit.in_flight -= 1
+        limit.in_flight -= self.weight
         if self.key is not None:
-            n = limit.per_client.get(self.key, 0) - 1
-            if n > 0:
-                limit.per_client[self.key] = n
-            else:
-                limit.per_client.pop(self.key, None)
+            _add(limit.per_client, self.key, -self.weight)
+            if self.batch:
+                _add(limit.batches_per_client, self.key, -1)
 
 
 class _BodyRefused(Exception):
@@ -259,7 +328,9 @@ def install_guards(app, settings, view: JobView, bodies: PollBodies, intake) -> 
                        max_in_flight=uploads, retry_after_s=settings.limits.retry_after_s,
                        max_per_client=settings.limits.max_uploads_per_client,
                        body_timeout_s=settings.limits.body_timeout_s,
-                       min_rate_bytes_s=settings.limits.body_min_rate_bytes_s, grace_s=settings.limits.body_grace_s)
+                       min_rate_bytes_s=settings.limits.body_min_rate_bytes_s, grace_s=settings.limits.body_grace_s,
+                       batch_path=BATCH_PATH,
+                       max_batches_per_client=settings.limits.max_batches_per_client)
     app.add_middleware(FastPolls, view=view, bodies=bodies, token=settings.server.token)  # polls skip what is inside it
     # outermost of these: failed sign-ins (any 401, the UI's login, a live stream's token) are
     # counted per client address and a guessing client is refused

@@ -8,8 +8,9 @@
   Access: the API token, or the job's review link (``links.review`` of the page's view: a
   review-scoped signed link, pipeline/web/links.py; the page holds that link, never the token); the
   job's download link reads the review (GET) but a PATCH with it is 403 ``read_only_link``;
-  without a token, as open as the rest of the API (the job id is the secret). The review is stored with the job (both stores; deleted with it, pipeline/serving/
-  calls_index.py) and the job's JSON, its events and its exports carry it.
+  without a token, as open as the rest of the API (the job id is the secret). The review is
+  stored with the job (both stores; deleted with it, pipeline/serving/calls_index.py) and the
+  job's JSON, its events and its exports carry it.
 * ``POST /api/calls``: the calls table. ``{"jobs": [{"id", "exp"?, "sig"?}, ...]}`` lists the jobs
   the caller holds (a browser sends the jobs it submitted, with their signed links when the server
   has a token: an id without a valid link is not listed), or ``{"all": true}`` every job of the

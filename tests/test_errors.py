@@ -20,6 +20,7 @@ CONTRACT = {
     "Busy": ("internal_error", 503, 1013),
     "ClientEventStreamLimit": ("too_many_event_streams_from_client", 429, 1008),
     "ClientUploadLimit": ("too_many_uploads_from_client", 429, 1013),
+    "ClientBatchLimit": ("too_many_batches_from_client", 429, 1013),
     "ClientExportLimit": ("too_many_exports_from_client", 429, 1013),
     "CrossSiteRequest": ("cross_site_request", 403, 1008),
     "DecodeTimeout": ("decode_timeout", 415, 1008),

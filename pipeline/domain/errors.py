@@ -227,6 +227,12 @@ class ClientUploadLimit(Busy):
     code = "too_many_uploads_from_client"
 
 
+class ClientBatchLimit(ClientUploadLimit):
+    """This client already has the most batches (POST /api/batches) in progress one client may have."""
+
+    code = "too_many_batches_from_client"
+
+
 class EventStreamsFull(Busy):
     """A job has the most event streams (GET /api/jobs/{id}/events) one job may have."""
 

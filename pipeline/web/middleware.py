@@ -11,7 +11,8 @@ from typing import TYPE_CHECKING
 
 from starlette.datastructures import Headers
 
-from pipeline.domain.errors import ClientUploadLimit, RequestTimeout, TooManyUploads, UploadTooLarge
+from pipeline.domain.errors import (ClientBatchLimit, ClientUploadLimit, RequestTimeout, TooManyUploads,
+                                    UploadTooLarge)
 from pipeline.web.auth import token_ok
 from pipeline.web.auth_throttle import AuthThrottle
 from pipeline.web.edge import scope_client_key
@@ -238,12 +239,6 @@ def weigh_upload_slot(request: Request, weight: int) -> int:
     uploads in flight leave no room for it. Returns the weight held (on the event loop)."""
     slot = request.scope.get(UPLOAD_SLOT)
     return 1 if slot is None else slot.weigh(weight)
-
-
-class ClientBatchLimit(ClientUploadLimit):
-    """This client already has the most batches (POST /api/batches) in progress one client may have."""
-
-    code = "too_many_batches_from_client"
 
 
 def _add(counts: dict[str, int], key: str, n: int) -> None:

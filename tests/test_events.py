@@ -60,8 +60,9 @@ def test_page_query_is_signed_stable_and_empty_without_a_token():
     time.sleep(1.01)  # a second boundary passes: a value built from "now" would change
     assert page_query(queued, "tok", 24.0) == q1  # no "now" in it: the view does not churn
     exp, sig = (part.split("=", 1)[1] for part in q1.split("&"))
-    assert verify(link_key("tok"), "j1", exp, sig)
-    assert not verify(link_key("tok"), "j2", exp, sig)
+    assert verify(link_key("tok", "page"), "j1", exp, sig)
+    assert not verify(link_key("tok", "page"), "j2", exp, sig)
+    assert not verify(link_key("tok"), "j1", exp, sig)  # a page link is not a download link
     end = time.time()
     done = page_query(job(JobState.DONE, finished_at=end), "tok", 24.0)
     assert done.startswith(f"exp={int(end) + 1 + 24 * 3600}&") or done.startswith(

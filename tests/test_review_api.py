@@ -182,10 +182,15 @@ def test_calls_with_a_token_list_only_signed_jobs(demo_dir, tmp_path, clip_facto
         assert review_link.startswith(f"/api/jobs/{job['id']}/review?exp=") and entry["sig"] not in review_link
         r = httpx.patch(srv.url + review_link, json={"reviewed": True}, timeout=10)
         assert r.status_code == 200 and r.json()["review"]["reviewed"]
-        # a review link opens the review only: not the audio nor the result
+        # a review link opens the review only: not the audio, the result nor the page's stream
         rq = review_link.split("?", 1)[1]
-        for path in ("audio", "result"):
-            assert httpx.get(f"{srv.url}/api/jobs/{job['id']}/{path}?{rq}", timeout=10).status_code == 401
+        for path in ("audio", "result", "events"):
+            r = httpx.get(f"{srv.url}/api/jobs/{job['id']}/{path}?{rq}", timeout=10)
+            assert r.status_code == 403 and r.json()["error"]["code"] == "read_only_link", (path, r.text)
+        # nor does the download link open the page's stream, which carries links.review (issue 36)
+        r = httpx.get(f"{srv.url}/api/jobs/{job['id']}/events{link}", timeout=10)
+        assert r.status_code == 403 and r.json()["error"]["code"] == "read_only_link", r.text
+        assert "review" not in r.text
         r = httpx.patch(f"{srv.url}/api/jobs/{job['id']}/review", json={"reviewed": False}, timeout=10)
         assert r.status_code == 401
         assert httpx.get(f"{srv.url}/api/jobs/{job['id']}/review{link}", timeout=10).json()["review"]["reviewed"]

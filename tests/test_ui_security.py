@@ -742,7 +742,10 @@ def test_job_events_need_the_token_or_the_jobs_own_link(token_server, clip_facto
     assert events_status(token_server, a, headers=BEARER) == 200
     assert events_status(token_server, a, headers={"X-API-Key": TOKEN}) == 200
     assert events_status(token_server, a, page_q) == 200
-    assert events_status(token_server, a, link_q) == 200
+    # a download link (the one that travels) does not open the stream, which carries the page's
+    # review link (issue 36); the page's link does not open the downloads either
+    assert events_status(token_server, a, link_q) == 403
+    assert httpx.get(f"{token_server.url}/api/jobs/{a}/result?{page_q}", timeout=10).status_code == 403
     assert view["links"]["events"] == f"/api/jobs/{a}/events?{page_q}"
     for q in (page_q, link_q):
         assert events_status(token_server, b, q) == 401  # not another job's
@@ -750,9 +753,9 @@ def test_job_events_need_the_token_or_the_jobs_own_link(token_server, clip_facto
     flipped = ("A" if sig[0] != "A" else "B") + sig[1:]
     past = int(time.time()) - 5
     for bad in (f"exp={exp}&sig={flipped}", f"exp={int(exp) + 1}&sig={sig}", f"exp={exp}",
-                f"exp={exp}&sig={sign(link_key('another-token'), a, int(exp))}"):
+                f"exp={exp}&sig={sign(link_key('another-token', 'page'), a, int(exp))}"):
         assert events_status(token_server, a, bad) == 401, bad
-    assert events_status(token_server, a, f"exp={past}&sig={sign(link_key(TOKEN), a, past)}") == 410
+    assert events_status(token_server, a, f"exp={past}&sig={sign(link_key(TOKEN, 'page'), a, past)}") == 410
     assert events_status(token_server, str(uuid.uuid4()), headers=BEARER) == 404
     # the body of a refused stream says nothing about the job
     r = httpx.get(f"{token_server.url}/api/jobs/{a}/events", timeout=10)
@@ -780,7 +783,8 @@ def test_the_ui_submit_hands_the_page_a_signed_link_never_the_token(token_server
     assert TOKEN not in view
     body = json.loads(view)
     exp, sig = (p.split("=", 1)[1] for p in body["links"]["page"].split("&"))
-    assert verify(link_key(TOKEN), job_id, exp, sig)
+    assert verify(link_key(TOKEN, "page"), job_id, exp, sig)
+    assert not verify(link_key(TOKEN), job_id, exp, sig)  # not a download link
     assert body["stage"] in ("queued", "transcribing", "done")
 
 

@@ -9,7 +9,7 @@ import hmac
 from fastapi import Request
 
 from pipeline.domain.errors import LinkExpired, ReadOnlyLink, Unauthorized
-from pipeline.web.links import link_key, link_state
+from pipeline.web.links import SCOPE_LABELS, link_key, link_state
 
 
 def token_ok(get_header, token: str) -> bool:
@@ -31,13 +31,16 @@ def require_token(token: str):
     return check
 
 
-def require_token_or_link(token: str, scopes: tuple[str, ...] = ("read",)):
+def require_token_or_link(token: str, scopes: tuple[str, ...] = ("read",), needs: str = ""):
     """A dependency for a job's routes: the API token, or a signed link of that job of one of
     ``scopes`` that has not expired (``?exp=...&sig=...``, pipeline/web/links.py: the UI's player,
-    export and review links, which a browser cannot give an Authorization header). A valid link of
-    the read scope on a route that edits (a download link) is 403 ``read_only_link``."""
+    export, page and review links, which a browser cannot give an Authorization header). A valid
+    link of another scope (a download link on a route that edits, or on the page's own event
+    stream) is 403 ``read_only_link``, saying what the route ``needs``; an expired link this server
+    signed, of any scope, is 410 ``link_expired`` (not a guess: not a failed sign-in)."""
     keys = [link_key(token, s) for s in scopes]
-    read_key = link_key(token) if "read" not in scopes else b""  # a route that edits
+    other_keys = [link_key(token, s) for s in SCOPE_LABELS if s not in scopes]
+    needs = needs or "this route needs another of its links"
 
     async def check(request: Request, job_id: str) -> None:  # no I/O: safe on the event loop
         if token_ok(request.headers.get, token):
@@ -47,13 +50,13 @@ def require_token_or_link(token: str, scopes: tuple[str, ...] = ("read",)):
         states = [link_state(key, job_id, exp, sig) for key in keys]
         if "valid" in states:
             return
-        if "expired" in states:  # a link this server signed: not a guess, not a failed sign-in
+        others = [link_state(key, job_id, exp, sig) for key in other_keys] if "expired" not in states else []
+        if "expired" in states or "expired" in others:
             raise LinkExpired(f"this link to job {job_id} has expired (links last as long as the "
                               "job's retention); send the API token, or open the job from the UI "
                               "again for a new link")
-        if read_key and link_state(read_key, job_id, exp, sig) != "invalid":
-            raise ReadOnlyLink(f"this link to job {job_id} opens its downloads only; changing the "
-                               "job needs its review link (links.review of the page's view) or the "
+        if "valid" in others:
+            raise ReadOnlyLink(f"this link to job {job_id} does not open this route: {needs}, or the "
                                "API token (send 'Authorization: Bearer <token>')")
         raise Unauthorized("missing or wrong API token (send 'Authorization: Bearer <token>'), "
                            "or an invalid signed link")

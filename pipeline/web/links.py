@@ -5,8 +5,12 @@ A link carries ``exp`` (unix seconds, when the job's retention ends) and ``sig``
 HMAC-SHA256(key, "<job id>\\n<exp>"), where ``key`` = HMAC-SHA256(API token, the scope's label): the
 token itself never leaves the server, and a changed token voids every link. A link has a scope:
 
-* ``read`` (the audio, result and page links): opens only that job's GET ``/api/jobs/{id}/audio``,
-  ``/result``, ``/events`` and ``/review`` (pipeline/web/routes/jobs.py, calls.py), until ``exp``;
+* ``read`` (the audio and result links, the ones that travel): opens only that job's GET
+  ``/api/jobs/{id}/audio``, ``/result`` and ``/review`` (pipeline/web/routes/jobs.py, calls.py),
+  until ``exp``;
+* ``page`` (``links.page``, the page's own URL ``?job=ID&exp=..&sig=..``): opens that job's event
+  stream (``/events``), which carries the page's view with its review link -- so a download link
+  never leads to the review link;
 * ``review`` (``links.review``, given with the page's view of a finished job): opens that job's
   ``/review``, GET and PATCH. A download link that travels (a mail, a ticket, a proxy's log) never
   edits a review: PATCH with a read link is 403 ``read_only_link``.
@@ -25,7 +29,8 @@ import time
 from urllib.parse import quote
 
 KEY_LABEL = b"sensevoice/ui-job-links/v1"  # the read scope's (the first links had only it)
-SCOPE_LABELS = {"read": KEY_LABEL, "review": b"sensevoice/ui-review-links/v1"}
+SCOPE_LABELS = {"read": KEY_LABEL, "review": b"sensevoice/ui-review-links/v1",
+                "page": b"sensevoice/ui-page-links/v1"}
 MAX_SIG_CHARS = 64  # a real one is 43; longer input is refused before any hashing
 
 

@@ -134,7 +134,7 @@ def page_query(job: Job, token: str, retention_hours: float) -> str:
     the job again), empty without a token. Until the job ends it expires a retention period after
     the job was accepted (a fixed value: the view does not change on every read); then as the
     job's other links do, when its retention ends."""
-    key = link_key(token)
+    key = link_key(token, "page")
     if not key:
         return ""
     if job.finished_at is not None:

@@ -136,7 +136,8 @@ def build_calls_router(settings, view, broker) -> APIRouter:
     router = APIRouter()
     token = settings.server.token
     read_or_review = [Depends(require_token_or_link(token, ("read", "review")))]
-    review_only = [Depends(require_token_or_link(token, ("review",)))]
+    review_only = [Depends(require_token_or_link(
+        token, ("review",), needs="changing a review needs its review link (links.review of the page's view)"))]
     calls = calls_of(broker)
     limits = settings.limits
     exports = ExportSlots(limits.max_exports, limits.max_exports_per_client)

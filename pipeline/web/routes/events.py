@@ -155,7 +155,10 @@ def event_fanout(settings) -> EventFanout:
 
 def build_events_router(pages: JobPages, fanout: EventFanout) -> APIRouter:
     router = APIRouter()
-    auth_or_link = [Depends(require_token_or_link(pages.settings.server.token))]
+    # the page's own link (links.page), not a download link: the stream carries links.review
+    auth_or_link = [Depends(require_token_or_link(
+        pages.settings.server.token, ("page",),
+        needs="a job's event stream needs the page's own link (links.page of its view)"))]
 
     @router.get("/api/jobs/{job_id}/events", dependencies=auth_or_link)
     async def job_events(job_id: str, request: Request):

@@ -30,15 +30,14 @@ from pipeline.model.engine import EngineOutput  # noqa: E402
 from pipeline.serving.broker_redis import Feeder, RedisBroker  # noqa: E402
 from pipeline.serving.scheduler import Scheduler, WorkItem  # noqa: E402
 from pipeline.serving.worker import Worker  # noqa: E402
+from tests.engines import EngineDouble  # noqa: E402
 from tests.redis_server import RedisServer  # noqa: E402
 
 
-class NoOpEngine:
+class NoOpEngine(EngineDouble):
     """The engine's host side only: the batch's 16-bit waves copied into the rows of one reused
     host buffer (what the CUDA engine does into its cached pinned memory before its one transfer,
     ``SenseVoiceEngine._gather_pinned``), no model."""
-
-    device = torch.device("cpu")
 
     def __init__(self):
         self.buffer = torch.empty(0, dtype=torch.int16)

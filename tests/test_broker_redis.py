@@ -22,6 +22,7 @@ from pipeline.serving.records import SegmentResult
 from pipeline.serving.scheduler import Scheduler, WorkItem
 from pipeline.domain.types import Job, JobState, Lane, TranscribeOptions, Transcript, Word
 from pipeline.serving.worker import Worker
+from tests.engines import EngineDouble
 from tests.redis_server import redis_server, redis_url  # noqa: F401  (fixtures)
 
 OPTS = TranscribeOptions(language="en", use_itn=False)
@@ -400,10 +401,8 @@ def test_progress_requeue_delete_spool(broker):
 
 
 # ---------------------------------------------------------------------------- the real Worker
-class FakeEngine:
+class FakeEngine(EngineDouble):
     """Engine double (as tests/test_reliability.py): echoes each clip's length."""
-
-    device = torch.device("cpu")
 
     def __init__(self):
         self.batch_sizes: list[int] = []

@@ -13,6 +13,7 @@ from pipeline.audio.decode import decode_audio
 from pipeline.model.engine import N_QUERIES, SenseVoiceEngine, gather_rows
 from pipeline.model.loading import reference_generate
 from pipeline.domain.types import TranscribeOptions
+from tests.test_reliability import FakeEngine, run_worker
 
 OPTS = [
     TranscribeOptions("auto", True),
@@ -444,23 +445,24 @@ def test_a_bucket_run_uncaptured_often_is_wanted_hot_and_captured_then(tiny_engi
     assert not e.has_hot_work
 
 
+class HotEngine(FakeEngine):
+    """A double with one hot shape from the start: it counts the captures it is asked for."""
+
+    def __init__(self):
+        super().__init__()
+        self.hot, self.captures = True, 0
+
+    @property
+    def has_hot_work(self):
+        return self.hot
+
+    def capture_hot(self):
+        self.captures += 1
+        self.hot = False
+
+
 def test_the_worker_captures_a_hot_bucket_between_batches(tmp_path):
     """An engine with hot work is asked to capture after a batch even with more queued."""
-    from tests.test_reliability import FakeEngine, run_worker
-
-    class HotEngine(FakeEngine):
-        def __init__(self):
-            super().__init__()
-            self.hot, self.captures = True, 0
-
-        @property
-        def has_hot_work(self):
-            return self.hot
-
-        def capture_hot(self):
-            self.captures += 1
-            self.hot = False
-
     engine = HotEngine()
     run_worker(tmp_path, engine, [1000] * 5)
     assert engine.captures == 1

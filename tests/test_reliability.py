@@ -21,6 +21,7 @@ from pipeline.serving.broker_sqlite import JobStore
 from pipeline.serving.scheduler import Scheduler, WorkItem
 from pipeline.domain.types import Job, JobState, Lane, TranscribeOptions
 from pipeline.serving.worker import Worker
+from tests.engines import EngineDouble
 from tests.conftest import ROOT, LiveServer, free_port, make_settings
 from tests.test_api import submit, wait_done
 
@@ -28,10 +29,8 @@ OPTS = TranscribeOptions()
 
 
 # ---------------------------------------------------------------------------- test doubles
-class FakeEngine:
+class FakeEngine(EngineDouble):
     """Engine double: echoes the clip length; raises what a test asks for."""
-
-    device = torch.device("cpu")
 
     def __init__(self, oom_over: int = 10**9, poison_len: int = -1, fatal: bool = False,
                  hang_s: float = 0.0):

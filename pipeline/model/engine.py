@@ -20,6 +20,7 @@ GPU the service builds the fused path straight from the model directory instead
 
 :meth:`SenseVoiceEngine.transcribe_async` queues a batch and returns before the GPU is done (the
 worker finishes the previous batch meanwhile); :meth:`SenseVoiceEngine.transcribe` waits for it.
+The members the worker calls are :class:`pipeline.model.protocol.Engine`'s.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ import torch.nn.functional as F
 
 from pipeline.model import fused as fused_mod
 from pipeline.model.features import BatchedFrontend, num_lfr_frames
+from pipeline.model.protocol import EngineOutput
 from pipeline.domain.tags import (EMO_UNKNOWN_ID, EMOTION_QUERY_ROW, EVENT_QUERY_ROW, ITN_QUERY_ROWS,
                                   LANGUAGE_QUERY_ROWS, QUERY_EMBED_ROWS, SAMPLE_RATE_HZ)
 from pipeline.domain.types import TranscribeOptions, Word
@@ -54,13 +56,6 @@ COVER_WASTE = 4.0  # a bucket not captured yet runs from a captured graph at mos
 HOT_MISSES = 8  # a bucket run uncaptured (and uncovered) this often is captured between batches
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
-
-
-@dataclass(frozen=True)
-class EngineOutput:
-    token_ids: tuple[int, ...]
-    raw_text: str
-    words: tuple[Word, ...] = ()  # seconds from the clip's start; only when asked
 
 
 def _device_and_dtype(device: str, dtype: str) -> tuple[torch.device, torch.dtype]:

@@ -87,7 +87,7 @@ class Runtime:
     @property
     def warm(self) -> bool:
         """Every model of this process compiled and its planned graphs captured (no model: True)."""
-        return self.pool is None or all(getattr(w.engine, "warm", True) for w in self.pool.workers)
+        return self.pool is None or all(w.engine.warm for w in self.pool.workers)
 
     @property
     def live_busy_seconds(self) -> Callable[[], float] | None:

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Sequence
 
 import torch
 
-from pipeline.model.engine import SenseVoiceEngine
+from pipeline.model.protocol import Engine
 from pipeline.domain.errors import (AudioLost, BrokerUnavailable, DeviceFailed, InferenceFailed, JobFailed,
                                     NotReady, OutOfDeviceMemory, QueueTimeout, WorkerFailed)
 from pipeline.serving.broker import Broker
@@ -44,7 +44,7 @@ FATAL_CUDA_MARKERS = ("illegal memory access", "device-side assert", "unspecifie
 
 
 class Worker(threading.Thread):
-    def __init__(self, name: str, engine: SenseVoiceEngine, scheduler: Scheduler, store: Broker, *,
+    def __init__(self, name: str, engine: Engine, scheduler: Scheduler, store: Broker, *,
                  queue_timeout_s: float = float("inf"), delete_audio_when_done: bool = False,
                  metrics: Metrics | None = None, cpu_threads: int = 0):
         super().__init__(name=name, daemon=True)
@@ -149,11 +149,11 @@ class Worker(threading.Thread):
             self._loop_beat = time.monotonic()
             batch: list[WorkItem] = []
             try:
-                idle_work = getattr(self.engine, "has_idle_work", False)  # test doubles have none
+                idle_work = self.engine.has_idle_work
                 batch = self.scheduler.next_batch(timeout=IDLE_POLL_S if idle_work else POLL_S)
                 if batch:
                     self._run_batch(batch)
-                    if getattr(self.engine, "has_hot_work", False):  # a shape run op by op often:
+                    if self.engine.has_hot_work:  # a shape run op by op often:
                         self.engine.capture_hot()  # captured now, even with more queued
                 elif idle_work:  # nothing queued: one short step (a graph capture, ~10-100 ms)
                     self.engine.idle_step()
@@ -237,11 +237,7 @@ class Worker(threading.Thread):
         fails to launch is marked running first (``moved``: already marked, for the retries)."""
         try:
             t0 = time.monotonic()
-            launch = getattr(self.engine, "transcribe_async", None)
-            if launch is not None:
-                pending = launch(waves, [i.options for i in batch])
-            else:  # an engine without the asynchronous API (test doubles)
-                pending = _Done(self.engine.transcribe(waves, [i.options for i in batch]))
+            pending = self.engine.transcribe_async(waves, [i.options for i in batch])
             self.busy_s += time.monotonic() - t0  # a CPU computes here; a GPU is handed the batch
         except torch.cuda.OutOfMemoryError as e:
             moved = self._mark_running(batch, t_start) if moved is None else moved
@@ -351,16 +347,6 @@ class Worker(threading.Thread):
         else:
             logger.debug("job %s already finished; piece %d failed with %s", item.job_id,
                          item.piece, code)
-
-
-class _Done:
-    """The result of a synchronous ``transcribe``, shaped like a pending batch."""
-
-    def __init__(self, outs):
-        self.outs = outs
-
-    def result(self):
-        return self.outs
 
 
 def _piece(item: WorkItem, wave: torch.Tensor, out) -> SegmentResult:

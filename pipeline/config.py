@@ -246,9 +246,10 @@ class EngineSettings(BaseModel):
         1200.0, description="Max total padded audio seconds in one batch (bounds GPU memory)."
     )
     fused_encoder: bool = Field(
-        True, description="On CUDA, run the compiled fused encoder (pipeline/model/fused.py; its "
-        "kernels compiled once and cached under cache_dir/inductor; eager until compiled); false: "
-        "the eager reference path.")
+        True, description="Run the fused encoder (pipeline/model/fused.py), built from the model "
+        "directory without importing funasr (pipeline/model/fast_load.py); on CUDA compiled, its "
+        "kernels cached under cache_dir/inductor (eager until compiled), on a CPU uncompiled; false: "
+        "the eager reference path over funasr's modules.")
     cuda_graphs: bool = Field(True, description="Capture CUDA graphs per (batch, length) bucket, "
                               "lazily, when the worker is idle.")
     graph_batch_sizes: str = Field("1,2,4,8,16,32,64", description="Batch buckets to capture.")

@@ -6,17 +6,18 @@ positional encodings -> CTC head -> greedy decode on the device. Only token ids 
 
 Two implementations of the encoder+CTC+argmax core share the weights:
 - the eager reference (:class:`EncoderCore`'s own blocks): the arithmetic tested token for token
-  against funasr, and the path on CPU and with ``fused=False``;
+  against funasr, and the path with ``fused=False``;
 - the fused blocks (:mod:`pipeline.model.fused`): one torch.compile'd SAN-M block for all 70
-  blocks and every shape, its kernels cached on disk; the default on CUDA.
+  blocks and every shape, its kernels cached on disk; the default (uncompiled on a CPU).
 On CUDA the core is then captured as CUDA graphs per (batch bucket, length bucket), lazily: the
 worker asks for :meth:`SenseVoiceEngine.idle_step` when it has nothing to do, which compiles
 (once, in a background thread) and then captures one wanted bucket at a time, in the worker's own
 thread, so a capture never races the engine's user. Until a bucket exists its shape runs
 uncaptured (compiled, or eager until the compile is done): the engine serves from the first second.
-The weights are funasr's own modules (loaded by ``pipeline.model.loading``), used read-only; on a
-GPU the service builds the fused path straight from the model directory instead
-(:meth:`SenseVoiceEngine.from_model_dir_fast`, :mod:`pipeline.model.fast_load`: no funasr import).
+The eager reference's weights are funasr's own modules (:meth:`SenseVoiceEngine.from_automodel`),
+used read-only; the service builds the fused path straight from the model directory instead
+(:func:`pipeline.model.loading.load_engine`, :meth:`SenseVoiceEngine.from_model_dir_fast`,
+:mod:`pipeline.model.fast_load`: no funasr import).
 
 :meth:`SenseVoiceEngine.transcribe_async` queues a batch and returns before the GPU is done (the
 worker finishes the previous batch meanwhile); :meth:`SenseVoiceEngine.transcribe` waits for it.

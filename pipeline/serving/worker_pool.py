@@ -6,6 +6,7 @@ serves the live lane (re-decodes of live streams, above every job lane)."""
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import socket
@@ -19,7 +20,7 @@ import torch
 
 from pipeline.domain.errors import NotReady
 from pipeline.domain.types import Lane, TranscribeOptions
-from pipeline.model.loading import load_automodel, resolve_model
+from pipeline.model.loading import load_automodel, load_engine, resolve_model
 from pipeline.serving.scheduler import WorkItem
 
 if TYPE_CHECKING:
@@ -73,24 +74,15 @@ class WorkerPool:
     def load(self) -> None:
         """Load the model once, then one engine (warmed up, eager) and worker per device; each
         worker compiles the fused encoder and captures its graphs when idle."""
-        from pipeline.model.engine import SenseVoiceEngine
         from pipeline.serving.worker import Worker
 
         t0 = time.perf_counter()
         self.resolve()
         s = self.settings
-        am = None  # funasr's AutoModel, loaded only when an engine needs its modules
+        automodel = functools.cache(lambda: load_automodel(self.source.path, self.devices[0]))  # funasr's, once if needed
         for n, dev in enumerate(self.devices):
-            engine = None
-            if dev.startswith("cuda") and s.engine.fused_encoder:  # no funasr import (~15 s)
-                engine = SenseVoiceEngine.from_model_dir_fast(
-                    self.source.path, dev, s.engine.dtype, fp32_residual=s.engine.fp32_residual, cache_dir=s.server.cache_dir)
-            if engine is None:
-                if am is None:
-                    am = load_automodel(self.source.path, self.devices[0])
-                engine = SenseVoiceEngine.from_automodel(
-                    am, dev, s.engine.dtype, fp32_residual=s.engine.fp32_residual,
-                    fused=dev.startswith("cuda") and s.engine.fused_encoder, cache_dir=s.server.cache_dir)
+            engine = load_engine(self.source.path, dev, s.engine.dtype, fp32_residual=s.engine.fp32_residual,
+                                 fused=s.engine.fused_encoder, cache_dir=s.server.cache_dir, automodel=automodel)
             self.startup.setdefault("load_s", time.perf_counter() - t0)
             if s.engine.cuda_graphs:  # captured by the worker when idle, after the compile
                 sizes = [int(b) for b in s.engine.graph_batch_sizes.split(",") if b.strip()]

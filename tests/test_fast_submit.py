@@ -5,8 +5,13 @@ with its body replayed unchanged. Real HTTP on loopback against the real app."""
 
 from __future__ import annotations
 
+import inspect
+
 import httpx
 import pytest
+from fastapi import FastAPI, File, Form, UploadFile, params
+from fastapi.routing import iter_route_contexts
+from starlette.testclient import TestClient
 
 from pipeline.web import fast_submit
 from tests.test_api import wait_done
@@ -261,3 +266,92 @@ def test_the_fast_path_itself_passes_ambiguous_headers_on():
                 scope(("content-type", MULTIPART + "; boundary=a"), ("content-length", "10")),
                 scope(("content-type", MULTIPART + "; charset=utf-8"), ("content-length", "10"))]:
         assert fast_submit._boundary_and_length(bad)[0] is None, bad
+
+
+# -- the fast path's fields are the route's (issue 37): read from its declaration, never copied
+def route_form(app) -> dict[str, tuple[object, object]]:
+    """The route's File and Form parameters as its endpoint's signature declares them: name ->
+    (annotation, default). Read independently of fast_submit.declared_form."""
+    from fastapi import params
+    from fastapi.routing import iter_route_contexts
+
+    [endpoint] = [c.endpoint for c in iter_route_contexts(app.routes)
+                  if c.path == "/api/jobs" and "POST" in (c.methods or ())]
+    return {p.name: (p.annotation, p.default.default) for p in inspect.signature(endpoint, eval_str=True).parameters.values()
+            if isinstance(p.default, params.Form)}  # (File is a Form)
+
+
+def test_the_fast_path_reads_every_field_the_route_declares(live_server, speech_clip, taken):
+    declared = route_form(live_server.app)
+    form = fast_submit.declared_form(live_server.app)
+    assert form is not None, "the route declares a field the fast path cannot read: it is off"
+    assert {form.file, *form.options} == set(declared)
+    assert {name: (kind, default) for name, (kind, default) in form.options.items()} == \
+        {name: declared[name] for name in form.options}
+    assert post(live_server, files={"file": ("a.wav", speech_clip.read_bytes())}).status_code == 202
+    assert len(taken) == 1  # the server's own fast path is on
+
+
+SAMPLES = {"language": "en"}  # a str option's value other than its default (add one per new str option)
+
+
+def test_each_option_of_the_route_gives_the_same_job_both_ways(live_server, speech_clip, taken):
+    """Each option the route declares, sent with a value other than its default, through the fast
+    path and through the route: the same options on both jobs (an option the fast path dropped or
+    read differently fails here)."""
+    wav = speech_clip.read_bytes()
+    declared = route_form(live_server.app)
+    options = {name: (kind, default) for name, (kind, default) in declared.items() if kind in (bool, str)}
+    assert set(declared) - set(options) == {"file"}
+    for name, (kind, default) in options.items():
+        assert kind is bool or name in SAMPLES, f"give SAMPLES a value of the route's new option {name!r}"
+        value = str(not default).lower() if kind is bool else SAMPLES[name]
+        assert value != str(default).lower()
+        before = len(taken)
+        fast = post(live_server, files={"file": ("a.wav", wav)}, data={name: value})
+        route = httpx.post(live_server.url + "/api/jobs", params={"wait": 0}, files={"file": ("a.wav", wav)},
+                           data={name: value}, timeout=60)
+        assert fast.status_code == route.status_code == 202, (name, fast.text, route.text)
+        assert len(taken) == before + 1, name
+        jobs = [httpx.get(f"{live_server.url}/api/jobs/{r.json()['id']}", timeout=30).json() for r in (fast, route)]
+        assert jobs[0]["options"] == jobs[1]["options"], name
+        assert str(jobs[0]["options"][name]).lower() == value, name
+
+
+def _app_with(endpoint):
+    app = FastAPI()
+    app.post("/api/jobs", status_code=202)(endpoint)
+    return app
+
+
+def test_a_field_the_fast_path_cannot_read_as_the_route_does_turns_it_off():
+    """A route whose form gains a field the fast path cannot read exactly as the route does (no
+    option of TranscribeOptions, another type, a constraint, a required option) has every submit
+    answered by the route: nothing the client sent is dropped on the way."""
+    async def today(file: UploadFile = File(...), language: str = Form("auto"), use_itn: bool = Form(True)):
+        return {"route": True}
+
+    async def callback(file: UploadFile = File(...), language: str = Form("auto"), callback_url: str = Form("")):
+        return {"route": True}
+
+    async def typed(file: UploadFile = File(...), use_itn: int = Form(1)):
+        return {"route": True}
+
+    async def constrained(file: UploadFile = File(...), language: str = Form("auto", max_length=8)):
+        return {"route": True}
+
+    async def required(file: UploadFile = File(...), language: str = Form(...)):
+        return {"route": True}
+
+    async def no_upload(language: str = Form("auto")):
+        return {"route": True}
+
+    form = fast_submit.declared_form(_app_with(today))
+    assert form == fast_submit.SubmitForm("file", {"language": (str, "auto"), "use_itn": (bool, True)})
+    for endpoint in (callback, typed, constrained, required, no_upload):
+        assert fast_submit.declared_form(_app_with(endpoint)) is None, endpoint.__name__
+    app = _app_with(callback)
+    app.add_middleware(fast_submit.FastSubmit, intake=None, token="")  # (an intake would be called)
+    with TestClient(app) as client:
+        r = client.post("/api/jobs", files={"file": ("a.wav", b"RIFF")}, data={"callback_url": "http://x"})
+    assert r.status_code == 202 and r.json() == {"route": True}, r.text

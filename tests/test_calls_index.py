@@ -16,7 +16,6 @@ from pipeline.domain.review import ReviewPatch, apply_patch
 from pipeline.domain.types import Job, JobState, Lane, Segment, TranscribeOptions, Transcript
 from pipeline.serving.broker_redis import RedisBroker
 from pipeline.serving.broker_sqlite import JobStore
-from pipeline.serving.calls_index import calls_of
 from tests.redis_server import redis_server, redis_url  # noqa: F401  (fixtures)
 
 
@@ -61,7 +60,7 @@ def reopen(store, tmp_path):
 
 def review(store, job_id, body):
     patch = ReviewPatch.from_json(body)
-    return calls_of(store).update_review(job_id, lambda old, job: apply_patch(old, patch, job.result))
+    return store.calls().update_review(job_id, lambda old, job: apply_patch(old, patch, job.result))
 
 
 def test_summary_at_finish_and_listing(store):
@@ -77,7 +76,7 @@ def test_summary_at_finish_and_listing(store):
             assert r.hget(f"sv:job:{j.id}", "summary") and r.get(f"sv:search:{j.id}")
             assert 0 < r.pexpiretime(f"sv:search:{j.id}") <= r.pexpiretime(f"sv:job:{j.id}")
         assert r.hget(f"sv:job:{c.id}", "summary") is None
-    rows = {r.id: r for r in calls_of(store).rows([a.id, b.id, c.id])}
+    rows = {r.id: r for r in store.calls().rows([a.id, b.id, c.id])}
     assert set(rows) == {a.id, b.id, c.id}
     sa = rows[a.id].summary
     assert sa.speakers == ("left", "right") and sa.languages == ("en", "yue")
@@ -107,11 +106,11 @@ def test_review_kept_with_the_job_and_survives_a_reopen(store, tmp_path):
     assert r.reviewed and r.segments[1].text == "My order never arrived."
     assert r.segments[2].note == "<script>alert(1)</script> baby?"  # escaped where it is shown
     assert job2.result.segments[1].text == "My order never came."  # the model's, unchanged
-    rows = calls_of(again).rows([job.id], search="arrived")
+    rows = again.calls().rows([job.id], search="arrived")
     assert rows[0].review.flagged == 1 and rows[0].search  # the correction is searched
-    assert calls_of(again).rows([job.id], search="baby")[0].search  # and the note
-    assert calls_of(again).rows([job.id], search="never came")[0].search  # the model's text too
-    assert calls_of(again).rows([job.id], search="refund")[0].search == ""
+    assert again.calls().rows([job.id], search="baby")[0].search  # and the note
+    assert again.calls().rows([job.id], search="never came")[0].search  # the model's text too
+    assert again.calls().rows([job.id], search="refund")[0].search == ""
     flagged = CallsQuery.from_json({"flagged": True, "reviewed": True, "q": "ARRIVED"})
     assert len(run_query(rows, flagged).rows) == 1
     # back to the model's text, unflagged: nothing left but the reviewed mark
@@ -150,7 +149,7 @@ def test_review_is_deleted_with_the_job(store, tmp_path):
         r.delete(f"sv:job:{job.id}")  # what the TTL does
     with pytest.raises(JobGone):
         store.get(job.id)
-    assert calls_of(store).rows([job.id]) == []
+    assert store.calls().rows([job.id]) == []
 
 
 def test_listing_summarises_jobs_finished_without_a_summary(store):
@@ -162,7 +161,7 @@ def test_listing_summarises_jobs_finished_without_a_summary(store):
         store._conn().execute("DELETE FROM calls_search")
     else:
         redis.Redis.from_url(store.url).hdel(f"sv:job:{job.id}", "summary")
-    rows = calls_of(store).rows(None, search="never came")
+    rows = store.calls().rows(None, search="never came")
     assert [r.id for r in rows] == [job.id] and rows[0].summary.events == {"Cry": 1}
     assert rows[0].search
 

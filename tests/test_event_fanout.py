@@ -221,8 +221,7 @@ def test_a_large_result_is_left_out_of_the_event_and_a_small_one_kept():
 class _ProgressView:
     """A job view stand-in whose job advances a piece at a time, notifying each change."""
 
-    class broker:  # noqa: N801 (the embedded broker: this process hears every change)
-        shared = False
+    hears_every_change = True  # (the embedded topology: this process hears every change)
 
     def __init__(self):
         from pipeline.serving.job_events import JobChanges

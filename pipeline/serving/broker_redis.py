@@ -474,10 +474,13 @@ def _atranslated(method):
 # ---------------------------------------------------------------------------- the broker
 class RedisBroker:
     """Job records, results and the lane queues on one Redis; thread-safe (a connection pool).
-    One implementation of :class:`~pipeline.serving.broker.Broker` (``shared``: other processes
-    write it too)."""
+    The distributed topology's adapter of every port (pipeline/serving/ports.py): other processes
+    write it too, so this process's feed hears only its own writes; the queue and the workers
+    live outside this process."""
 
-    shared = True
+    hears_every_change = False  # other processes write it: a change is seen by reading again
+    recovers_here = False  # the queue outlives this process: accepted work is queued whole first
+    workers_elsewhere = True  # worker processes report liveness, free memory and busy time here
     spools_pcm16 = False  # an upload's samples go to the workers in its payload (shared file or Redis)
 
     def __init__(self, url: str, retention_s: float, queue_size: int,
@@ -537,6 +540,7 @@ class RedisBroker:
         # calls-listing row needs, written by the finish script itself (no round trip more)
         self._listing: dict[str, tuple[float, str]] = {}
         self._aclients: dict[int, tuple[asyncio.AbstractEventLoop, aredis.Redis, object]] = {}
+        self._calls: calls_index.RedisCalls | None = None
 
     # ------------------------------------------------------------------ keys and plumbing
     def _k(self, kind: str, job_id: str) -> str:
@@ -586,6 +590,16 @@ class RedisBroker:
         them (e.g. a batch cut short by a broker outage). Heartbeats stop renewing them, so another
         worker reclaims them after the visibility timeout. Local only: never raises."""
         self._release(job_ids)
+
+    def _outage(self, e: Exception) -> BrokerUnavailable | None:
+        """The error a Redis error is answered with when it is an outage (else None)."""
+        return self._unavailable(e) if _unavailable_reply(e) else None
+
+    def calls(self) -> calls_index.RedisCalls:
+        """The calls index kept in the job records (reviews, the calls listing)."""
+        if self._calls is None:
+            self._calls = calls_index.RedisCalls(self, self._outage)
+        return self._calls
 
     def _unavailable(self, e: Exception) -> BrokerUnavailable:
         return BrokerUnavailable(

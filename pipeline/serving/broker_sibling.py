@@ -1,5 +1,5 @@
-"""The embedded store as a sibling web process sees it (``--web-processes``): a shared broker
-(``shared`` True: the owner process writes what changes, this one reads SQLite to see it).
+"""The embedded store as a sibling web process sees it (``--web-processes``): the owner process
+writes what changes, this one reads SQLite to see it (``hears_every_change`` False).
 
 A submit is decoded and its upload spooled here; the job's row and its work item go to the owner in
 one message (:class:`~pipeline.serving.sibling_hub.SiblingHub`), which inserts the row and queues the
@@ -178,9 +178,14 @@ class MetricsShipper:
 
 
 class SiblingBroker(JobStore):
-    """A sibling web process's broker: reads from the store, writes through the owner."""
+    """A sibling web process's broker: reads from the store, writes through the owner. Of the
+    ports (pipeline/serving/ports.py) it implements JobStore, Uploads, LiveLane (which refuses:
+    live captions are the owner's) and ClusterState; not WorkQueue (no ``claim``: it only puts,
+    through the owner) nor WorkSource (no worker here)."""
 
-    shared = True
+    hears_every_change = False  # the owner writes: a change is seen by reading SQLite again
+    recovers_here = False  # the queue is the owner's: a long upload is queued whole before it answers
+    workers_elsewhere = True  # the workers are the owner's, read through its state
 
     def __init__(self, data_dir: str | Path, hub_path: str, secret: str, on_lost=None):
         super().__init__(data_dir, owner=False)

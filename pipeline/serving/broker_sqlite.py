@@ -25,13 +25,12 @@ import time
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable, Iterator, Sequence
+from typing import TYPE_CHECKING, Iterable, Iterator, Sequence
 
 import numpy as np
 import torch
 
-from pipeline.audio.wav import Pcm16Layout
-from pipeline.domain.errors import AudioLost, JobGone, JobNotFound, SenseVoiceError, TooManyAttempts
+from pipeline.domain.errors import AudioGone, AudioLost, JobGone, JobNotFound, SenseVoiceError, TooManyAttempts
 from pipeline.domain.types import Job, JobError, JobState, Lane, Transcript, Word
 from pipeline.serving import calls_index
 from pipeline.serving.group_commit import GroupCommit
@@ -40,6 +39,9 @@ from pipeline.serving.payloads import map_private
 from pipeline.serving.private_dir import (FILE_MODE, create_private, ensure_data_dir,
                                             private_subdir, check_own_file)
 from pipeline.serving.records import SegmentResult, dump_options, load_options, storage_error
+
+if TYPE_CHECKING:
+    from pipeline.audio.wav import Pcm16Layout
 
 logger = logging.getLogger("sensevoice.jobs")
 
@@ -144,6 +146,7 @@ class JobStore:
         self._write_lock = threading.Lock()
         self._write_conn: sqlite3.Connection | None = None
         self.feed = Feed()
+        self._calls: calls_index.SqliteCalls | None = None
         self._inserts: GroupCommit[tuple] = GroupCommit(self._insert_jobs)
         if owner:
             with self._conn() as c:
@@ -399,7 +402,8 @@ class JobStore:
 
     def recover(self) -> list[Job]:
         """After a restart: jobs left running go back to the queue, or fail after MAX_ATTEMPTS.
-        Returns every queued job in submission order (to be put back on the scheduler)."""
+        Returns every queued job in submission order (to be put back on the scheduler); the piece
+        results of a long one are forgotten (it is split again)."""
         with self._write() as conn:
             conn.execute(
                 "UPDATE jobs SET state=?, finished_at=?, error_code=?,"
@@ -410,6 +414,9 @@ class JobStore:
             )
             conn.execute("UPDATE jobs SET state=?, started_at=NULL WHERE state=?",
                          (JobState.QUEUED.value, JobState.RUNNING.value))
+            # a recovered long job is split again: the piece results of its last run go
+            conn.execute("DELETE FROM segments WHERE job_id IN (SELECT id FROM jobs WHERE state=?)",
+                         (JobState.QUEUED.value,))
         rows = self._conn().execute("SELECT * FROM jobs WHERE state=? ORDER BY seq",
                             (JobState.QUEUED.value,)).fetchall()
         rows = self._fail_cut_uploads(rows)
@@ -485,8 +492,17 @@ class JobStore:
                           "and audio were deleted")
         return calls_index.with_review(self._conn(), _row_to_job(row))
 
+    def calls(self) -> calls_index.SqliteCalls:
+        """The calls index kept in this database (reviews, the calls listing)."""
+        if self._calls is None:
+            self._calls = calls_index.SqliteCalls(self)
+        return self._calls
+
     def load_upload(self, job_id: str) -> bytes:
-        return self.spool_path(job_id).read_bytes()
+        try:
+            return self.spool_path(job_id).read_bytes()
+        except FileNotFoundError:  # deleted with its job's audio (as the Redis store answers)
+            raise AudioGone(f"the audio of job {job_id} is no longer kept") from None
 
     def discard(self, job_id: str) -> None:
         """Forget a job that was never accepted (the queue filled up between checks)."""

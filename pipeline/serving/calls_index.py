@@ -12,7 +12,8 @@ so a listing never parses a transcript), the lower-case text a search looks in, 
   ``P:calls`` (id by creation time) lists the jobs of the server (ids whose record expired are
   dropped from it as a listing meets them).
 
-A job finished before this index existed (or whose summary write was lost) is summarised the first
+Each store hands out its own (``calls()`` of the JobStore port, pipeline/serving/ports.py): this
+module imports neither store. A job finished before this index existed (or whose summary write was lost) is summarised the first
 time a listing meets it. Writes of a review are read-modify-write under the store's own isolation
 (SQLite ``BEGIN IMMEDIATE``; Redis ``WATCH``), so two reviewers' changes never lose each other.
 """
@@ -32,6 +33,7 @@ from pipeline.domain.errors import ResultNotReady
 from pipeline.domain.review import Review
 from pipeline.domain.types import Job, JobState, Transcript
 from pipeline.serving.job_events import JobEvent
+from pipeline.serving.ports import Patch
 
 logger = logging.getLogger("sensevoice.calls")
 
@@ -54,7 +56,6 @@ REDIS_CHUNK = 2000  # records read per pipeline round trip in a listing
 MAX_LISTED = 100_000  # jobs one listing reads at most (the newest)
 SCAN_ABOVE = 2_000  # a listing naming more jobs than this reads the table once instead
 
-Patch = Callable[[Review, Job], Review]
 
 
 def _finished(job: Job) -> Transcript:
@@ -131,7 +132,8 @@ UNFINISHED = ("queued", "running", "failed")
 
 
 class SqliteCalls:
-    """The calls index of the embedded store (pipeline/serving/broker_sqlite.py's JobStore)."""
+    """The calls index of the embedded store (pipeline/serving/broker_sqlite.py's JobStore: its
+    read connection and ``get``, its feed for the refreshed snapshot)."""
 
     def __init__(self, store):
         self.store = store
@@ -282,19 +284,15 @@ def redis_index_finished(broker, written: Iterable[str], results: list[tuple[str
 
 
 class RedisCalls:
-    """The calls index of the distributed store (pipeline/serving/broker_redis.py's RedisBroker)."""
+    """The calls index of the distributed store (pipeline/serving/broker_redis.py's RedisBroker:
+    its client, key scheme and ``get``); ``unavailable(e)`` is the broker's own translation of a
+    Redis error into the error the service answers (None: not an outage, raised as it is)."""
 
-    def __init__(self, broker):
+    def __init__(self, broker, unavailable: Callable[[Exception], Exception | None]):
         self.broker = broker
+        self._unavailable = unavailable
         self._set_summaries = broker.client.register_script(_SET_SUMMARIES)
         self._find = broker.client.register_script(_FIND)
-
-    def _unavailable(self, e: Exception):
-        from pipeline.serving.broker_redis import UNAVAILABLE
-
-        if isinstance(e, UNAVAILABLE):
-            return self.broker._unavailable(e)
-        return None
 
     def update_review(self, job_id: str, patch: Patch) -> tuple[Job, Review]:
         import redis
@@ -386,11 +384,3 @@ class RedisCalls:
         search = search_text(result, None, filename.decode("utf-8", "replace") if filename else "")
         self._set_summaries(keys=[key, self.broker.key("search", jid)], args=[summary, search])
         return summary.encode(), search
-
-
-def calls_of(store) -> SqliteCalls | RedisCalls:
-    """The calls index of a job store (either kind)."""
-    from pipeline.serving.broker_sqlite import JobStore
-
-    return SqliteCalls(store) if isinstance(store, JobStore) else RedisCalls(store)
-

@@ -45,7 +45,9 @@ class DirectRun:
     """The worker side of this process, fed directly; it is also the results' sink the workers
     write to (the broker methods a :class:`~pipeline.serving.worker.Worker` calls)."""
 
-    shared = False  # (for the worker pool: no feeder, this process's scheduler is the queue)
+    def feeder(self, scheduler, consumer: str, prefetch: int, free_memory, busy_seconds=None) -> None:
+        """(For the worker pool:) no feeder, this process's scheduler is the queue."""
+        return None
 
     def __init__(self, settings: Settings, source: ModelSource | None = None):
         self.settings = settings

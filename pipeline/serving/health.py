@@ -14,7 +14,7 @@ from collections.abc import Callable
 
 from pipeline.config import Settings
 from pipeline.domain.errors import NotReady, SenseVoiceError
-from pipeline.serving.broker import Broker
+from pipeline.serving.ports import ClusterState
 from pipeline.serving.worker_pool import WorkerPool
 
 logger = logging.getLogger("sensevoice.health")
@@ -26,7 +26,7 @@ FATAL_EXIT_CODE = 3  # process exit status after a fatal device error or a hung 
 
 
 class Health:
-    def __init__(self, settings: Settings, broker: Broker, pool: WorkerPool | None,
+    def __init__(self, settings: Settings, broker: ClusterState, pool: WorkerPool | None,
                  on_change: Callable[[], None] = lambda: None):
         self.settings = settings
         self.broker = broker
@@ -34,7 +34,7 @@ class Health:
         self.on_change = on_change  # pages that follow a job hear of a state change
         self.state = "starting"  # starting -> loading -> ready | failed
         self.error: str | None = None
-        self.broker_error: str | None = None  # the latest broker failure (shared broker), or None
+        self.broker_error: str | None = None  # the latest failure of a broker that workers report through
         self.no_worker: str | None = None  # api-only process: why no worker serves, or None
         self.loop_heartbeat: float | None = None  # monotonic; set by the event loop once it runs
         self.on_loop_lag: Callable[[float], None] = lambda seconds: None  # how late a beat woke
@@ -90,10 +90,11 @@ class Health:
             self.on_loop_lag(time.monotonic() - self.loop_heartbeat - LOOP_BEAT_S)
 
     def check_broker(self) -> None:
-        """Shared broker: note whether it answers (readyz says 503 while it does not), and in an
-        api-only process whether any worker has reported within the visibility time-out (readyz
+        """Where the workers run in other processes (``ClusterState.workers_elsewhere``): note
+        whether the broker they report through answers (readyz says 503 while it does not), and in
+        an api-only process whether any worker has reported within the visibility time-out (readyz
         says 503 no_worker while none has: its submits would only wait)."""
-        if not self.broker.shared:
+        if not self.broker.workers_elsewhere:
             return
         if self.broker.ping():
             if self.broker_error:

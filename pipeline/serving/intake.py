@@ -1,6 +1,7 @@
 """The api side's way in: an upload is checked (queue, backlog, GPU memory), decoded (PyAV, in a
 process pool) and resampled once, stored durably in the broker and queued -- before the submit
-answers. Long recordings go through :class:`~pipeline.serving.long_audio.LongAudio`."""
+answers. Long recordings go through :class:`~pipeline.serving.long_audio.LongAudio`. It uses the
+ports of :class:`~pipeline.serving.ports.Admission` (JobWrites, WorkQueue, Uploads)."""
 
 from __future__ import annotations
 
@@ -27,7 +28,7 @@ from pipeline.serving.scheduler import WorkItem
 
 if TYPE_CHECKING:
     from pipeline.config import Settings
-    from pipeline.serving.broker import Broker, FreeMemory
+    from pipeline.serving.ports import Admission, FreeMemory
     from pipeline.serving.job_view import JobView
     from pipeline.serving.metrics import Metrics
 
@@ -40,7 +41,7 @@ def new_job_id() -> str:
 
 
 class Intake:
-    def __init__(self, settings: Settings, broker: Broker, view: JobView, metrics: Metrics,
+    def __init__(self, settings: Settings, broker: Admission, view: JobView, metrics: Metrics,
                  device: str, free_memory: FreeMemory, failed: Callable[[], str | None],
                  speech_device: str = "cpu"):
         self.settings = settings
@@ -138,7 +139,7 @@ class Intake:
     # ------------------------------------------------------------------ restart
     def recover(self) -> None:
         """Put the jobs a previous process accepted back on the queue (the embedded broker's queue
-        lives in memory; a shared broker keeps its own and returns none)."""
+        lives in memory; one that outlives this process keeps its own and returns none)."""
         jobs = self.broker.recover()
         self.long_audio.keep_only({j.id for j in jobs})
         for job in jobs:

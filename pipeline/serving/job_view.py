@@ -1,7 +1,8 @@
-"""What the api side knows about jobs: one snapshot per recent job kept from the broker's events, so
-that polls on the event loop never touch the disk (when this process sees every write: the
-embedded broker), or a read of the broker (when other processes write it: Redis). It also wakes
-whoever waits for a job (``wait``, the event streams through ``changes``)."""
+"""What the api side knows about jobs: one snapshot per recent job kept from the store's events, so
+that polls on the event loop never touch the disk (when this process hears every write: the
+embedded topology), or a read of the store (when other processes write it: Redis). It also wakes
+whoever waits for a job (``wait``, the event streams through ``changes``). It reads the ports of
+:class:`~pipeline.serving.ports.ViewedJobs` (JobReads, Uploads, the queue's positions)."""
 
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ from pipeline.domain.types import Job, JobState
 from pipeline.serving.job_events import JobChanges, JobEvent
 
 if TYPE_CHECKING:
-    from pipeline.serving.broker import Broker
+    from pipeline.serving.ports import ViewedJobs
 
 logger = logging.getLogger("sensevoice.jobs")
 
@@ -29,7 +30,7 @@ SHARED_REREAD_S = 0.02  # s: ... and this often when other processes finish jobs
 
 
 class JobView:
-    def __init__(self, broker: Broker):
+    def __init__(self, broker: ViewedJobs):
         self.broker = broker
         self.changes = JobChanges()  # wakes whoever streams a job (state, progress, model state)
         self.on_finished: list[Callable[[str], None]] = []  # e.g. the long-audio backlog's seats
@@ -40,9 +41,14 @@ class JobView:
         broker.feed.subscribe(self._on_event)  # what this process's parts wrote
 
     @property
+    def hears_every_change(self) -> bool:
+        """Every change of a job is heard here (else: re-read the store, other processes write it)."""
+        return self.broker.hears_every_change
+
+    @property
     def reread_s(self) -> float:
-        """How often a waiter must read the broker itself (it hears only this process's writes)."""
-        return SHARED_REREAD_S if self.broker.shared else LOCAL_REREAD_S
+        """How often a waiter must read the store itself (often when it hears only this process's writes)."""
+        return LOCAL_REREAD_S if self.hears_every_change else SHARED_REREAD_S
 
     # ------------------------------------------------------------------ reads
     def get(self, job_id: str) -> Job:
@@ -50,8 +56,8 @@ class JobView:
 
     def get_cached(self, job_id: str) -> Job | None:
         """The job from memory, without I/O (for polling on the event loop); None if not cached
-        (always, with a shared broker: another process may have changed it)."""
-        if self.broker.shared:
+        (always, when other processes write the store: one may have changed it)."""
+        if not self.hears_every_change:
             return None
         with self._recent_lock:
             job = self._recent.get(job_id)
@@ -59,8 +65,9 @@ class JobView:
 
     async def poll(self, job_id: str) -> Job | None:
         """A poll on the event loop: the in-memory snapshot, or the broker read with its asyncio
-        client (shared broker); None when only the route can answer (not cached, or an error)."""
-        if not self.broker.shared:
+        client (other processes write the store); None when only the route can answer (not cached,
+        or an error)."""
+        if self.hears_every_change:
             return self.get_cached(job_id)
         try:
             return await self.broker.aget(job_id)
@@ -78,7 +85,7 @@ class JobView:
                 self._done.wait(min(left, self.reread_s))
 
     def upload(self, job_id: str) -> Path | bytes:
-        """A job's upload as stored: a file on this host (embedded), else its bytes (shared)."""
+        """A job's upload as stored: a file on this host (embedded), else its bytes (Redis)."""
         path = self.broker.upload_path(job_id)
         return path if path is not None else self.broker.load_upload(job_id)
 
@@ -87,8 +94,8 @@ class JobView:
 
     def _with_live_fields(self, job: Job) -> Job:
         """Add what only memory knows about an unfinished job: its place in the queue, progress
-        (a shared broker's records carry both already)."""
-        if self.broker.shared or job.state not in (JobState.QUEUED, JobState.RUNNING):
+        (records other processes write carry both already)."""
+        if not self.hears_every_change or job.state not in (JobState.QUEUED, JobState.RUNNING):
             return job
         return replace(job, position=self.broker.position(job.id),
                        meta={**job.meta, "progress": self._progress.get(job.id)})

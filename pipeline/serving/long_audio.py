@@ -1,7 +1,9 @@
 """Long recordings (and split stereo calls): split by speech detection into pieces that the
-workers batch like any job. With the embedded broker a long upload is accepted at once (counted in
-the backlog, its decoded audio left on disk) and split in the background; with a shared broker it
-is split before the submit answers, so that no accepted job depends on this process staying up."""
+workers batch like any job. Where this process recovers its queue (``WorkQueue.recovers_here``:
+the embedded topology) a long upload is accepted at once (counted in the backlog, its decoded audio
+left on disk) and split in the background; else it is split before the submit answers, so that no
+accepted job depends on this process staying up. It uses the ports of
+:class:`~pipeline.serving.ports.Admission` (JobWrites, WorkQueue, Uploads)."""
 
 from __future__ import annotations
 
@@ -22,7 +24,7 @@ from pipeline.serving.scheduler import WorkItem
 
 if TYPE_CHECKING:
     from pipeline.config import Settings
-    from pipeline.serving.broker import Broker
+    from pipeline.serving.ports import Admission
     from pipeline.serving.job_view import JobView
 
 logger = logging.getLogger("sensevoice.long_audio")
@@ -31,7 +33,7 @@ CHANNEL_NAMES = ("left", "right")  # speaker labels of a split stereo call (e.g.
 
 
 class LongAudio:
-    def __init__(self, settings: Settings, broker: Broker, view: JobView,
+    def __init__(self, settings: Settings, broker: Admission, view: JobView,
                  decode: Callable[[bytes, TranscribeOptions], torch.Tensor], speech_device: str,
                  on_failed: Callable[[Job, str], None] = lambda job, code: None):
         self.settings = settings
@@ -57,7 +59,7 @@ class LongAudio:
 
     def accept(self, job: Job, data: bytes, wave: torch.Tensor) -> Job:
         """Store a long job and queue (or schedule) its pieces."""
-        if self.broker.shared:
+        if not self.broker.recovers_here:
             return self._accept_split(job, data, wave.float().cpu())
         self.backlog.admit(job.id, job.audio_seconds)
         try:
@@ -77,8 +79,8 @@ class LongAudio:
         return job
 
     def recover(self, job: Job) -> None:
-        """A long job a previous process accepted: split it again (its pieces were in memory)."""
-        self.broker.clear_segments(job.id)
+        """A long job a previous process accepted: split it again (its pieces were in memory; the
+        store's ``recover`` forgot its piece results)."""
         self.backlog.admit(job.id, job.audio_seconds, force=True)
         self._pool.submit(self._split_and_enqueue, job)
 
@@ -116,8 +118,8 @@ class LongAudio:
             self.broker.put(item, force=accepted or n > 0)
 
     def _accept_split(self, job: Job, data: bytes, wave: torch.Tensor) -> Job:
-        """Shared broker: split before answering, then store the job and queue its pieces (the
-        split runs in the request's thread, bounded by the uploads in flight)."""
+        """A queue this process does not recover: split before answering, then store the job and
+        queue its pieces (the split runs in the request's thread, bounded by the uploads in flight)."""
         self.broker.check_capacity()
         items = self._pieces(job, wave)
         self.broker.create(job, data)

@@ -80,7 +80,7 @@ class Runtime:
         model; else (api role) the shared broker's, answered by any worker process; else None."""
         if self.pool is not None:
             return self.pool.decode_live
-        if self.broker.shared:
+        if self.broker.workers_elsewhere:
             return functools.partial(live_decode_via, self.broker, self.health.not_serving)
         return None
 
@@ -95,7 +95,7 @@ class Runtime:
         role) the worker processes' reports through the shared broker."""
         if self.pool is not None:
             return self.pool.busy_seconds
-        return self.broker.busy_seconds_reader() if self.broker.shared else None
+        return self.broker.busy_seconds_reader()  # (None: no worker of another process reports)
 
     @property
     def devices(self) -> list[str]:
@@ -106,7 +106,7 @@ class Runtime:
         try:
             self.health.set_state("loading")
             t0 = time.perf_counter()
-            if self.broker.shared:
+            if self.broker.workers_elsewhere:
                 self.health.check_broker()
                 for warning in self.broker.config_warnings() if not self.health.broker_error else ():
                     logger.warning("redis: %s", warning)
@@ -126,7 +126,7 @@ class Runtime:
             self.startup["total_s"] = time.perf_counter() - t0
             self.health.set_state("ready")
             logger.info("ready (%s role%s) on %s (model %s%s) in %.1f s", self.settings.server.role,
-                        f", {type(self.broker).__name__}" if self.broker.shared else "", ", ".join(self.devices),
+                        f", {type(self.broker).__name__}" if self.broker.workers_elsewhere else "", ", ".join(self.devices),
                         self.source.name if self.source else "none",
                         ", DEMO" if self.is_demo else "", self.startup["total_s"])
         except Exception as e:
@@ -193,7 +193,7 @@ def build_runtime(settings: Settings | None = None, role: str | None = None, *, 
     metrics.set_queue_depth_fn(lambda: len(broker))
     metrics.set_lanes_fn(broker.queue_depth)
     metrics.set_jobs_by_state_fn(broker.counts)
-    if broker.shared:
+    if broker.workers_elsewhere:
         metrics.set_workers_fn(broker.live_workers)
         metrics.set_broker_up_fn(lambda: not health.broker_error)
         metrics.set_live_lane_fn(broker.live_lane_stats)
@@ -213,9 +213,9 @@ def build_runtime(settings: Settings | None = None, role: str | None = None, *, 
 
 
 def _free_memory(broker: Broker, pool: WorkerPool | None) -> Callable[[], list[float]]:
-    """Where admission reads free GPU memory: the workers' reports through a shared broker (read
-    at most every ``MEMORY_READ_INTERVAL_S``, not a Redis scan per submit), or this process's GPUs."""
-    if not broker.shared:
+    """Where admission reads free GPU memory: the reports of workers in other processes (read at
+    most every ``MEMORY_READ_INTERVAL_S``, not a Redis scan per submit), or this process's GPUs."""
+    if not broker.workers_elsewhere:
         return pool.local_free_ratios if pool is not None else list
     last: list = [0.0, []]
 

@@ -26,7 +26,7 @@ import torch
 from pipeline.model.protocol import Engine
 from pipeline.domain.errors import (AudioLost, BrokerUnavailable, DeviceFailed, InferenceFailed, JobFailed,
                                     NotReady, OutOfDeviceMemory, QueueTimeout, WorkerFailed)
-from pipeline.serving.broker import Broker
+from pipeline.serving.ports import WorkerSink
 from pipeline.serving.records import SegmentResult, transcript_from_pieces
 from pipeline.serving.metrics import Metrics
 from pipeline.domain.tags import SAMPLE_RATE_HZ
@@ -44,7 +44,7 @@ FATAL_CUDA_MARKERS = ("illegal memory access", "device-side assert", "unspecifie
 
 
 class Worker(threading.Thread):
-    def __init__(self, name: str, engine: Engine, scheduler: Scheduler, store: Broker, *,
+    def __init__(self, name: str, engine: Engine, scheduler: Scheduler, store: WorkerSink, *,
                  queue_timeout_s: float = float("inf"), delete_audio_when_done: bool = False,
                  metrics: Metrics | None = None, cpu_threads: int = 0):
         super().__init__(name=name, daemon=True)

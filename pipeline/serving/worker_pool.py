@@ -1,8 +1,9 @@
 """The worker side of a process: the model loaded once, one engine and one
 :class:`~pipeline.serving.worker.Worker` per device, batching from a local
-:class:`~pipeline.serving.scheduler.Scheduler` -- the embedded broker's own queue, or one a
-:class:`~pipeline.serving.broker_redis.Feeder` keeps supplied from the shared broker. It also
-serves the live lane (re-decodes of live streams, above every job lane)."""
+:class:`~pipeline.serving.scheduler.Scheduler` -- the embedded broker's own queue, or one the
+broker's feeder keeps supplied (``WorkSource.feeder``: Redis). It also serves the live lane
+(re-decodes of live streams, above every job lane). It uses the ports of
+:class:`~pipeline.serving.ports.WorkerPorts` (WorkerSink, for its workers; WorkSource)."""
 
 from __future__ import annotations
 
@@ -26,8 +27,8 @@ from pipeline.serving.scheduler import WorkItem
 if TYPE_CHECKING:
     from pipeline.config import Settings
     from pipeline.model.loading import ModelSource
-    from pipeline.serving.broker import Broker
     from pipeline.serving.metrics import Metrics
+    from pipeline.serving.ports import QueueFeeder, WorkerPorts
     from pipeline.serving.scheduler import Scheduler
 
 logger = logging.getLogger("sensevoice.workers")
@@ -42,7 +43,7 @@ def visible_devices(device: str) -> list[str]:
 
 
 class WorkerPool:
-    def __init__(self, settings: Settings, broker: Broker, scheduler: Scheduler, metrics: Metrics,
+    def __init__(self, settings: Settings, broker: WorkerPorts, scheduler: Scheduler, metrics: Metrics,
                  devices: list[str], source: ModelSource | None = None):
         self.settings = settings
         self.broker = broker
@@ -51,7 +52,7 @@ class WorkerPool:
         self.source = source
         self.devices = devices
         self.workers: list = []
-        self.feeder = None
+        self.feeder: QueueFeeder | None = None  # claims from a queue outside this process
         self.live_server = None  # takes live re-decodes from the broker (other processes' streams)
         self.startup: dict[str, float] = {}
         self.live_ready: Callable[[], str | None] = lambda: None  # why live re-decodes wait, or None
@@ -103,12 +104,12 @@ class WorkerPool:
                                                   max_waiting=self.settings.engine.max_batch,
                                                   ready=lambda: self.live_ready())
         self.live_server.start()
-        if self.broker.shared:  # claims from the shared broker into the local scheduler
-            self.feeder = self.broker.feeder(
-                self.scheduler, consumer=consumer,
-                prefetch=2 * self.settings.engine.max_batch,
-                free_memory=lambda: max(self.local_free_ratios(), default=None),
-                busy_seconds=self.busy_seconds)
+        self.feeder = self.broker.feeder(  # None where the scheduler is the queue itself
+            self.scheduler, consumer=consumer,
+            prefetch=2 * self.settings.engine.max_batch,
+            free_memory=lambda: max(self.local_free_ratios(), default=None),
+            busy_seconds=self.busy_seconds)
+        if self.feeder is not None:
             self.feeder.start()
 
     def stop(self) -> None:
@@ -158,9 +159,7 @@ class WorkerPool:
             raise NotReady(reason)
         item = WorkItem(f"live-{uuid.uuid4().hex}", Lane.INTERACTIVE, options, int(wave.shape[-1]),
                         audio=wave, reply=Future(), final=final)
-        if not self.broker.shared:  # the embedded broker's queue is this pool's scheduler
-            return self.broker.submit_live(item)
-        self.scheduler.put(item)
+        self.scheduler.put(item)  # this pool's scheduler (the embedded broker's queue is it too)
         return item.reply
 
     # ------------------------------------------------------------------ GPU memory

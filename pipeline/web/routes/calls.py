@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import logging
 from contextlib import contextmanager
+from typing import TYPE_CHECKING
 
 import orjson
 from fastapi import APIRouter, Depends, Request
@@ -36,11 +37,13 @@ from fastapi.responses import JSONResponse, Response
 from pipeline.domain.calls import CallsQuery, csv_chunks, run_query
 from pipeline.domain.errors import ClientExportLimit, InvalidOption, TooManyExports, Unauthorized
 from pipeline.domain.review import ReviewPatch, apply_patch
-from pipeline.serving.calls_index import calls_of
 from pipeline.web.auth import require_token_or_link, token_ok
 from pipeline.web.edge import scope_client_key
 from pipeline.web.links import job_links, link_key, link_state
 from pipeline.web.views import job_json
+
+if TYPE_CHECKING:
+    from pipeline.serving.ports import JobReads
 
 logger = logging.getLogger("sensevoice.calls")
 
@@ -131,14 +134,14 @@ def review_view(job) -> dict:
         "segments": []}, "model_texts": [s.text for s in segments], "result": body["result"]}
 
 
-def build_calls_router(settings, view, broker) -> APIRouter:
-    """The routes over the job view (reads) and the broker's calls index (reviews, listings)."""
+def build_calls_router(settings, view, broker: JobReads) -> APIRouter:
+    """The routes over the job view (reads) and the store's calls index (reviews, listings)."""
     router = APIRouter()
     token = settings.server.token
     read_or_review = [Depends(require_token_or_link(token, ("read", "review")))]
     review_only = [Depends(require_token_or_link(
         token, ("review",), needs="changing a review needs its review link (links.review of the page's view)"))]
-    calls = calls_of(broker)
+    calls = broker.calls()
     limits = settings.limits
     exports = ExportSlots(limits.max_exports, limits.max_exports_per_client)
 

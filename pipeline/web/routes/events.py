@@ -111,7 +111,7 @@ def produce_job_events(pages: JobPages, job_id: str):
                     channel.publish(data, final=final)
                 if final:
                     return
-                if view.broker.shared:  # workers in other processes notify nobody here
+                if not view.hears_every_change:  # workers in other processes notify nobody here
                     wait = BROKER_REFRESH_S
                 elif job.state is JobState.QUEUED or pages.health.state != "ready":
                     wait = QUEUED_REFRESH_S

@@ -1,0 +1,215 @@
+"""The ports: small Protocols between the parts of the serving floor and the topologies that
+carry jobs. This module imports no implementation (only the standard library at run time; the
+types it names are imported for annotations only), so a part that needs one port depends on that
+port alone, not on SQLite, Redis or torch.
+
+=============  ===============================================================  ======================
+port           what it does                                                     who uses it
+=============  ===============================================================  ======================
+JobStore       job records: JobReads (read, counts, the calls index: reviews and    job view, routes,
+               listing; the feed of this process's writes) + JobWrites          intake, long audio
+               (create, discard, running, finish, fail, purge)
+Uploads        a job's stored upload (bytes, file, the samples of a PCM WAV)    intake, job view
+WorkQueue      lanes: capacity, put, claim, position, depth, recover            intake, long audio
+WorkerSink     what a worker needs to finish work (running, pieces, results)    worker
+WorkSource     what a worker process's scheduler takes besides its own puts:    worker pool
+               the queue's feeder, the live lane's serving end
+LiveLane       a live stream's re-decode, submitted from any web process        runtime (live)
+ClusterState   whether the workers run in other processes; if so, those         health, runtime,
+               workers alive, their free GPU memory and busy time, warnings     admission
+=============  ===============================================================  ======================
+
+Each topology is one adapter implementing all of them (:class:`Broker`): the embedded one
+(pipeline/serving/broker.py: SQLite + this process's scheduler) and the distributed one
+(pipeline/serving/broker_redis.py: Redis Streams); tests/test_broker_contract.py runs one contract
+class per port against both. A flag says which answer a port gives where topologies differ, so
+that no caller asks "which broker is this": ``JobStore.hears_every_change`` (a waiter re-reads,
+or the feed tells it), ``WorkQueue.recovers_here`` (a long upload may be split after its submit
+answered) and ``ClusterState.workers_elsewhere`` (the workers are read through the store's
+reports, or are this process's own).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from concurrent.futures import Future
+from pathlib import Path
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
+
+if TYPE_CHECKING:
+    from pipeline.audio.wav import Pcm16Layout
+    from pipeline.domain.calls import CallRow
+    from pipeline.domain.review import Review
+    from pipeline.domain.types import Job, Lane, Transcript
+    from pipeline.serving.job_events import Feed
+    from pipeline.serving.records import SegmentResult
+    from pipeline.serving.scheduler import DeferredAudio, Scheduler, WorkItem
+
+FreeMemory = Callable[[], list[float]]  # the free GPU memory shares admission looks at
+Patch = Callable[["Review", "Job"], "Review"]  # (the review now, the job) -> the review to store
+
+
+class Running(Protocol):
+    """A thread a port hands out (a live server, a feeder), between ``start`` and ``stop``."""
+
+    def start(self) -> None: ...
+    def stop(self) -> None: ...
+
+
+class LiveServing(Running, Protocol):
+    """A worker process's end of the live lane: takes live re-decodes into its scheduler (the top
+    lane) and answers them, between ``start`` and ``stop``."""
+
+
+class QueueFeeder(Running, Protocol):
+    """Keeps a worker process's scheduler supplied from a queue that lives elsewhere; ``error``:
+    its latest failure to reach that queue (None once it works again)."""
+
+    error: BaseException | None
+
+
+class CallsIndex(Protocol):
+    """What the calls table and the reviewer's desk keep with each job (pipeline/serving/calls_index.py)."""
+
+    def update_review(self, job_id: str, patch: Patch) -> tuple[Job, Review]: ...
+    def rows(self, ids: list[str] | None, search: str = "") -> list[CallRow]: ...
+
+
+@runtime_checkable
+class JobReads(Protocol):
+    """What is known about jobs, and this process's writes as they commit."""
+
+    feed: Feed  # this process's committed writes (subscribe)
+    hears_every_change: bool  # the feed hears every write (False: other processes write too; re-read)
+
+    def get(self, job_id: str) -> Job: ...
+    async def aget(self, job_id: str) -> Job: ...  # get() for the event loop
+    def counts(self) -> dict[str, int]: ...  # jobs per state
+    def calls(self) -> CallsIndex: ...  # reviews and the calls listing, kept with the jobs
+
+
+@runtime_checkable
+class JobWrites(Protocol):
+    """A job's life: queued -> running -> done | failed, every transition once."""
+
+    def create(self, job: Job, upload: bytes) -> None: ...  # durable before the submit answers
+    def discard(self, job_id: str) -> None: ...  # a submit's own clean-up: nothing of it is left
+    def mark_running(self, job_ids: Iterable[str], already_running_ok: bool = False) -> set[str]: ...
+    def finish(self, job_id: str, result: Transcript) -> bool: ...  # running -> done, once
+    def fail(self, job_id: str, code: str, message: str) -> bool: ...  # queued|running -> failed, once
+    def purge(self, finished_before: float) -> list[str]: ...  # retention: the ids deleted
+
+
+@runtime_checkable
+class JobStore(JobReads, JobWrites, Protocol):
+    """The truth about jobs (its two halves: a part that only reads takes :class:`JobReads`)."""
+
+
+@runtime_checkable
+class Uploads(Protocol):
+    """A job's upload as stored."""
+
+    spools_pcm16: bool  # a mono 16-bit WAV upload's job reads its samples from the stored upload
+
+    def load_upload(self, job_id: str) -> bytes: ...
+    def upload_path(self, job_id: str) -> Path | None: ...  # a file on this host, or None (bytes only)
+    def spooled_audio(self, job_id: str, layout: Pcm16Layout) -> DeferredAudio: ...  # (spools_pcm16)
+
+
+@runtime_checkable
+class WorkQueue(Protocol):
+    """The lanes (live > interactive > bulk): the api side puts work in, a worker process claims."""
+
+    recovers_here: bool  # recover() in this process queues again what it accepted (a long upload may
+    #                      be split after its submit answered); False: split and queue it before
+
+    def check_capacity(self) -> None: ...  # QueueFull now, before an upload is decoded
+    def put(self, item: WorkItem, force: bool = False) -> None: ...  # force: past the bound
+    def claim(self, consumer: str, max_items: int, block_ms: int = 0) -> list[WorkItem]: ...
+    def position(self, job_id: str) -> int | None: ...  # 1-based among the unclaimed, or None
+    def queue_depth(self) -> dict[Lane, int]: ...  # waiting + in flight, per lane
+    def __len__(self) -> int: ...
+    def recover(self) -> list[Job]: ...  # after a restart: the accepted jobs to queue again
+
+
+@runtime_checkable
+class WorkerSink(Protocol):
+    """What a worker needs to finish work (pipeline/serving/worker.py)."""
+
+    def mark_running(self, job_ids: Iterable[str], already_running_ok: bool = False) -> set[str]: ...
+    def save_segments(self, results: Iterable[SegmentResult]) -> None: ...  # a long job's pieces
+    def segments(self, job_id: str) -> list[SegmentResult]: ...  # in time order
+    def segment_count(self, job_id: str) -> int: ...
+    def finish_many(self, results: Iterable[tuple[str, Transcript]]) -> set[str]: ...  # those written
+    def fail(self, job_id: str, code: str, message: str) -> bool: ...
+    def release(self, job_ids: Iterable[str]) -> None: ...
+    def delete_spool(self, job_id: str) -> None: ...  # the upload, when audio goes with the job
+    def get(self, job_id: str) -> Job: ...
+
+
+@runtime_checkable
+class WorkSource(Protocol):
+    """Where a worker process's scheduler gets work besides this process's own puts."""
+
+    def feeder(self, scheduler: Scheduler, consumer: str, prefetch: int,
+               free_memory: Callable[[], float | None],
+               busy_seconds: Callable[[], float] | None = None) -> QueueFeeder | None: ...
+    #   claims into the scheduler in a thread of its own (None: the scheduler is the queue itself)
+    def serve_live(self, scheduler: Scheduler, consumer: str, *, max_waiting: int,
+                   ready: Callable[[], str | None]) -> LiveServing: ...  # other processes' streams
+
+
+@runtime_checkable
+class LiveLane(Protocol):
+    """A live stream's re-decodes, above every job lane, the reply a future."""
+
+    def submit_live(self, item: WorkItem) -> Future: ...
+    def live_lane_stats(self) -> tuple[int, int, int] | None: ...  # (workers, moved, lost) or None
+
+
+@runtime_checkable
+class ClusterState(Protocol):
+    """The workers as this process can know them."""
+
+    workers_elsewhere: bool  # they run in other processes and report through the store (else: ours)
+
+    def ping(self) -> bool: ...  # the store answers
+    def live_workers(self) -> int: ...  # worker processes that reported within the visibility time-out
+    def free_memory_ratios(self) -> list[float]: ...  # their GPUs' free memory shares
+    def busy_seconds_reader(self) -> Callable[[], float] | None: ...  # their model time so far
+    def config_warnings(self) -> list[str]: ...  # what in the store's configuration endangers jobs
+
+
+class Admission(JobWrites, WorkQueue, Uploads, Protocol):
+    """The api side's way in (pipeline/serving/intake.py, long_audio.py): a job stored and queued."""
+
+
+class ViewedJobs(JobReads, Uploads, WorkQueue, Protocol):
+    """What the job view reads (pipeline/serving/job_view.py): records, uploads, queue places."""
+
+
+class WorkerPorts(WorkerSink, WorkSource, Protocol):
+    """A worker process's (pipeline/serving/worker_pool.py): work in, results out."""
+
+
+@runtime_checkable
+class Broker(JobStore, Uploads, WorkQueue, WorkerSink, WorkSource, LiveLane, ClusterState, Protocol):
+    """Every port at once: what one topology's adapter implements, and what only the composition
+    root (pipeline/serving/runtime.py) holds. A part takes the ports it uses, not this."""
+
+    def close(self) -> None: ...
+
+
+PORTS: tuple[type, ...] = (JobStore, Uploads, WorkQueue, WorkerSink, WorkSource, LiveLane, ClusterState)
+
+
+def members(port: type) -> set[str]:
+    """The members a port declares itself and through its bases (attributes and methods)."""
+    out: set[str] = set()
+    for cls in port.__mro__:
+        if cls in (Protocol, object) or not getattr(cls, "_is_protocol", False):
+            continue
+        out |= set(getattr(cls, "__annotations__", {}))
+        out |= {k for k, v in vars(cls).items() if callable(v) and (not k.startswith("_") or k == "__len__")
+                and k not in ("_is_protocol",)}
+    return out

@@ -27,9 +27,10 @@ own reading of its ``File`` and ``Form`` parameters) at the first submit, so an 
 route is read here too. A declaration it cannot read exactly as the route does (a field that is no
 option of :class:`TranscribeOptions`, a type besides ``bool`` and ``str``, a constraint, a required
 option, a header or cookie parameter, a required query) turns the fast path off, logged: every submit
-then goes to the route (tests/test_fast_submit.py fails on it). Measured on 2 cores, one run,
-interleaved (issue 37): +35 % jobs/s for sequential submits of a 10 s WAV and +26 % for 8 at a time,
-~25 % less server CPU per submit."""
+then goes to the route (tests/test_fast_submit.py fails on it). Kept because it pays (issue 37; a no-op
+engine, 2 shared cores, with and without it interleaved in one run, twice): 8 submits of a 10 s WAV
+at a time +26 % and +38 % jobs/s, sequential ones +35 % and +6 % (latency-bound, noisy), 12-25 % less
+server CPU per submit in every pair."""
 
 from __future__ import annotations
 

@@ -24,12 +24,51 @@ ROOT = Path(__file__).resolve().parent.parent
 MODEL_CACHE = Path(os.environ.get("SENSEVOICE_TEST_CACHE", ROOT / ".cache" / "test-models"))
 
 
+# Every test has one tier marker (``pytest -m unit`` is the fast tier; ``-m "not e2e and not
+# browser"`` leaves out the real processes and chromium). A test marked browser is browser; else its
+# file's tier below; a file named in neither set is unit: no server, no redis-server, no process of
+# the app (media made once per session are allowed). A unit test that starts a LiveServer or a
+# redis-server fails and says to move its file.
+TIERS = {
+    "e2e": "real processes of the app (app_sensevoice.py, the CLI, fault_server.py, the package, make)",
+    "integration": "an in-process server on loopback, a real redis-server, or the app's ASGI stack",
+    "unit": "no server and no other process of the app",
+    "browser": "drives headless Debian chromium",
+}
+E2E_FILES = {
+    "test_cli", "test_distributed", "test_live_distributed", "test_load_test_bench",
+    "test_observability_live", "test_package", "test_private_dirs", "test_reliability",
+    "test_settings_flags", "test_startup", "test_storage", "test_watchdog", "test_web_siblings",
+}
+INTEGRATION_FILES = {
+    "test_api", "test_archive", "test_auth_throttle", "test_backlog", "test_broker_contract", "test_broker_redis",
+    "test_calls_index", "test_cli_hostile_server", "test_decoder", "test_deploy", "test_doctor", "test_edge",
+    "test_event_fanout", "test_events", "test_expired_links", "test_fast_submit", "test_forwarded",
+    "test_hostile_batches", "test_hostile_exports", "test_live_fairness", "test_live_hostile",
+    "test_live_lane_redis", "test_loading", "test_metrics", "test_observability", "test_openai",
+    "test_review_api", "test_stream", "test_submit_threads", "test_ui_heartbeat", "test_ui_security",
+}
+_UNIT_GUARD = {"unit": False}  # True while a unit test is set up and runs: a server there is a mistake
+
+
 def pytest_configure(config):
     config.addinivalue_line("markers", "requires_cuda: needs an NVIDIA GPU")
-    config.addinivalue_line("markers", "browser: drives headless Debian chromium")
+    for name, what in TIERS.items():
+        config.addinivalue_line("markers", f"{name}: {what} (tests/conftest.py TIERS)")
+
+
+def tier_of(item) -> str:
+    if item.get_closest_marker("browser") or "browser" in getattr(item, "fixturenames", ()):
+        return "browser"
+    module = Path(str(item.fspath)).stem
+    return "e2e" if module in E2E_FILES else "integration" if module in INTEGRATION_FILES else "unit"
 
 
 def pytest_collection_modifyitems(config, items):
+    for item in items:
+        tier = tier_of(item)
+        if not item.get_closest_marker(tier):
+            item.add_marker(getattr(pytest.mark, tier))
     import torch
 
     if torch.cuda.is_available():
@@ -38,6 +77,18 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "requires_cuda" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item):
+    """Before any fixture of ``item`` (a module-scoped server included) is set up."""
+    _UNIT_GUARD["unit"] = item.get_closest_marker("unit") is not None
+
+
+def refuse_server_in_unit_test(what: str) -> None:
+    if _UNIT_GUARD["unit"]:
+        raise RuntimeError(f"a unit test started {what}: name its file in INTEGRATION_FILES or "
+                           "E2E_FILES in tests/conftest.py")
 
 
 @pytest.fixture(scope="session")
@@ -116,6 +167,7 @@ class LiveServer:
     def start(self, timeout: float = 120.0) -> "LiveServer":
         import httpx
 
+        refuse_server_in_unit_test("a LiveServer")
         self.thread.start()
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:

@@ -50,6 +50,9 @@ class RedisServer:
         return f"redis://127.0.0.1:{self.port}/0"
 
     def start(self, timeout: float = 10.0) -> "RedisServer":
+        from tests.conftest import refuse_server_in_unit_test
+
+        refuse_server_in_unit_test("a redis-server")
         self.proc = subprocess.Popen(
             [REDIS_SERVER, "--port", str(self.port), "--bind", "127.0.0.1", "--dir", str(self.dir),
              "--save", "", "--appendonly", "yes", "--appendfsync", self.appendfsync,

@@ -33,6 +33,7 @@ import zipfile
 from dataclasses import dataclass
 from pathlib import PurePosixPath
 
+from pipeline.audio.decode import read_upload
 from pipeline.domain.errors import InvalidOption, SenseVoiceError, UploadTooLarge
 
 MAX_ENTRIES = 200  # recordings in one zip
@@ -216,3 +217,13 @@ def _inflate(zf: zipfile.ZipFile, info: zipfile.ZipInfo, limit: int) -> bytes | 
             buf += chunk
             if len(buf) > limit:
                 return None
+
+
+def read_recordings(file, name: str, cap: int, max_entries: int, room: int) -> list[Entry]:
+    """One uploaded file of a batch (read from ``file`` up to ``cap`` bytes): itself, or the
+    recordings of a zip (:func:`read_zip`, ``room`` bytes unpacked at most). Blocking: call it from a
+    worker thread."""
+    data = read_upload(file, cap)
+    if is_zip(data[:4]):
+        return read_zip(data, max_entries, cap, room)
+    return [Entry(name, data=data)]

@@ -228,6 +228,18 @@ def public_ui_route(method: str, path: str) -> bool:
     return method == "POST" and path in LOGIN_ROUTES
 
 
+def token_or_ui_login(request, token: str) -> bool:
+    """The API token, or (for the page) a signed-in UI session when the UI has a login; always
+    true when neither is configured (then the API is open anyway)."""
+    from pipeline.web.auth import token_ok
+
+    if token_ok(request.headers.get, token):
+        return True
+    gradio_app = getattr(request.app.state, "gradio_app", None)
+    return (gradio_app is not None and getattr(gradio_app, "auth", None) is not None
+            and signed_in(gradio_app, request.scope))
+
+
 def signed_in(gradio_app, scope) -> bool:
     """Whether the request carries a login of the mounted Gradio app (its session cookie, as
     Gradio's own ``login_check`` reads it); True when the UI asks for no login."""

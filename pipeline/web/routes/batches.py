@@ -34,15 +34,14 @@ from anyio import to_thread
 from fastapi import APIRouter, File, Form, Request, UploadFile
 from fastapi.responses import JSONResponse
 
-from pipeline.audio.archive import MAX_ENTRIES, ArchiveRefused, Entry, is_zip, read_zip
-from pipeline.audio.decode import read_upload
+from pipeline.audio.archive import MAX_ENTRIES, ArchiveRefused, Entry, read_recordings
 from pipeline.domain.errors import InvalidOption, SenseVoiceError, Unauthorized
 from pipeline.domain.types import Lane, TranscribeOptions
 from pipeline.serving.records import storage_error
-from pipeline.web.auth import token_ok
 from pipeline.web.fast_submit import submit_bytes, submit_limiter
 from pipeline.web.links import job_links
 from pipeline.web.middleware import weigh_upload_slot
+from pipeline.web.ui_guard import token_or_ui_login
 
 logger = logging.getLogger("sensevoice.batches")
 
@@ -50,16 +49,6 @@ MAX_FILES = MAX_ENTRIES  # files in one request (the recordings of all its zips 
 # one batch's recordings submitted at once: a few, so that a batch moves on while another request
 # (or batch) gets its turn at the submit limiter's threads
 SUBMITS_AT_ONCE = 2
-
-
-def _may_submit(request: Request, token: str) -> bool:
-    if token_ok(request.headers.get, token):
-        return True
-    from pipeline.web.ui_guard import signed_in
-
-    gradio_app = getattr(request.app.state, "gradio_app", None)
-    return (gradio_app is not None and getattr(gradio_app, "auth", None) is not None
-            and signed_in(gradio_app, request.scope))
 
 
 def build_batches_router(settings, intake) -> APIRouter:
@@ -71,7 +60,7 @@ def build_batches_router(settings, intake) -> APIRouter:
             files: list[UploadFile] = File(..., description="recordings and/or zips of recordings"),
             language: str = Form("auto"), use_itn: bool = Form(True),
             split_channels: bool = Form(False), word_timestamps: bool = Form(False)):
-        if not _may_submit(request, settings.server.token):
+        if not token_or_ui_login(request, settings.server.token):
             raise Unauthorized("missing or wrong API token (send 'Authorization: Bearer <token>'), "
                                "or sign in to the UI")
         if len(files) > MAX_FILES:
@@ -111,11 +100,10 @@ def batch_weight(recordings: int, unpacked: int, limits) -> int:
 
 def _read_file(f: UploadFile, cap: int, max_entries: int, room: int) -> list[Entry]:
     """One file of the request: itself, or the recordings of a zip (in a worker thread)."""
-    data = read_upload(f.file, cap)
-    f.file.close()  # the spooled copy goes: the bytes are what is kept
-    if is_zip(data[:4]):
-        return read_zip(data, max_entries, cap, room)
-    return [Entry(f.filename or "", data=data)]
+    try:
+        return read_recordings(f.file, f.filename or "", cap, max_entries, room)
+    finally:
+        f.file.close()  # the spooled copy goes: the bytes are what is kept
 
 
 async def _submit_all(state, settings, intake, entries: list[Entry],

@@ -46,7 +46,7 @@ INTEGRATION_FILES = {
     "test_event_fanout", "test_events", "test_expired_links", "test_fast_submit", "test_forwarded",
     "test_hostile_batches", "test_hostile_exports", "test_live_fairness", "test_live_hostile",
     "test_live_lane_redis", "test_loading", "test_metrics", "test_observability", "test_openai",
-    "test_review_api", "test_stream", "test_submit_threads", "test_ui_heartbeat", "test_ui_security",
+    "test_realtime", "test_review_api", "test_stream", "test_submit_threads", "test_ui_heartbeat", "test_ui_security",
 }
 _UNIT_GUARD = {"unit": False}  # True while a unit test is set up and runs: a server there is a mistake
 

@@ -783,10 +783,10 @@ def test_nginx_keeps_a_live_stream_open_for_its_whole_life():
     from fastapi.routing import APIWebSocketRoute
 
     from pipeline.config import Settings
-    from pipeline.web.routes.stream import build_stream_router
+    from pipeline.web.routes.live import build_live_router
 
-    paths = [r.path for r in build_stream_router(None).routes if isinstance(r, APIWebSocketRoute)]
-    assert {"/api/stream", "/api/stream/funasr"} <= set(paths), paths
+    paths = [r.path for r in build_live_router(None).routes if isinstance(r, APIWebSocketRoute)]
+    assert {"/api/stream", "/api/stream/funasr", "/v1/realtime"} <= set(paths), paths
     caps = [Settings().live.max_stream_wall_s]
     api_env = {k: interpolate(str(v)) for k, v in compose()["services"]["api"]["environment"].items()}
     caps.append(settings_from_env(api_env).live.max_stream_wall_s)
@@ -995,7 +995,7 @@ def test_the_ingress_keeps_a_live_stream_open_for_its_whole_life():
     a stream may live, as the api pods set it; the rest of /api keeps its bounded wait."""
     from fastapi.routing import APIWebSocketRoute
 
-    from pipeline.web.routes.stream import build_stream_router
+    from pipeline.web.routes.live import build_live_router
 
     (c,) = [c for n, _, c in containers() if n == "sensevoice-api"]
     from pipeline.config import Settings
@@ -1015,8 +1015,8 @@ def test_the_ingress_keeps_a_live_stream_open_for_its_whole_life():
         assert best is not None, path
         return best["metadata"]["annotations"]
 
-    paths = [r.path for r in build_stream_router(None).routes if isinstance(r, APIWebSocketRoute)]
-    assert {"/api/stream", "/api/stream/funasr"} <= set(paths), paths
+    paths = [r.path for r in build_live_router(None).routes if isinstance(r, APIWebSocketRoute)]
+    assert {"/api/stream", "/api/stream/funasr", "/v1/realtime"} <= set(paths), paths
     for path in paths:
         annotations = ingress_for(path)
         for key in ("proxy-read-timeout", "proxy-send-timeout"):

@@ -340,6 +340,17 @@ class LiveSession:
         await asyncio.wait({self._driver})
         self._check()
 
+    def cut(self) -> bool:
+        """Close the utterance in progress where the audio scored so far ends, as the stream's
+        end would (its final, reason "end", is queued behind those before it), and go on: the
+        client said its turn is over (OpenAI's ``input_audio_buffer.commit``). False: no speech
+        was in progress (a region too short to be speech is dropped, as at the end)."""
+        self._check()
+        events = self.endpointer.finish(self.endpointer.position)
+        for event in events:
+            self._on_event(event)
+        return any(isinstance(e, Closed) for e in events)
+
     def stop(self, error: SenseVoiceError) -> None:
         """Ask the route to finalise what arrived and end the stream with ``error`` (it wakes a
         route waiting for the client at once: :attr:`on_stop`)."""

@@ -11,7 +11,7 @@ from pipeline.web.routes.events import build_events_router, event_fanout
 from pipeline.web.routes.jobs import build_jobs_router
 from pipeline.web.routes.openai import build_openai_router
 from pipeline.web.routes.desk import build_desk_router
-from pipeline.web.routes.stream import build_stream_router
+from pipeline.web.routes.live import build_live_router
 
 if TYPE_CHECKING:
     from pipeline.serving.runtime import Runtime
@@ -21,7 +21,7 @@ if TYPE_CHECKING:
 def add_api(app, runtime: Runtime, bodies, pages: JobPages):
     """The job routes, the UI and the request guards inside the Host/Origin check. Each router
     gets the parts it uses: the intake and the job view (jobs, OpenAI), the pages (events, UI),
-    the live lane (stream)."""
+    the live lane (stream, realtime)."""
     settings, intake, view, pool = runtime.settings, runtime.intake, runtime.view, runtime.pool
     app.include_router(build_jobs_router(settings, intake, view, bodies))
     app.include_router(build_openai_router(settings, intake, view))  # /v1: OpenAI-compatible
@@ -30,9 +30,9 @@ def add_api(app, runtime: Runtime, bodies, pages: JobPages):
     hub = LiveHub(settings, runtime.live_decode, runtime.health,
                   registry=runtime.metrics.registry,
                   speech_device=pool.speech_device if pool is not None else "cpu",
-                  busy_seconds=runtime.live_busy_seconds)
+                  busy_seconds=runtime.live_busy_seconds, capacity=runtime.live_capacity)
     app.state.live_hub = hub
-    app.include_router(build_stream_router(hub))  # live captions (WebSocket), FunASR's too
+    app.include_router(build_live_router(hub))  # live captions (WebSocket): ours, FunASR's, OpenAI's
     app.include_router(build_desk_router(settings, intake, view, runtime.broker))  # the desk
     if settings.ui.enabled:
         from pipeline.web.ui import mount_ui

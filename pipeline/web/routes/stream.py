@@ -216,16 +216,18 @@ def client_of(ws: WebSocket) -> str:
     return ws.client.host if ws.client else ""
 
 
-def authorized(ws: WebSocket, token: str) -> bool:
-    """The API token as a header or a ``bearer.<token>`` subprotocol, or a live link. A refusal
-    is counted against the client (auth_throttle); an expired live link this server signed is
-    refused with link_expired and not counted (it is no guess)."""
+def authorized(ws: WebSocket, token: str, prefixes: tuple[str, ...] = (BEARER_PREFIX,)) -> bool:
+    """The API token as a header or a ``bearer.<token>`` subprotocol (or another of
+    ``prefixes``), or a live link. A refusal is counted against the client (auth_throttle); an
+    expired live link this server signed is refused with link_expired and not counted (it is no
+    guess)."""
     if token_ok(ws.headers.get, token):
         return True
     for offered in ws.scope.get("subprotocols") or ():
-        if offered.startswith(BEARER_PREFIX) and hmac.compare_digest(
-                offered[len(BEARER_PREFIX):].encode(), token.encode()):
-            return True
+        for prefix in prefixes:
+            if offered.startswith(prefix) and hmac.compare_digest(
+                    offered[len(prefix):].encode(), token.encode()):
+                return True
     q = ws.query_params
     state = link_state(link_key(token), LIVE_SUBJECT, q.get("exp"), q.get("sig"))
     if state == "expired":
@@ -244,9 +246,9 @@ def choose_subprotocol(ws: WebSocket, preferred: str) -> str | None:
     return next((p for p in offered if p.startswith(BEARER_PREFIX)), None)
 
 
-def parse_text(text: str) -> dict:
-    if len(text) > MAX_TEXT_FRAME:
-        raise InvalidMessage(f"a text frame holds at most {MAX_TEXT_FRAME} characters")
+def parse_text(text: str, limit: int = MAX_TEXT_FRAME) -> dict:
+    if len(text) > limit:
+        raise InvalidMessage(f"a text frame holds at most {limit} characters")
     try:
         message = json.loads(text)
     except ValueError:

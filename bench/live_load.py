@@ -3,11 +3,13 @@
 ``/api/stream``; prints the latencies a person would see.
 
     python bench/live_load.py --streams 1,8,32                # starts the demo model on CPU
+    python bench/live_load.py --streams 64 --spread-s 10,1    # both arrival patterns (issue 38)
     python bench/live_load.py --url http://127.0.0.1:7860 --streams 100 --token T
 
 The audio: three espeak-ng sentences separated by 1.2 s pauses (the test's recording), repeated
 ``--repeat`` times, 16 kHz PCM in 100 ms frames, each sent when a microphone would have recorded
-it (frame k at k x 100 ms + 100 ms); streams start spread over --spread-s (1 s). Where each
+it (frame k at k x 100 ms + 100 ms); streams start spread over --spread-s (1 s; a list gives a
+row per spread, each on a fresh server where this script starts one). Where each
 sentence is voiced is known (10 ms frames above -60 dBFS), and each final is matched to its
 sentence, so per utterance:
 
@@ -230,49 +232,53 @@ def main() -> int:
     ap.add_argument("--pause-s", type=float, default=0.7, help="the server's live_pause_s")
     ap.add_argument("--client-processes", type=int, default=1,
                     help="client processes the streams are spread over (use 1 per ~200 streams)")
-    ap.add_argument("--spread-s", type=float, default=1.0, help="streams start spread over this "
-                    "many seconds (the server admits new streams at a measured rate)")
+    ap.add_argument("--spread-s", default="1", help="streams start spread over this many "
+                    "seconds; a comma list gives a row per spread (a fresh server each where "
+                    "this script starts one: a burst on a cold server is the hard case)")
     args = ap.parse_args()
     counts = [int(n) for n in args.streams.split(",")]
+    spreads = [float(x) for x in args.spread_s.split(",")]
     with tempfile.TemporaryDirectory() as work:
         pcm, spans = speech(Path(work))
         one = len(pcm) / 2 / SAMPLE_RATE_HZ
         pcm = pcm * args.repeat
         spans = [(a + k * one, b + k * one) for k in range(args.repeat) for a, b in spans]
-        proc = None
-        url = args.url
-        if url is None:
-            with socket.socket() as s:
-                s.bind(("127.0.0.1", 0))
-                port = s.getsockname()[1]
-            proc = start_server(port, work, {"SENSEVOICE_MAX_LIVE_STREAMS": str(max(counts) + 1),
-                                             # every simulated microphone has this one address
-                                             "SENSEVOICE_MAX_LIVE_STREAMS_PER_CLIENT": "0",
-                                             "SENSEVOICE_LIVE_PAUSE_S": str(args.pause_s)},
-                                Path(work) / "server.log")
-            url = f"http://127.0.0.1:{port}"
         headers = {"Authorization": f"Bearer {args.token}"} if args.token else {}
-        ws_url = url.replace("http", "ws", 1) + "/api/stream"
         rows = []
-        try:
-            print(f"{len(pcm) / 2 / SAMPLE_RATE_HZ:.1f} s of audio per stream, {len(spans)} utterances")
-            print("| streams | admitted | refused | speech start -> first partial p50 / p95 ms | "
-                  "pause -> final p50 / p95 ms | speech end -> final p50 / p95 ms | utterances | "
-                  "unmatched (admitted) | partials per stream | errors |")
-            print("|---|---|---|---|---|---|---|---|---|---|")
-            for n in counts:
-                r = level(ws_url, headers, pcm, spans, n, args.pause_s, args.spread_s,
-                          args.client_processes)
-                rows.append(r)
-                print(f"| {n} | {r['admitted']} | {r['refused']} | "
-                      f"{r['first_partial_p50_ms']} / {r['first_partial_p95_ms']} | "
-                      f"{r['final_p50_ms']} / {r['final_p95_ms']} | {r['end_final_p50_ms']} / "
-                      f"{r['end_final_p95_ms']} | {r['utterances']} | {r['unmatched']} | "
-                      f"{r['partials_per_stream']} | {', '.join(r['errors']) or '-'} |", flush=True)
-        finally:
-            if proc is not None:
-                proc.terminate()
-                proc.wait(30)
+        print(f"{len(pcm) / 2 / SAMPLE_RATE_HZ:.1f} s of audio per stream, {len(spans)} utterances")
+        print("| streams | over s | admitted | refused | speech start -> first partial p50 / p95 ms | "
+              "pause -> final p50 / p95 ms | speech end -> final p50 / p95 ms | utterances | "
+              "unmatched (admitted) | partials per stream | errors |")
+        print("|---|---|---|---|---|---|---|---|---|---|---|")
+        for spread in spreads:
+            proc = None
+            url = args.url
+            if url is None:
+                with socket.socket() as s:
+                    s.bind(("127.0.0.1", 0))
+                    port = s.getsockname()[1]
+                proc = start_server(port, work, {"SENSEVOICE_MAX_LIVE_STREAMS": str(max(counts) + 1),
+                                                 # every simulated microphone has this one address
+                                                 "SENSEVOICE_MAX_LIVE_STREAMS_PER_CLIENT": "0",
+                                                 "SENSEVOICE_LIVE_PAUSE_S": str(args.pause_s)},
+                                    Path(work) / f"server-{spread:g}.log")
+                url = f"http://127.0.0.1:{port}"
+            ws_url = url.replace("http", "ws", 1) + "/api/stream"
+            try:
+                for n in counts:
+                    r = level(ws_url, headers, pcm, spans, n, args.pause_s, spread,
+                              args.client_processes)
+                    r["spread_s"] = spread
+                    rows.append(r)
+                    print(f"| {n} | {spread:g} | {r['admitted']} | {r['refused']} | "
+                          f"{r['first_partial_p50_ms']} / {r['first_partial_p95_ms']} | "
+                          f"{r['final_p50_ms']} / {r['final_p95_ms']} | {r['end_final_p50_ms']} / "
+                          f"{r['end_final_p95_ms']} | {r['utterances']} | {r['unmatched']} | "
+                          f"{r['partials_per_stream']} | {', '.join(r['errors']) or '-'} |", flush=True)
+            finally:
+                if proc is not None:
+                    proc.terminate()
+                    proc.wait(30)
     if os.environ.get("OUT"):
         Path(os.environ["OUT"], "live_load.json").write_text(json.dumps(rows, indent=1))
     return 0

@@ -333,11 +333,20 @@ class LiveSettings(BaseModel):
         "speech detector, a partial still running and the network (docs/BENCHMARKS.md: 0.15 s "
         "measured best of 0.12 / 0.15 / 0.3 on two cores).")
     target_busy: float = Field(
-        0.6, gt=0, le=1.0, description="Live captions keep their model busy at most this share of "
-        "the time: a new stream is refused (live_at_capacity) once the open streams, with the "
-        "load the young ones have still to bring (a per-stream cost learned from the lane), "
-        "would take it past this; partials thin out from half of it. Lower on a CPU shared with "
-        "much else; higher where the model has a device of its own.")
+        0.6, gt=0, le=1.0, description="Partials thin out from half this busy share of the live "
+        "lane's model. Until the lane's capacity is measured (live_capacity_share), also a new "
+        "stream is refused (live_at_capacity) once the open streams, with the load the young ones "
+        "have still to bring (a per-stream cost learned from the lane), would take it past this.")
+    capacity_share: float = Field(
+        0.8, gt=0, le=1.0, description="Live admission fills the lane's measured capacity up to "
+        "this share: the re-decodes per second its workers can batch within live_latency_budget_s "
+        "(measured from their batches' sizes and times), against the open streams' demand (their "
+        "speech times a cost per voiced second learned from the lane; in the distributed "
+        "topology every api process's streams together). A burst is admitted up to it at once.")
+    gather_ms: float = Field(
+        4.0, ge=0, le=50.0, description="On a GPU, a batch waits up to this long after its oldest "
+        "live re-decode for more of them while they arrive densely, so re-decodes of many streams "
+        "run in one batch; not on a CPU (a batch there costs the sum of its items).")
     max_stream_wall_s: float = Field(
         4 * 3600.0, gt=0, description="Time one live stream (one FunASR recording) may stay open, "
         "wall clock, whatever it sends: then its utterances are finalised and it ends with "
@@ -455,6 +464,8 @@ GROUP_OF = {
     'live_max_buffered_s': ('live', 'max_buffered_s'),
     'live_latency_budget_s': ('live', 'latency_budget_s'),
     'live_target_busy': ('live', 'target_busy'),
+    'live_capacity_share': ('live', 'capacity_share'),
+    'live_gather_ms': ('live', 'gather_ms'),
     'live_max_stream_wall_s': ('live', 'max_stream_wall_s'),
     'live_quiet_window_s': ('live', 'quiet_window_s'),
     'live_quiet_share': ('live', 'quiet_share'),

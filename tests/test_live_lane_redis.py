@@ -260,3 +260,82 @@ def test_a_redis_outage_ends_the_waiting_streams_by_name(tmp_path):
         die(a)
         b.close()
         server.stop()
+
+
+# ---------------------------------------------------------------------------- issue 38
+def test_finals_go_first_through_redis_and_both_request_forms_are_served(broker, redis_url):
+    """A final carries its kind: it is taken before partials queued earlier and queued ahead of
+    them in the worker's scheduler; a request of the previous form (no kind) is a partial."""
+    from pipeline.serving.live_redis import FINAL, encode_request
+
+    partials = [live_item() for _ in range(3)]
+    final = live_item()
+    final.final = True
+    replies = [broker.submit_live(p) for p in partials] + [broker.submit_live(final)]
+    assert final.job_id.startswith(FINAL)
+    r = redis.Redis.from_url(redis_url)
+    deadline = time.monotonic() + 10
+    while r.llen(broker._live.keys.requests) < 4:  # all four pushed before a worker takes any
+        assert time.monotonic() < deadline
+        time.sleep(0.005)
+    # the previous release's request form: "rid deadline_ms", no kind
+    old = live_item()
+    r.lpush(broker._live.keys.requests,
+            encode_request(old.job_id, int((time.time() + 60) * 1000), "nobody", old))
+    server, scheduler = worker(broker, "w")
+    try:
+        deadline = time.monotonic() + 10
+        while scheduler.live_depth() < 4:  # max_waiting 4: the final and three of the others
+            assert time.monotonic() < deadline
+            time.sleep(0.005)
+        with scheduler._cond:
+            first = scheduler._select()[0]
+        assert first.final and first.job_id == final.job_id
+        assert not any(i.final for i in scheduler._items if i is not first)
+        for item in scheduler.next_batch(0.1):
+            answer(item, "<|en|><|NEUTRAL|><|Speech|><|withitn|>x")
+        assert replies[-1].result(timeout=10).raw_text.endswith("x")
+    finally:
+        server.stop()
+
+
+def test_api_processes_cannot_together_over_admit(broker, redis_url):
+    """Two api processes admit against one worker's reported capacity: each reservation is one
+    atomic step in Redis over every api process's demand, so together they stay under the
+    share, whoever asks; a process's published demand expires with it."""
+    from pipeline.serving.live_redis import ClusterCapacity
+
+    server, scheduler = worker(broker, "w")
+    scheduler.live_batches.batch(1, 0.01)  # 100 re-decodes/s within any budget over 20 ms
+    try:
+        a, b = (ClusterCapacity(redis.Redis.from_url(redis_url), broker.prefix) for _ in range(2))
+        for cap in (a, b):
+            cap._thread = object()  # no reading thread: the test steps them
+        deadline = time.monotonic() + 10
+        while a.rate(0.15) is None:  # the worker's next beat carries its report
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
+            a.update()
+        assert a.rate(0.15) == pytest.approx(100.0)
+        limit = 0.8 * 100.0
+        admitted = {"a": 0, "b": 0}
+
+        def admit(name, cap):
+            while cap.reserve((admitted[name] + 1) * 2.0, limit):
+                admitted[name] += 1
+
+        threads = [threading.Thread(target=admit, args=(n, c)) for n, c in (("a", a), ("b", b))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert 2.0 * sum(admitted.values()) <= limit  # 40 streams of 2/s at most, together
+        assert sum(admitted.values()) >= 39
+        b.update()
+        assert b.others() == pytest.approx(2.0 * admitted["a"])
+        b.publish(0.0)  # b's streams ended
+        b.update()
+        a.update()
+        assert a.others() == 0.0
+    finally:
+        server.stop()

@@ -1,4 +1,6 @@
-"""Admission of long recordings: a bounded backlog of jobs waiting to be split and run.
+"""Admission: of long recordings (a bounded backlog of jobs waiting to be split and run), of
+clients (:func:`client_key`), and of live streams (:class:`BatchProfile`, :class:`LiveAdmission`:
+how many more streams the live lane can batch within its latency budget, issue 38).
 
 Long recordings are accepted, then split by VAD in the background and run as pieces. Without a
 bound, 42 uploads of 30 min of silence (14 KB FLACs each) in 45 s took the server from 2.4 to
@@ -16,6 +18,10 @@ from __future__ import annotations
 
 import ipaddress
 import threading
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass
 
 from pipeline.domain.errors import BacklogFull
 
@@ -84,3 +90,243 @@ def client_key(address: str, prefix_v4: int = 32, prefix_v6: int = 128) -> str:
     if prefix >= ip.max_prefixlen:
         return str(ip)
     return str(ipaddress.ip_network(f"{ip}/{prefix}", strict=False))
+
+
+# ---------------------------------------------------------------------------- live captions
+class BatchProfile:
+    """What the live lane's batches cost here, as measured (issue 38): per batch size the recent
+    time of a batch from its launch to its results, and the queue's age (how long the oldest
+    re-decode of each batch waited for it). A worker thread writes it, admission reads it: a
+    lock guards the few numbers.
+
+    :meth:`rate` is the re-decodes per second the lane can run in batches that each stay within
+    the latency budget -- not the share of wall time a batch of any size holds: on the H200 a
+    batch of 4 re-decodes took ~5 ms where one of 64 took 23 ms, so a lane "busy" all the time
+    with batches of a few had most of its arithmetic left. A batch's time is fitted as
+    ``fixed + per_item * size`` over the sizes seen (one size alone: all per item, which is
+    right on a CPU and an underestimate of what a GPU can batch); sizes up to twice the largest
+    seen are predicted from the fit, so the capacity grows as larger batches are measured."""
+
+    WEIGHT_NEW = 0.2  # a batch's weight in its size's average
+    AGE_HALF_LIFE_S = 2.0  # the queue's age is a recent figure: it falls back when batches wait less
+    SIZES_KEPT = 16  # batch sizes remembered (the most recent)
+
+    def __init__(self, max_batch: int = 64, lanes: int = 1, clock: Callable[[], float] = time.monotonic):
+        self.max_batch = max_batch  # the scheduler's
+        self.lanes = lanes  # workers batching from it (one per device)
+        self.clock = clock
+        self._times: dict[int, float] = {}  # size -> seconds (average)
+        self._age, self._age_at = 0.0, clock()
+        self.sizes: Counter = Counter()  # batches run, by size (logged, then cleared)
+        self._lock = threading.Lock()
+
+    def batch(self, size: int, seconds: float, waited_s: float = 0.0) -> None:
+        """A batch of ``size`` live re-decodes ran in ``seconds``; its oldest had waited
+        ``waited_s`` in the queue."""
+        if size <= 0:
+            return
+        with self._lock:
+            old = self._times.pop(size, None)  # re-inserted: the dict keeps the recent sizes last
+            self._times[size] = seconds if old is None else \
+                (1 - self.WEIGHT_NEW) * old + self.WEIGHT_NEW * seconds
+            while len(self._times) > self.SIZES_KEPT:
+                del self._times[next(iter(self._times))]
+            age = self._age_now()
+            self._age = waited_s if waited_s > age else 0.8 * age + 0.2 * waited_s
+            self._age_at = self.clock()
+            self.sizes[size] += 1
+
+    def _age_now(self) -> float:
+        return self._age * 0.5 ** ((self.clock() - self._age_at) / self.AGE_HALF_LIFE_S)
+
+    def queue_age(self) -> float:
+        """How long re-decodes waited for their batch, recently (seconds)."""
+        with self._lock:
+            return self._age_now()
+
+    def fit(self) -> tuple[float, float, int] | None:
+        """(fixed seconds, seconds per item, largest size seen), or None before any batch."""
+        with self._lock:
+            points = list(self._times.items())
+        if not points:
+            return None
+        largest = max(b for b, _ in points)
+        if len(points) == 1:
+            b, t = points[0]
+            return 0.0, t / b, largest
+        n = len(points)
+        mb, mt = sum(b for b, _ in points) / n, sum(t for _, t in points) / n
+        var = sum((b - mb) ** 2 for b, _ in points)
+        per_item = sum((b - mb) * (t - mt) for b, t in points) / var
+        # noise can tilt the line: never cheaper per item than the largest batch measured
+        floor = min(t / b for b, t in points) / 4
+        per_item = max(per_item, floor)
+        fixed = max(mt - per_item * mb, 0.0)
+        return fixed, per_item, largest
+
+    def batch_seconds(self, size: int) -> float | None:
+        fit = self.fit()
+        return None if fit is None else fit[0] + fit[1] * size
+
+    def rate(self, budget_s: float) -> float | None:
+        """Re-decodes per second this lane (``lanes`` workers) can run in batches of at most half
+        the budget each (a re-decode may wait for the batch in flight, then run in its own), the
+        largest such batch within ``max_batch`` and twice the largest measured; None before any
+        batch."""
+        fit = self.fit()
+        return None if fit is None else self.lanes * rate_of(*fit, self.max_batch, budget_s)
+
+    def report(self) -> str:
+        """The figures a worker process reports for the api processes' admission ('' before any
+        batch): fixed s, s per item, largest size, max batch, workers, queue age s."""
+        fit = self.fit()
+        if fit is None:
+            return ""
+        return " ".join(repr(float(x)) for x in (*fit, self.max_batch, self.lanes, self.queue_age()))
+
+    def take_sizes(self) -> Counter:
+        """The batch sizes run since the last call (for the log)."""
+        with self._lock:
+            sizes, self.sizes = self.sizes, Counter()
+        return sizes
+
+
+def rate_of(fixed: float, per_item: float, largest: float, max_batch: float, budget_s: float) -> float:
+    """Re-decodes per second of one worker whose batches take ``fixed + per_item * size``
+    (:meth:`BatchProfile.rate`)."""
+    limit = max(1, min(int(max_batch), 2 * int(largest)))
+    size = int((budget_s / 2 - fixed) / per_item) if per_item > 0 else limit
+    size = max(1, min(size, limit))
+    return size / max(fixed + per_item * size, 1e-6)
+
+
+def report_rate(text: str, budget_s: float) -> tuple[float, float] | None:
+    """(re-decodes/s within ``budget_s``, queue age s) of one worker process's
+    :meth:`BatchProfile.report`; None for an empty or unreadable one."""
+    try:
+        fixed, per_item, largest, max_batch, lanes, age = (float(x) for x in text.split())
+    except ValueError:
+        return None
+    return lanes * rate_of(fixed, per_item, largest, max_batch, budget_s), age
+
+
+class LocalLaneCapacity:
+    """The embedded lane's capacity: this process's workers' :class:`BatchProfile` (no other
+    api process shares it)."""
+
+    shared = False
+
+    def __init__(self, profile: BatchProfile):
+        self.profile = profile
+
+    def rate(self, budget_s: float) -> float | None:
+        return self.profile.rate(budget_s)
+
+    def queue_age(self) -> float:
+        return self.profile.queue_age()
+
+    def others(self) -> float:
+        return 0.0
+
+    def reserve(self, demand: float, limit: float) -> bool:
+        return demand <= limit
+
+    def publish(self, demand: float) -> None:
+        pass
+
+
+@dataclass(frozen=True)
+class StreamLoad:
+    """One open stream as live admission sees it: its age and the voiced seconds it sent over
+    the last ``window`` (its whole life while younger)."""
+
+    age_s: float
+    voiced_s: float
+
+
+class LiveAdmission:
+    """How many more live streams fit (issue 38), the same rule in both topologies. Pure: the
+    caller hands in the lane's capacity (re-decodes per second within the budget: the
+    :class:`BatchProfile` of this process's workers, or the sum the worker processes report),
+    the queue's age, the open streams' speech (:class:`StreamLoad`), and what the lane did
+    (:meth:`decoded`, :meth:`voiced`); the clock is injected.
+
+    * **a stream's cost** is ``k`` re-decodes per second of voiced audio (partials at the
+      cadence, its finals), learned from this lane over windows of ``LEARN_WINDOW_S`` with at
+      least ``LEARN_MIN_VOICED_S`` of speech (before: one partial per interval plus a final per
+      ``PRIOR_UTTERANCE_S``), times its voiced share: its own once it is ``RAMP_S`` old (a stream
+      of silence costs nothing, and is the first to give way when slots run out), the larger of
+      its own and the streams' mean before (its speech has not begun yet, and it will);
+    * **the demand** is the open streams' cost (plus, in the distributed topology, what the
+      other api processes' streams ask);
+    * :meth:`room` is how many streams of the mean voiced share fit under ``share`` of the
+      capacity -- a burst is admitted up to it at once, not a few at a time; none while the
+      queue's age is over the budget (the lane is behind now, whatever the figures say)."""
+
+    LEARN_WINDOW_S = 5.0
+    LEARN_MIN_VOICED_S = 5.0
+    RAMP_S = 4.0
+    PRIOR_VOICED_SHARE = 0.6  # a person who talks: speech most of the time, pauses between
+    PRIOR_UTTERANCE_S = 2.5
+    MIN_SHARE = 0.05  # no stream costs nothing: a quiet one may speak
+    COST_WEIGHT_NEW = 0.3
+
+    def __init__(self, interval_s: float, budget_s: float, share: float = 0.8,
+                 window_s: float = 60.0, clock: Callable[[], float] = time.monotonic):
+        self.interval_s, self.budget_s, self.share, self.window_s = interval_s, budget_s, share, window_s
+        self.clock = clock
+        self.k = 1.0 / interval_s + 1.0 / self.PRIOR_UTTERANCE_S  # re-decodes per voiced second
+        self.learned = False
+        self._decodes, self._voiced, self._since = 0, 0.0, clock()
+
+    # -- what the lane did (this process's streams)
+    def decoded(self, n: int = 1) -> None:
+        self._decodes += n
+        self._learn()
+
+    def voiced(self, seconds: float) -> None:
+        self._voiced += seconds
+        self._learn()
+
+    def _learn(self) -> None:
+        now = self.clock()
+        if now - self._since < self.LEARN_WINDOW_S:
+            return
+        if self._voiced >= self.LEARN_MIN_VOICED_S:
+            k = self._decodes / self._voiced
+            self.k = k if not self.learned else \
+                (1 - self.COST_WEIGHT_NEW) * self.k + self.COST_WEIGHT_NEW * k
+            self.learned = True
+        self._decodes, self._voiced, self._since = 0, 0.0, now
+
+    # -- the streams' cost
+    def _own(self, s: StreamLoad) -> float:
+        return s.voiced_s / max(min(s.age_s, self.window_s), 1e-3)
+
+    def mean_share(self, streams: list[StreamLoad]) -> float:
+        """The voiced share of the streams old enough to show it (the prior before any is)."""
+        old = [self._own(s) for s in streams if s.age_s >= self.RAMP_S]
+        return min(sum(old) / len(old), 1.0) if old else self.PRIOR_VOICED_SHARE
+
+    def demand(self, streams: list[StreamLoad]) -> float:
+        """Re-decodes per second these streams ask of the lane."""
+        mean = self.mean_share(streams)
+        total = 0.0
+        for s in streams:
+            own = min(self._own(s), 1.0)
+            total += max(own if s.age_s >= self.RAMP_S else max(own, mean), self.MIN_SHARE)
+        return self.k * total
+
+    def stream_cost(self, streams: list[StreamLoad]) -> float:
+        """Re-decodes per second one more stream is expected to ask."""
+        return self.k * max(self.mean_share(streams), self.MIN_SHARE)
+
+    def room(self, capacity: float | None, streams: list[StreamLoad], queue_age_s: float = 0.0,
+             others: float = 0.0) -> int | None:
+        """How many more streams fit; None while the capacity is not measured yet."""
+        if capacity is None:
+            return None
+        if queue_age_s > self.budget_s:
+            return 0
+        left = self.share * capacity - others - self.demand(streams)
+        return max(int(left / self.stream_cost(streams)), 0)

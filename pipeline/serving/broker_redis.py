@@ -94,7 +94,7 @@ from pipeline.domain.errors import (AudioGone, AudioLost, AudioUnreadable, Broke
                                     QueueFull, TooManyAttempts)
 from pipeline.serving import calls_index
 from pipeline.serving.job_events import Feed, JobEvent
-from pipeline.serving.live_redis import ClusterBusy, LiveClient, LiveServer
+from pipeline.serving.live_redis import ClusterBusy, ClusterCapacity, LiveClient, LiveServer
 from pipeline.serving.payloads import Payloads
 from pipeline.serving.records import SegmentResult, dump_options, load_options
 from pipeline.serving.scheduler import Scheduler, WorkItem
@@ -522,6 +522,7 @@ class RedisBroker:
         self._workers = f"{prefix}:workers"
         self._busy_reports: dict[str, tuple[float, float, float | None]] = {}  # field -> busy, at, share
         self._cluster_busy: ClusterBusy | None = None
+        self._live_capacity: ClusterCapacity | None = None
         self._lane_keys = [self._counts, *self._streams]
         self._scripts = {name: self._r.register_script(src) for name, src in (
             ("enqueue", _ENQUEUE), ("mark_running", _MARK_RUNNING), ("finish", _FINISH),
@@ -651,6 +652,8 @@ class RedisBroker:
             self._live.close()
         if self._cluster_busy is not None:
             self._cluster_busy.stop()
+        if self._live_capacity is not None:
+            self._live_capacity.stop()
         self._r.close()
 
     # ------------------------------------------------------------------ health
@@ -1014,6 +1017,14 @@ class RedisBroker:
         if self._cluster_busy is None:
             self._cluster_busy = ClusterBusy(self.busy_shares)
         return self._cluster_busy
+
+    def live_capacity_reader(self) -> ClusterCapacity:
+        """The live workers' capacity and the other api processes' demand, as this api process's
+        live admission reads them (one per broker, its thread started by the first read)."""
+        with self._lock:
+            if self._live_capacity is None:
+                self._live_capacity = ClusterCapacity(self._r, self.prefix)
+            return self._live_capacity
 
     @_translated
     def busy_shares(self) -> list[float]:

@@ -56,6 +56,7 @@ from collections.abc import Awaitable, Callable
 from contextlib import asynccontextmanager
 from concurrent.futures import Future
 from dataclasses import dataclass, field, replace
+from typing import Protocol
 
 import numpy as np
 import torch
@@ -69,7 +70,7 @@ from pipeline.domain.errors import (BrokerUnavailable, LiveAtCapacity, LiveDecod
 from pipeline.domain.richtext import parse_rich_text
 from pipeline.domain.tags import SAMPLE_RATE_HZ
 from pipeline.domain.types import Segment, TranscribeOptions, Word
-from pipeline.serving.admission import client_key
+from pipeline.serving.admission import LiveAdmission, StreamLoad, client_key
 
 logger = logging.getLogger("sensevoice.live")
 
@@ -99,7 +100,8 @@ class LiveLimits:
     burst_s: float = 10.0  # audio a stream may send ahead of real time
     decode_timeout_s: float = 60.0  # a decode not answered by then: the workers are gone or hung
     latency_budget_s: float = 0.15  # re-decodes slower than this (recently): no new stream
-    target_busy: float = 0.6  # the model busy at most this share of the time with every stream
+    target_busy: float = 0.6  # partials thin out from half this busy share (and, capacity unknown, admission)
+    capacity_share: float = 0.8  # admission fills the lane's measured capacity up to this share
     max_stream_wall_s: float = 4 * 3600.0  # a stream's time open, wall clock
     quiet_window_s: float = 60.0  # a stream's recent speech is measured over this
     quiet_share: float = 0.05  # under this share of speech: quiet (gives way when slots are full)
@@ -119,6 +121,7 @@ class LiveLimits:
                    burst_s=settings.live.burst_s,
                    latency_budget_s=settings.live.latency_budget_s,
                    target_busy=settings.live.target_busy,
+                   capacity_share=settings.live.capacity_share,
                    max_stream_wall_s=settings.live.max_stream_wall_s,
                    quiet_window_s=settings.live.quiet_window_s,
                    quiet_share=settings.live.quiet_share,
@@ -398,6 +401,7 @@ class LiveSession:
         self.stats.audio_samples += len(scored.samples)
         voiced = int(np.count_nonzero(scored.probs >= self.hub.rules.threshold))
         self.speech.add(voiced * WINDOW / SAMPLE_RATE_HZ, asyncio.get_running_loop().time())
+        self.hub.admission.voiced(voiced * WINDOW / SAMPLE_RATE_HZ)
         for event in self.endpointer.push(scored.probs):
             self._on_event(event)
         if self.endpointer.triggered:
@@ -540,6 +544,7 @@ class LiveSession:
         future = self.hub.decode(wave, options, final=True) if kind == "final" \
             else self.hub.decode(wave, options)
         t0 = time.monotonic()
+        self.hub.admission.decoded()
         waiter = asyncio.wrap_future(future)
         self._inflight = (kind, future, waiter)
         self.hub.load.begin()
@@ -764,6 +769,21 @@ class LaneLoad:
         self._open.pop(token, None)
 
 
+class LaneCapacity(Protocol):
+    """Where live admission reads what the lane has left (issue 38): this process's workers'
+    measured batches (:class:`~pipeline.serving.admission.LocalLaneCapacity`), or the worker
+    processes' reports through the broker, with the other api processes' demand beside them
+    (:class:`~pipeline.serving.live_redis.ClusterCapacity`)."""
+
+    shared: bool  # other api processes admit against the same workers (reserve asks the broker)
+
+    def rate(self, budget_s: float) -> float | None: ...  # re-decodes/s within the budget
+    def queue_age(self) -> float: ...  # how long re-decodes wait for their batch, recently
+    def others(self) -> float: ...  # re-decodes/s the other api processes' streams ask
+    def reserve(self, demand: float, limit: float) -> bool: ...  # blocking where shared
+    def publish(self, demand: float) -> None: ...  # this process's streams' demand, re-decodes/s
+
+
 class LiveMetrics:
     """The live series, in the service's registry (``/metrics``)."""
 
@@ -808,6 +828,14 @@ class LiveMetrics:
                                  "The live lane's busy share one stream brings, as learned: new "
                                  "streams are refused once the open ones would take it past "
                                  "live_target_busy (0.6 by default).", registry=r)
+        self.capacity = Gauge("sensevoice_live_capacity_per_second",
+                              "Re-decodes per second the live lane's workers can batch within "
+                              "live_latency_budget_s, as measured from their batches (0: not "
+                              "measured yet).", registry=r)
+        self.demand = Gauge("sensevoice_live_demand_per_second",
+                            "Re-decodes per second this process's open live streams are expected "
+                            "to ask (their speech times the learned cost per voiced second).",
+                            registry=r)
 
 
 class LiveHub:
@@ -817,10 +845,14 @@ class LiveHub:
     def __init__(self, settings, decode: LiveDecode | None, health, *, registry=None,
                  speech_device: str = "cpu", limits: LiveLimits | None = None,
                  scorer: StreamScorer | None = None,
-                 busy_seconds: Callable[[], float] | None = None):
+                 busy_seconds: Callable[[], float] | None = None,
+                 capacity: LaneCapacity | None = None):
         """``busy_seconds``: the seconds the model has computed so far (this process's workers, or
         in an api process of the distributed topology the worker processes' reports), where the
-        lane's busy share is read; None: the share of time a re-decode of its streams is in hand."""
+        lane's busy share is read; None: the share of time a re-decode of its streams is in hand.
+        ``capacity``: what the lane has left (:class:`LaneCapacity`); admission refuses a stream
+        once the open ones would ask more than ``capacity_share`` of it. None, or not measured
+        yet: the busy share and the guard for young streams hold admission (:class:`LaneLoad`)."""
         self.settings = settings
         self.decode = decode  # the live lane (None: this process holds no model)
         self.health = health  # .not_serving(): why the model cannot serve now, or None
@@ -839,6 +871,13 @@ class LiveHub:
         self.metrics.latency.set_function(self.load.latency)
         self.metrics.busy.set_function(self.load.busy)
         self.metrics.stream_cost.set_function(self.load.stream_cost)
+        self.capacity = capacity
+        self.admission = LiveAdmission(self.limits.partial_interval_s, self.limits.latency_budget_s,
+                                       self.limits.capacity_share, self.limits.quiet_window_s)
+        self.metrics.capacity.set_function(lambda: self._rate() or 0.0)
+        self.metrics.demand.set_function(lambda: self.admission.demand(self.stream_loads()))
+        self._reserving = asyncio.Lock()  # a shared lane's reservations, one at a time here
+        self._publisher: asyncio.Task | None = None
 
     def check_ready(self) -> None:
         """NotReady unless this process can decode live audio now."""
@@ -870,13 +909,78 @@ class LiveHub:
             raise TooManyStreams(f"this {what} holds {held} live streams, the most one client may "
                                  "open at once; close one first")
         self.check_ready()
-        reason = self.load.refusal(self.open - len(self._yielding))
+        reason = self.refusal()
         if reason is not None:  # which rule refused, for whoever tunes them (docs/BENCHMARKS.md)
             logger.info("live stream refused with %d open: %s", self.open, reason)
             raise LiveAtCapacity(reason)
         if victim is not None:
             self._give_way(victim)
         return held
+
+    def _rate(self) -> float | None:
+        return None if self.capacity is None else self.capacity.rate(self.limits.latency_budget_s)
+
+    def stream_loads(self) -> list[StreamLoad]:
+        """The streams holding a slot, as admission weighs them (age, recent speech)."""
+        try:
+            now = asyncio.get_running_loop().time()
+        except RuntimeError:  # a metrics read from another thread: the loop's clock is this one
+            now = time.monotonic()
+        return [StreamLoad(now - s.opened, s.speech.voiced(now))
+                for s in list(self._sessions) if s not in self._yielding]
+
+    def refusal(self) -> str | None:
+        """Why a new stream must wait now, or None. The lane over its latency budget; else, with
+        its capacity measured, the open streams' demand (and the other api processes') with one
+        more over ``capacity_share`` of it (:class:`~pipeline.serving.admission.LiveAdmission`);
+        before that, the busy share and the guard for young streams (:meth:`LaneLoad.refusal`)."""
+        rate = self._rate()
+        if rate is None:
+            return self.load.refusal(self.open - len(self._yielding))
+        latency = self.load.latency()
+        if latency > self.limits.latency_budget_s:
+            return self.load.refusal(self.open - len(self._yielding))  # its budget message
+        streams = self.stream_loads()
+        others = self.capacity.others()
+        room = self.admission.room(rate, streams, self.capacity.queue_age(), others)
+        if room:
+            return None
+        return (f"live captions are at capacity: the {len(streams)} streams open here ask "
+                f"{self.admission.demand(streams):.0f} re-decodes/s"
+                + (f" (other api processes' streams {others:.0f})" if others else "")
+                + f" of the {rate:.0f} the lane batches within its "
+                f"{self.limits.latency_budget_s * 1e3:.0f} ms budget (filled to "
+                f"{self.limits.capacity_share * 100:.0f} %); try again in a few seconds")
+
+    async def _reserve(self) -> None:
+        """A shared lane (several api processes): this process's demand with the new stream is
+        recorded in the broker only while every api process's together stays within the share of
+        the workers' capacity (atomically there), so N api processes cannot together over-admit."""
+        cap = self.capacity
+        rate = self._rate()
+        if cap is None or not cap.shared or rate is None:
+            return
+        async with self._reserving:
+            streams = self.stream_loads()
+            need = self.admission.demand(streams) + self.admission.stream_cost(streams)
+            limit = self.limits.capacity_share * rate
+            if not await asyncio.to_thread(cap.reserve, need, limit):
+                raise LiveAtCapacity(
+                    f"live captions are at capacity: the api processes' streams together would "
+                    f"ask over {limit:.0f} re-decodes/s, the share of the {rate:.0f} the workers "
+                    "batch within the budget; try again in a few seconds")
+        if self._publisher is None or self._publisher.done():
+            self._publisher = asyncio.create_task(self._publish(), name="sensevoice-live-demand")
+
+    async def _publish(self) -> None:
+        """Tell a shared lane this process's demand as its streams speak, end and come."""
+        while True:
+            self.capacity.publish(self.admission.demand(self.stream_loads()) if self.open else 0.0)
+            if not self.open:
+                return
+            await asyncio.sleep(self.PUBLISH_EVERY_S)
+
+    PUBLISH_EVERY_S = 0.5
 
     def _quietest(self) -> LiveSession | None:
         """The stream to give way to a new one: quiet (LiveSession.quiet), of the client holding
@@ -916,6 +1020,7 @@ class LiveHub:
         client = self.client_key(client)
         try:
             held = self._admit(client)
+            await self._reserve()
         except SenseVoiceError as e:
             self.metrics.refused.labels(e.code).inc()
             raise

@@ -22,8 +22,8 @@ or a visibility timeout of a minute. So it travels apart, as the top lane:
 
 Keys (``P`` = prefix)::
 
-    P:live:requests   list    requests waiting: LPUSH (moved ones RPUSH: first), popped from the
-                              right by the claim script; each "rid deadline_ms\\nreply key\\n
+    P:live:requests   list    requests waiting: LPUSH (moved ones and finals RPUSH: first), popped
+                              from the right by the claim script; each "rid deadline_ms\\nreply key\\n
                               options JSON\\n" + 16-bit PCM. Expires when no request came for
                               ``REQUEST_TTL_S`` (no worker ever took them).
     P:live:bell       list    one token per push: workers wait on it (BLPOP), the claim script
@@ -31,6 +31,12 @@ Keys (``P`` = prefix)::
     P:live:claims     hash    rid -> the worker that took it, or "-" (withdrawn while waiting: the
                               worker skips it); deleted with the reply
     P:live:workers    hash    worker -> the Redis time (ms) its beat expires
+    P:live:capacity   hash    worker -> "expiry_ms " + what its live batches cost
+                              (BatchProfile.report): every api process's admission reads the
+                              live workers' capacity from it (issue 38)
+    P:live:demand     hash    api process -> "expiry_ms re-decodes/s": what its open streams ask;
+                              an admission adds to its own field only while the sum over the
+                              live fields stays under the capacity share (one Lua step)
     P:live:reply:A    list    api process A's replies (JSON), RPUSH by workers, BLPOP by A; one
                               reader per process rather than one blocking read (and connection)
                               per stream; each reply names its request; expires with A
@@ -111,13 +117,40 @@ if #out > 0 then redis.call('PEXPIRE', KEYS[3], ARGV[3]) end
 return out
 """
 
-# KEYS: workers. ARGV: consumer, ttl ms. The beat's expiry on Redis's clock (no host skew).
+# KEYS: workers, capacity. ARGV: consumer, ttl ms, capacity report ('' : none yet). The beat's
+# expiry on Redis's clock (no host skew).
 _BEAT = """
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 redis.call('HSET', KEYS[1], ARGV[1], now + tonumber(ARGV[2]))
+if ARGV[3] and ARGV[3] ~= '' then
+  redis.call('HSET', KEYS[2], ARGV[1], (now + tonumber(ARGV[2])) .. ' ' .. ARGV[3])
+end
 return now
 """
+
+# KEYS: demand. ARGV: this api process, its demand with the new stream, the limit, ttl ms.
+# Records the demand only while the live fields' sum stays under the limit; returns
+# {1 or 0, the others' sum as text}.
+_RESERVE = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local all = redis.call('HGETALL', KEYS[1])
+local others = 0
+for i = 1, #all, 2 do
+  if all[i] ~= ARGV[1] then
+    local exp, d = string.match(all[i + 1], '^(%d+) (%S+)$')
+    if exp and tonumber(exp) > now then others = others + tonumber(d) end
+  end
+end
+if others + tonumber(ARGV[2]) > tonumber(ARGV[3]) then return {0, tostring(others)} end
+redis.call('HSET', KEYS[1], ARGV[1], (now + tonumber(ARGV[4])) .. ' ' .. ARGV[2])
+return {1, tostring(others)}
+"""
+
+FINAL = "final:"  # a final's request id starts so: the worker queues it ahead of every partial. A
+# worker of the previous release reads the id as opaque and serves it as a partial (a rolling
+# upgrade loses nothing); a request of a previous api process (no mark) is a partial here.
 
 
 class _Keys:
@@ -126,6 +159,8 @@ class _Keys:
         self.bell = f"{prefix}:live:bell"
         self.claims = f"{prefix}:live:claims"
         self.workers = f"{prefix}:live:workers"
+        self.capacity = f"{prefix}:live:capacity"
+        self.demand = f"{prefix}:live:demand"
         self.reply_prefix = f"{prefix}:live:reply:"
 
 
@@ -144,7 +179,7 @@ def decode_request(blob: bytes) -> tuple[str, str, WorkItem]:
     rid = head.split(b" ", 1)[0].decode()
     audio = pcm16_tensor(pcm)
     item = WorkItem(rid, Lane.INTERACTIVE, load_options(options), int(audio.shape[0]), audio=audio,
-                    reply=Future())
+                    reply=Future(), final=rid.startswith(FINAL))
     return rid, reply_key.decode(), item
 
 
@@ -217,6 +252,8 @@ class LiveClient:
         self._start()
         if item.reply is None:
             item.reply = Future()
+        if item.final and not item.job_id.startswith(FINAL):  # the request carries its kind
+            item.job_id = FINAL + item.job_id
         pending = _Pending(item)
         with self._lock:
             self._pending[item.job_id] = pending
@@ -271,7 +308,10 @@ class LiveClient:
             if deadline_ms is None:
                 deadline_ms = _ms(time.time() + self.deadline_s)
             p.blob = encode_request(p.item.job_id, deadline_ms, self.reply_key, p.item)
-            pipe.lpush(self.keys.requests, p.blob)
+            if p.item.final:  # the front of the queue: taken before every partial waiting
+                pipe.rpush(self.keys.requests, p.blob)
+            else:
+                pipe.lpush(self.keys.requests, p.blob)
             pushed.append(p)
         if pushed:
             pipe.lpush(self.keys.bell, *(b"1" for _ in pushed))
@@ -410,6 +450,7 @@ class LiveServer:
         self._threads[0].join(timeout=2)
         try:
             self._r.hdel(self.keys.workers, self.consumer)
+            self._r.hdel(self.keys.capacity, self.consumer)
         except redis.RedisError:
             pass
         self._replies.put(None)
@@ -423,8 +464,10 @@ class LiveServer:
                     self._stop.wait(self.beat_every_s)
                     continue
                 now = time.monotonic()
-                if now >= next_beat:
-                    self._beat(keys=[self.keys.workers], args=[self.consumer, _ms(self.lost_after_s)])
+                if now >= next_beat:  # with what this worker's live batches cost
+                    self._beat(keys=[self.keys.workers, self.keys.capacity],
+                               args=[self.consumer, _ms(self.lost_after_s),
+                                     self.scheduler.live_batches.report()])
                     next_beat = now + self.beat_every_s
                 room = self.max_waiting - self.scheduler.live_depth()
                 if room <= 0:
@@ -517,6 +560,114 @@ class ClusterBusy:
         with self._lock:
             self._advance()  # the time so far at the old share
             self._share = sum(shares) / len(shares) if shares else 0.0
+
+    def stop(self) -> None:
+        self._stopped.set()
+
+    def _run(self) -> None:
+        while not self._stopped.is_set():
+            self.update()
+            self._stopped.wait(self.READ_EVERY_S)
+
+
+class ClusterCapacity:
+    """What the live lane has left, as an api process's admission reads it in the distributed
+    topology (issue 38; :class:`~pipeline.serving.live.LaneCapacity`): the live workers' reports
+    (``P:live:capacity``) and the other api processes' demand (``P:live:demand``), read every
+    ``READ_EVERY_S`` by a thread of its own that also writes this process's demand (the event
+    loop never waits on Redis); :meth:`reserve` is the one blocking call, made off the loop, and
+    atomic in Redis, so that N api processes cannot together over-admit."""
+
+    READ_EVERY_S = 0.25
+    DEMAND_TTL_S = 3.0  # an api process that stops reporting no longer counts after this
+
+    shared = True
+
+    def __init__(self, client: redis.Redis, prefix: str, clock: Callable[[], float] = time.monotonic):
+        self._r = client
+        self.keys = _Keys(prefix)
+        self.me = uuid.uuid4().hex
+        self.clock = clock
+        self._reserve = client.register_script(_RESERVE)
+        self._lock = threading.Lock()
+        self._reports: list[str] = []  # the live workers' BatchProfile reports
+        self._others = 0.0
+        self._demand: float | None = None  # to write (None: written)
+        self._thread: threading.Thread | None = None
+        self._stopped = threading.Event()
+
+    def _started(self) -> None:
+        with self._lock:
+            if self._thread is None and not self._stopped.is_set():
+                self._thread = threading.Thread(target=self._run, name="sensevoice-live-capacity",
+                                                daemon=True)
+                self._thread.start()
+
+    def rate(self, budget_s: float) -> float | None:
+        from pipeline.serving.admission import report_rate
+
+        self._started()
+        with self._lock:
+            rates = [r for text in self._reports if (r := report_rate(text, budget_s)) is not None]
+        return sum(r for r, _ in rates) if rates else None
+
+    def queue_age(self) -> float:
+        from pipeline.serving.admission import report_rate
+
+        with self._lock:
+            ages = [r[1] for text in self._reports if (r := report_rate(text, 1.0)) is not None]
+        return min(ages, default=0.0)  # the least behind worker takes the next re-decode
+
+    def others(self) -> float:
+        with self._lock:
+            return self._others
+
+    def publish(self, demand: float) -> None:
+        with self._lock:
+            self._demand = demand
+
+    def reserve(self, demand: float, limit: float) -> bool:
+        try:
+            ok, others = self._reserve(keys=[self.keys.demand],
+                                       args=[self.me, repr(float(demand)), repr(float(limit)),
+                                             _ms(self.DEMAND_TTL_S)])
+        except redis.RedisError as e:
+            raise BrokerUnavailable(f"the broker (Redis) does not answer: {e}") from e
+        with self._lock:
+            self._others = float(others)
+        return bool(ok)
+
+    def update(self) -> None:
+        """One round (the thread's step): write this process's demand, read the others' and the
+        workers' reports. A broker that does not answer keeps the last figures."""
+        with self._lock:
+            demand, self._demand = self._demand, None
+        try:
+            pipe = self._r.pipeline(transaction=False)
+            pipe.time()
+            pipe.hgetall(self.keys.capacity)
+            pipe.hgetall(self.keys.demand)
+            (sec, usec), capacity, demands = pipe.execute()
+            now_ms = int(sec) * 1000 + int(usec) // 1000
+            if demand is not None:
+                self._r.hset(self.keys.demand, self.me,
+                             f"{now_ms + _ms(self.DEMAND_TTL_S)} {float(demand)!r}")
+        except redis.RedisError as e:
+            logger.debug("could not read the live lane's capacity: %s", e)
+            if demand is not None:
+                self.publish(demand)
+            return
+        reports, others = [], 0.0
+        for worker, value in capacity.items():
+            expiry, _, report = value.decode().partition(" ")
+            if int(expiry) > now_ms:
+                reports.append(report)
+        for api, value in demands.items():
+            expiry, _, d = value.decode().partition(" ")
+            if api.decode() != self.me and int(expiry) > now_ms:
+                others += float(d)
+        with self._lock:
+            self._reports, self._others = reports, others
 
     def stop(self) -> None:
         self._stopped.set()

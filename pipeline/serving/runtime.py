@@ -98,6 +98,20 @@ class Runtime:
         return self.broker.busy_seconds_reader()  # (None: no worker of another process reports)
 
     @property
+    def live_capacity(self):
+        """What the live lane has left, as live admission reads it (issue 38): this process's
+        workers' measured batches, or (api role) the worker processes' reports through Redis
+        beside the other api processes' demand; None where no live lane is measured."""
+        from pipeline.serving.admission import LocalLaneCapacity
+        from pipeline.serving.broker_redis import RedisBroker
+
+        if self.pool is not None:
+            return LocalLaneCapacity(self.pool.scheduler.live_batches)
+        if isinstance(self.broker, RedisBroker):
+            return self.broker.live_capacity_reader()
+        return None
+
+    @property
     def devices(self) -> list[str]:
         return self.pool.devices if self.pool is not None else ["cpu"]
 
@@ -180,7 +194,8 @@ def build_runtime(settings: Settings | None = None, role: str | None = None, *, 
     # the embedded broker's queue, or (shared broker) the local queue a feeder fills
     scheduler = Scheduler(settings.limits.queue_size, settings.engine.max_batch, settings.engine.max_wait_ms / 1e3,
                           settings.engine.max_batch_seconds, settings.limits.retry_after_s,
-                          finals_alone=not devices[0].startswith("cuda"))
+                          finals_alone=not devices[0].startswith("cuda"),
+                          live_gather_s=settings.live.gather_ms / 1e3 if devices[0].startswith("cuda") else 0.0)
     if broker is None:  # (a sibling web process brings its own; a broker's len() is its queue)
         broker = connect_broker(settings, scheduler)
     metrics = Metrics(devices)

@@ -26,6 +26,7 @@ import torch
 from pipeline.domain.errors import NotReady, QueueFull
 from pipeline.domain.tags import SAMPLE_RATE_HZ
 from pipeline.domain.types import Lane, TranscribeOptions
+from pipeline.serving.admission import BatchProfile
 
 LIVE_RANK = -1  # live captions' re-decodes go before every job lane (they are never stored jobs)
 LIVE_FINAL_RANK = -2  # a live utterance's final goes before every partial (finals are never delayed)
@@ -78,11 +79,20 @@ class NoLiveServer:
 class Scheduler:
     def __init__(self, maxsize: int, max_batch: int = 64, max_wait_s: float = 0.002,
                  max_batch_seconds: float = 1200.0, retry_after_s: int = 2,
-                 finals_alone: bool = False):
+                 finals_alone: bool = False, live_gather_s: float = 0.0):
         """``finals_alone``: a batch of live finals takes nothing else (on a CPU a batch costs
         the sum of its items: a final batched with 40 partials waited for all of them; on a GPU
-        they cost what the final alone costs and ride along)."""
+        they cost what the final alone costs and ride along). ``live_gather_s``: while live
+        re-decodes arrive closer together than this, a batch waits for more of them up to this
+        long after the oldest came (issue 38: on the H200 re-decodes ran in batches of a few,
+        each holding the GPU ~5 ms where 64 took 23 ms); 0 on a CPU, where a batch costs the sum
+        of its items. ``live_batches``: what the live lane's batches cost (the workers record
+        them; live admission reads it)."""
         self.maxsize = maxsize
+        self.live_gather_s = live_gather_s
+        self.live_batches = BatchProfile(max_batch=max_batch)
+        self._last_live = 0.0  # monotonic time of the latest live arrival
+        self._live_gap = float("inf")  # seconds between the two latest live arrivals
         self.finals_alone = finals_alone
         self.max_batch = max_batch
         self.max_wait_s = max_wait_s
@@ -139,6 +149,8 @@ class Scheduler:
             now = time.monotonic()
             self._gap_before_last = now - self._last_put
             self._last_put = now
+            if item.reply is not None:
+                self._live_gap, self._last_live = now - self._last_live, now
             self._items.append(item)
             self._taken.discard(item.job_id)  # queued again (a retry)
             self._cond.notify()
@@ -242,6 +254,7 @@ class Scheduler:
                     if left <= 0:
                         break
                     self._cond.wait(left)  # releases the lock: other workers may take items
+                self._gather_live()
                 if self._items and not self._closed:
                     break
                 # another worker took everything while this one waited for the batch to fill
@@ -252,6 +265,22 @@ class Scheduler:
             if self._items:
                 self._cond.notify()  # what is left is another worker's next batch
             return batch
+
+    def _gather_live(self) -> None:
+        """Live re-decodes first in line and arriving densely: wait for more of them, up to
+        ``live_gather_s`` after the oldest was queued (lock held by the caller; waiting releases it)."""
+        if self.live_gather_s <= 0 or self._live_gap > self.live_gather_s:
+            return
+        live = [i for i in self._items if i.reply is not None]
+        if not live:
+            return
+        until = min(i.enqueued_at for i in live) + self.live_gather_s
+        while not self._closed:
+            n = sum(1 for i in self._items if i.reply is not None)
+            left = until - time.monotonic()
+            if n == 0 or n >= self.max_batch or left <= 0:
+                return
+            self._cond.wait(left)
 
     def _select(self) -> list[WorkItem]:
         anchor = min(self._items, key=lambda i: (i.rank, i.seq))

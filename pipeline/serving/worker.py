@@ -39,6 +39,7 @@ logger = logging.getLogger("sensevoice.worker")
 
 POLL_S = 0.1  # seconds the loop waits for work before it beats the heartbeat again
 IDLE_POLL_S = 0.005  # the same while the engine has background work (compile, graph captures)
+LIVE_SIZES_LOG_S = 30.0  # the live lane's batch sizes are logged this often (while it runs)
 FATAL_CUDA_MARKERS = ("illegal memory access", "device-side assert", "unspecified launch failure",
                       "an illegal instruction", "misaligned address")
 
@@ -59,6 +60,7 @@ class Worker(threading.Thread):
         self._waiting_since: float | None = None  # the finisher waits for the device since then
         self.batches = 0
         self.busy_s = 0.0  # seconds spent launching batches and waiting for their results
+        self._sizes_logged = time.monotonic()  # the live lane's batch sizes were last logged
         self.fatal: BaseException | None = None
         self._stop_event = threading.Event()
         self._finishing: queue.Queue = queue.Queue(maxsize=1)  # launched batches, one waiting
@@ -128,7 +130,9 @@ class Worker(threading.Thread):
             return
         finally:
             self._waiting_since = None
-            self.busy_s += time.monotonic() - waited  # the device's time (a CPU's: detokenising)
+            done = time.monotonic()
+            self.busy_s += done - waited  # the device's time (a CPU's: detokenising)
+            self._live_batch(batch, done - t0, t0)
         keep = [k for k, i in enumerate(batch) if i.reply is not None or i.job_id in moved]
         if len(keep) < len(batch):  # cancelled or handled elsewhere while it ran
             batch, waves, outs = ([seq[k] for k in keep] for seq in (batch, waves, outs))
@@ -143,6 +147,36 @@ class Worker(threading.Thread):
             logger.exception("unexpected error while storing a batch (the worker goes on)")
             for item in batch:
                 self._fail(item, WorkerFailed(f"the worker failed on this batch: {e}"))
+
+    def _live_batch(self, batch: Sequence[WorkItem], seconds: float, launched: float) -> None:
+        """Record a batch's live re-decodes for live admission (the scheduler's BatchProfile: its
+        size, launch to results, the oldest one's wait) and log the sizes run every
+        LIVE_SIZES_LOG_S."""
+        live = [i for i in batch if i.reply is not None]
+        if not live:
+            return
+        profile = self.scheduler.live_batches
+        profile.batch(len(live), seconds, launched - min(i.enqueued_at for i in live))
+        if launched - self._sizes_logged >= LIVE_SIZES_LOG_S:
+            self._sizes_logged = launched
+            sizes = profile.take_sizes()
+            logger.info("live lane: %d batches in the last %.0f s, by size %s", sum(sizes.values()),
+                        LIVE_SIZES_LOG_S, dict(sorted(sizes.items())))
+
+    def calibrate_live(self, sizes: Sequence[int] = (1, 4, 16), seconds: float = 3.0) -> None:
+        """Time a few batches of utterance-sized re-decodes once, before serving: live
+        admission's first figure (the lane's own batches refine it from the first stream on).
+        Called by the owner after the engine's warm-up, on its thread."""
+        from pipeline.domain.types import TranscribeOptions
+
+        wave = torch.randn(int(seconds * SAMPLE_RATE_HZ), generator=torch.Generator().manual_seed(0)) * 0.05
+        for size in sorted({min(s, self.scheduler.max_batch) for s in sizes}):
+            batch = ([wave] * size, [TranscribeOptions()] * size)
+            self.engine.transcribe(*batch)  # the first of a size may set things up: not timed
+            t0 = time.monotonic()
+            self.engine.transcribe(*batch)
+            self.scheduler.live_batches.batch(size, time.monotonic() - t0)
+        self.scheduler.live_batches.take_sizes()
 
     def _loop(self) -> None:
         while not self._stop_event.is_set() and self.fatal is None:

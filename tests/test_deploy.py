@@ -1022,3 +1022,18 @@ def test_the_ingress_keeps_a_live_stream_open_for_its_whole_life():
         for key in ("proxy-read-timeout", "proxy-send-timeout"):
             assert float(annotations[f"nginx.ingress.kubernetes.io/{key}"]) > cap, (path, key, cap)
     assert float(ingress_for("/api/jobs")["nginx.ingress.kubernetes.io/proxy-read-timeout"]) < 3600
+
+
+def test_the_ingress_publishes_every_public_route_of_the_api():
+    """Every public HTTP route of the app (the REST API, the OpenAI-compatible /v1, the docs) is
+    reachable through some Ingress path: /v1/audio/transcriptions was not (only /v1/realtime was)."""
+    paths = [p for i in by_kind("Ingress").values() for rule in i["spec"]["rules"]
+             for p in rule["http"]["paths"]]
+
+    def published(path: str) -> bool:
+        return any(path == p["path"] if p["pathType"] == "Exact"
+                   else path == p["path"] or path.startswith(p["path"].rstrip("/") + "/") for p in paths)
+
+    for path in ("/api/jobs", "/api/batches", "/api/calls", "/v1/audio/transcriptions", "/v1/models",
+                 "/v1/realtime", "/api/stream", "/ui/", "/docs", "/openapi.json"):
+        assert published(path), path

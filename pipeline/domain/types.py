@@ -7,7 +7,9 @@ from dataclasses import dataclass, field, fields, is_dataclass
 
 import orjson
 
-from pipeline.domain.tags import AUTO_LANGUAGE, REQUEST_LANGUAGES
+from pipeline.domain.tags import AUTO_LANGUAGE, LANGUAGES, NO_SPEECH, REQUEST_LANGUAGES
+
+ALLOWED_LANGUAGES = tuple(code for code in LANGUAGES if code != NO_SPEECH)  # what an allow-list may name
 
 
 class Lane(enum.IntEnum):
@@ -34,6 +36,9 @@ class TranscribeOptions:
     ban_emo_unk: bool = False  # never emit <|EMO_UNKNOWN|>
     split_channels: bool = False  # stereo call: transcribe each channel as its own speaker
     word_timestamps: bool = False  # per-word times from the CTC alignment (60 ms frames)
+    # the language allow-list: the model's language decision is taken only among these (and
+    # "no speech"); () = any. A comma-separated text ("zh,en") is accepted and normalised.
+    languages: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         from pipeline.domain.errors import InvalidOption
@@ -42,6 +47,25 @@ class TranscribeOptions:
             raise InvalidOption(
                 f"unknown language {self.language!r}; choose one of {', '.join(REQUEST_LANGUAGES)}"
             )
+        if not isinstance(self.languages, tuple):
+            object.__setattr__(self, "languages", parse_languages(self.languages))
+        for code in self.languages:
+            if code not in ALLOWED_LANGUAGES:
+                raise InvalidOption(f"unknown language {code!r} in languages; choose among "
+                                    f"{', '.join(ALLOWED_LANGUAGES)}")
+
+
+def parse_languages(value) -> tuple[str, ...]:
+    """An allow-list from a comma-separated text or a list ("zh, en" -> ("zh", "en")); "auto"
+    or nothing means any language (()). Names are checked by :class:`TranscribeOptions`."""
+    if value is None:
+        return ()
+    items = value.split(",") if isinstance(value, str) else [str(v) for v in value]
+    codes = []
+    for item in (v.strip() for v in items):
+        if item and item != AUTO_LANGUAGE and item not in codes:
+            codes.append(item)
+    return tuple(codes)
 
 
 @dataclass(frozen=True)
@@ -51,6 +75,7 @@ class Word:
     text: str
     start: float  # seconds
     end: float  # seconds
+    probability: float | None = None  # the mean of its pieces' CTC probabilities (0-1)
 
 
 @dataclass(frozen=True)
@@ -66,6 +91,11 @@ class Segment:
     end: float | None = None  # seconds
     speaker: str | None = None  # e.g. "left"/"right" channel of a stereo call; None when mono
     words: tuple[Word, ...] = ()  # when word timestamps were asked for
+    # confidence from the model's CTC posteriors (None where not computed)
+    avg_logprob: float | None = None  # mean log probability of the text's tokens (Whisper's field)
+    language_probability: float | None = None  # of the language tag, among the (allowed) languages
+    emotion_probability: float | None = None  # of the emotion tag, among the emotions
+    event_probability: float | None = None  # of the (first) event tag, among the events
 
 
 @dataclass(frozen=True)

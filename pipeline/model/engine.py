@@ -41,9 +41,10 @@ import torch.nn.functional as F
 from pipeline.model import fused as fused_mod
 from pipeline.model.features import BatchedFrontend, num_lfr_frames
 from pipeline.model.protocol import EngineOutput
-from pipeline.domain.tags import (EMO_UNKNOWN_ID, EMOTION_QUERY_ROW, EVENT_QUERY_ROW, ITN_QUERY_ROWS,
-                                  LANGUAGE_QUERY_ROWS, QUERY_EMBED_ROWS, SAMPLE_RATE_HZ)
+from pipeline.domain.tags import (AUTO_LANGUAGE, EMO_UNKNOWN_ID, EMOTION_QUERY_ROW, EVENT_QUERY_ROW,
+                                  ITN_QUERY_ROWS, LANGUAGE_QUERY_ROWS, QUERY_EMBED_ROWS, SAMPLE_RATE_HZ)
 from pipeline.domain.types import TranscribeOptions, Word
+from pipeline.model import confidence
 
 logger = logging.getLogger("sensevoice.engine")
 
@@ -66,6 +67,13 @@ def _device_and_dtype(device: str, dtype: str) -> tuple[torch.device, torch.dtyp
     if dev.type == "cuda" and dev.index is None:
         dev = torch.device("cuda", torch.cuda.current_device())
     return dev, DTYPES["float32" if dev.type == "cpu" else dtype]
+
+
+def _prompt_language(o: TranscribeOptions) -> str:
+    """The language the prompt asks for: the option's, or the allow-list's only language."""
+    if o.language == AUTO_LANGUAGE and len(o.languages) == 1:
+        return o.languages[0]
+    return o.language
 
 
 def _round_up(n: int, m: int) -> int:
@@ -192,19 +200,29 @@ class EncoderCore(torch.nn.Module):
     def _prologue(self, x: torch.Tensor, lengths: torch.Tensor):
         return fused_mod.prologue(x, lengths, self.dtype, self.fp32_residual, self.scale, self.pe)
 
+    @property
+    def tag_ids(self) -> torch.Tensor:
+        return self.fused_model.tag_ids
+
+    @tag_ids.setter
+    def tag_ids(self, value: torch.Tensor) -> None:
+        self.fused_model.tag_ids = value
+
     def forward(self, x: torch.Tensor, lengths: torch.Tensor, ban_emo_unk: torch.Tensor,
-                return_logits: bool = False):
+                return_logits: bool = False, with_scores: bool = False):
         """x [B, T, 560] (queries + features, compute dtype); lengths [B] (frames, incl. queries);
-        ban_emo_unk [B] bool. Returns argmax ids [B, T] (int64), or logits if asked.
+        ban_emo_unk [B] bool. Returns argmax ids [B, T] (int64), or logits if asked, or
+        (ids, logp, tags) ``with_scores`` (:func:`pipeline.model.fused.head`).
         Runs the fused blocks once they are ready, else the eager reference."""
         if self.fused:
-            return self.forward_fused(x, lengths, ban_emo_unk, return_logits)
-        return self.forward_eager(x, lengths, ban_emo_unk, return_logits)
+            return self.forward_fused(x, lengths, ban_emo_unk, return_logits, with_scores=with_scores)
+        return self.forward_eager(x, lengths, ban_emo_unk, return_logits, with_scores)
 
-    def forward_fused(self, x, lengths, ban_emo_unk, return_logits: bool = False, compiled: bool | None = None):
-        return self.fused_model.forward_fused(x, lengths, ban_emo_unk, return_logits, compiled)
+    def forward_fused(self, x, lengths, ban_emo_unk, return_logits: bool = False, compiled: bool | None = None,
+                      with_scores: bool = False):
+        return self.fused_model.forward_fused(x, lengths, ban_emo_unk, return_logits, compiled, with_scores)
 
-    def forward_eager(self, x, lengths, ban_emo_unk, return_logits: bool = False):
+    def forward_eager(self, x, lengths, ban_emo_unk, return_logits: bool = False, with_scores: bool = False):
         """The reference: funasr's arithmetic, block by block, uncompiled."""
         x, mask, key_mask = self._prologue(x, lengths)
         for layer in self.layers:
@@ -217,6 +235,8 @@ class EncoderCore(torch.nn.Module):
         logits[:, :, EMO_UNKNOWN_ID] = torch.where(ban_emo_unk[:, None], float("-inf"), col)
         if return_logits:
             return logits
+        if with_scores:
+            return logits.argmax(-1), *fused_mod.scores(logits, self.tag_ids)
         return logits.argmax(-1)
 
 
@@ -233,15 +253,16 @@ class _Graph:
         self.x.zero_()
         stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(stream):
-            core(self.x, self.lengths, self.ban)  # the allocator's blocks, outside the capture
+            core(self.x, self.lengths, self.ban, with_scores=True)  # the allocator's blocks, outside the capture
         torch.cuda.current_stream().wait_stream(stream)
         self.graph = torch.cuda.CUDAGraph()
         # thread_local: another thread's CUDA work (decoding, speech detection, a live stream's
         # resampling) during this capture neither breaks it nor is refused
         with torch.cuda.graph(self.graph, pool=pool, stream=stream, capture_error_mode="thread_local"):
-            self.ids = core(self.x, self.lengths, self.ban)
+            self.ids, self.logp, self.tags = core(self.x, self.lengths, self.ban, with_scores=True)
 
-    def run(self, x: torch.Tensor, lengths: torch.Tensor, ban: torch.Tensor) -> torch.Tensor:
+    def run(self, x: torch.Tensor, lengths: torch.Tensor, ban: torch.Tensor):
+        """(ids, logp, tags) of the batch, views of the graph's outputs (valid until its next run)."""
         b, t, _ = x.shape
         self.x.zero_()
         self.x[:b, :t].copy_(x)
@@ -250,7 +271,7 @@ class _Graph:
         self.ban.zero_()
         self.ban[:b].copy_(ban)
         self.graph.replay()
-        return self.ids[:b, :t]
+        return self.ids[:b, :t], self.logp[:b, :t], self.tags[:b]
 
 
 @dataclass
@@ -259,17 +280,23 @@ class PendingBatch:
 
     engine: "SenseVoiceEngine"
     host: torch.Tensor  # [B, T] int32, -1 where nothing is emitted
-    runs: torch.Tensor | None  # [B, T] bool, run starts (word times only)
+    runs: torch.Tensor | None  # [B, T] bool, run starts (word times, confidence)
     lengths: list[int]
     word_times: list[bool]
     event: "torch.cuda.Event | None"
+    logp: torch.Tensor | None = None  # [B, T] fp32, each frame's best log softmax
+    tags: torch.Tensor | None = None  # [B, 4, K] fp32, the tag vocabulary's logits at the query frames
+    allowed: list[tuple[str, ...]] | None = None  # each item's language allow-list (() = any)
 
     def result(self) -> list[EngineOutput]:
         """Wait for the ids (this thread only), then detokenise on the host."""
         if self.event is not None:
             self.event.synchronize()
         runs = self.runs.numpy() if self.runs is not None else None
-        return self.engine._host_decode(self.host.numpy(), runs, self.lengths, self.word_times)
+        scores = None
+        if self.logp is not None and self.tags is not None:
+            scores = (self.logp.numpy(), self.tags.numpy(), self.allowed or [()] * len(self.lengths))
+        return self.engine._host_decode(self.host.numpy(), runs, self.lengths, self.word_times, scores)
 
 
 class SenseVoiceEngine:
@@ -295,6 +322,7 @@ class SenseVoiceEngine:
             fused_mod.configure_cache(cache_dir)
             self.compiled = fused_mod.CompiledBlocks(compile=True)
         self.core = EncoderCore(model, self.dtype, max_frames, fp32_residual, self.compiled).eval()
+        self._init_tag_vocab()
         with torch.inference_mode():
             self._queries = model.embed(self._query_rows()).to(self.dtype)  # [32, 4, 560]
         self._init_graph_state()
@@ -332,8 +360,21 @@ class SenseVoiceEngine:
         self.compiled = compiled if compile else None
         self.core = fast.fused
         self._queries = fast.embed[self._query_rows()]
+        self._init_tag_vocab()
         self._init_graph_state()
         return self
+
+    def _init_tag_vocab(self) -> None:
+        """The tag tokens of this model's vocabulary: the head's tag columns (confidence)."""
+        def piece_id(piece: str) -> int | None:
+            if getattr(self.tokenizer, "sp", None) is None:
+                self.tokenizer.decode([0])  # funasr builds its processor lazily
+            sp = self.tokenizer.sp
+            tid = int(sp.piece_to_id(piece))
+            return tid if sp.id_to_piece(tid) == piece else None
+
+        self.tag_vocab = confidence.TagVocab.from_pieces(piece_id)
+        self.core.tag_ids = torch.tensor(self.tag_vocab.ids or (0,), device=self.device, dtype=torch.long)
 
     def _query_rows(self) -> torch.Tensor:
         """Embedding rows of every (language, itn) prompt: [32, 4] (language, event, emotion, itn)."""
@@ -406,7 +447,7 @@ class SenseVoiceEngine:
                 x = torch.zeros(b, t, self.in_dim, device=self.device, dtype=self.dtype)
                 lengths = torch.full((b,), t, device=self.device, dtype=torch.long)
                 self.core.forward_fused(x, lengths, torch.zeros(b, dtype=torch.bool, device=self.device),
-                                        compiled=True)
+                                        compiled=True, with_scores=True)
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         c.compile_seconds = time.perf_counter() - t0
@@ -563,7 +604,7 @@ class SenseVoiceEngine:
 
     def encoder_inputs(self, feats: torch.Tensor, frames: Sequence[int],
                        options: Sequence[TranscribeOptions]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        rows = self._to_device(torch.tensor([LANGUAGE_QUERY_ROWS[o.language] * 2 + (0 if o.use_itn else 1)
+        rows = self._to_device(torch.tensor([LANGUAGE_QUERY_ROWS[_prompt_language(o)] * 2 + (0 if o.use_itn else 1)
                                              for o in options]))
         x = torch.cat([self._queries[rows], feats.to(self.dtype)], dim=1)
         lengths = self._to_device(torch.tensor([f + N_QUERIES for f in frames]))
@@ -606,13 +647,18 @@ class SenseVoiceEngine:
 
     @torch.inference_mode()
     def forward_ids(self, x: torch.Tensor, lengths: torch.Tensor, ban: torch.Tensor) -> torch.Tensor:
+        return self.forward_scored(x, lengths, ban)[0]
+
+    @torch.inference_mode()
+    def forward_scored(self, x: torch.Tensor, lengths: torch.Tensor, ban: torch.Tensor):
+        """(ids [B, T], logp [B, T], tags [B, 4, K]) of one pass (:func:`pipeline.model.fused.head`)."""
         b, t, _ = x.shape
         if t > self.max_frames:
             raise ValueError(f"clip too long for one pass: {t} frames > {self.max_frames}")
         graph = self._pick_graph(b, t)
         if graph is not None:
             return graph.run(x, lengths, ban)
-        return self.core(x, lengths, ban)
+        return self.core(x, lengths, ban, with_scores=True)
 
     @torch.inference_mode()
     def transcribe(self, waves: Sequence[torch.Tensor],
@@ -630,14 +676,15 @@ class SenseVoiceEngine:
         frames = [num_lfr_frames(n) for n in samples]
         # the per-item integers in one host tensor and one copy (each small copy costs ~0.1 ms)
         small = self._to_device(torch.tensor([
-            samples, [LANGUAGE_QUERY_ROWS[o.language] * 2 + (0 if o.use_itn else 1) for o in options],
+            samples, [LANGUAGE_QUERY_ROWS[_prompt_language(o)] * 2 + (0 if o.use_itn else 1) for o in options],
             [f + N_QUERIES for f in frames], [int(o.ban_emo_unk) for o in options]], dtype=torch.int64))
         feats, _ = self.frontend(self._padded(waves), small[0])
         x = torch.cat([self._queries[small[1]], feats.to(self.dtype)], dim=1)
         lengths, ban = small[2], small[3].bool()
-        ids = self.forward_ids(x, lengths, ban)
+        ids, logp, tags = self.forward_scored(x, lengths, ban)
         return self._launch_decode(ids, lengths, [f + N_QUERIES for f in frames],
-                                   [o.word_timestamps for o in options])
+                                   [o.word_timestamps for o in options], (logp, tags),
+                                   [o.languages for o in options])
 
     def decode(self, ids: torch.Tensor, lengths: torch.Tensor,
                word_times: Sequence[bool] = ()) -> list[EngineOutput]:
@@ -646,33 +693,53 @@ class SenseVoiceEngine:
         return self._launch_decode(ids, lengths, lengths.tolist(), word_times).result()
 
     def _launch_decode(self, ids: torch.Tensor, lengths: torch.Tensor, host_lengths: list[int],
-                       word_times: Sequence[bool]) -> "PendingBatch":
+                       word_times: Sequence[bool], scores: tuple[torch.Tensor, torch.Tensor] | None = None,
+                       allowed: list[tuple[str, ...]] | None = None) -> "PendingBatch":
         t = ids.shape[1]
         valid = torch.arange(t, device=ids.device)[None, :] < lengths[:, None]
         starts = torch.ones_like(ids, dtype=torch.bool)  # a new run of one symbol starts here
         starts[:, 1:] = ids[:, 1:] != ids[:, :-1]
         keep = starts & (ids != BLANK_ID) & valid
         kept = torch.where(keep, ids, -1).to(torch.int32)
-        runs = (starts & valid) if any(word_times) else None
+        runs = (starts & valid) if (any(word_times) or scores is not None) else None
         cuda = ids.device.type == "cuda"
         host = kept.to("cpu", non_blocking=cuda)  # pinned by the copy itself when asynchronous
         host_runs = runs.to("cpu", non_blocking=cuda) if runs is not None else None
+        logp = tags = None
+        if scores is not None:  # [B, T] + [B, 4, K] floats: ~4 bytes a frame beside the ids' 4
+            logp, tags = (s.to("cpu", non_blocking=cuda) for s in scores)
         event = None
         if cuda:
             event = torch.cuda.Event()
             event.record()
-        return PendingBatch(self, host, host_runs, host_lengths, list(word_times), event)
+        return PendingBatch(self, host, host_runs, host_lengths, list(word_times), event, logp, tags, allowed)
 
     def _host_decode(self, host: np.ndarray, runs: np.ndarray | None, lens: list[int],
-                     word_times: Sequence[bool]) -> list[EngineOutput]:
+                     word_times: Sequence[bool], scores=None) -> list[EngineOutput]:
+        """Token ids -> text (and words); with ``scores`` (logp, tags, allow-lists) the tokens'
+        confidence, the tag probabilities and the allow-list (:mod:`pipeline.model.confidence`)."""
         outs = []
+        vocab = self.tag_vocab
         for i, row in enumerate(host):
             pos = np.flatnonzero(row >= 0)
             tokens = row[pos].tolist()
+            run_starts = np.flatnonzero(runs[i]) if runs is not None else None
+            lps = None
+            extra = {}
+            if scores is not None:
+                logp, tags, allowed = scores[0][i], scores[1][i], scores[2][i]
+                lps = confidence.token_logprobs(logp, run_starts, pos, lens[i])
+                if allowed:
+                    confidence.restrict_language(tokens, lps, pos, tags, float(logp[0]), vocab, allowed)
+                is_text = np.array([p >= N_QUERIES or vocab.column(t) is None for t, p in zip(tokens, pos)],
+                                   dtype=bool)
+                extra = {"token_logprobs": tuple(round(float(v), 4) for v in lps),
+                         "avg_logprob": confidence.avg_logprob(lps, is_text),
+                         "tag_probs": confidence.tag_probs(tokens, pos, tags, vocab, allowed)}
             words = ()
-            if runs is not None and i < len(word_times) and word_times[i]:
-                words = self._words(tokens, pos, np.flatnonzero(runs[i]), lens[i])
-            outs.append(EngineOutput(tuple(tokens), self.tokenizer.decode(tokens), words))
+            if run_starts is not None and i < len(word_times) and word_times[i]:
+                words = self._words(tokens, pos, run_starts, lens[i], lps)
+            outs.append(EngineOutput(tuple(tokens), self.tokenizer.decode(tokens), words, **extra))
         return outs
 
     def _piece(self, token_id: int) -> str:
@@ -681,23 +748,28 @@ class SenseVoiceEngine:
             self.tokenizer.decode([token_id])  # funasr builds its processor lazily
         return self.tokenizer.sp.id_to_piece(int(token_id))
 
-    def _words(self, tokens: list[int], pos: np.ndarray, run_starts: np.ndarray, n: int):
+    def _words(self, tokens: list[int], pos: np.ndarray, run_starts: np.ndarray, n: int,
+               lps: np.ndarray | None = None):
         """Pieces -> words with times: a token spans its CTC run; times as funasr's
-        output_timestamp (frame k of the speech -> k * 60 ms - 30 ms, clipped)."""
+        output_timestamp (frame k of the speech -> k * 60 ms - 30 ms, clipped); with ``lps``
+        (the tokens' log probabilities) each word's probability, the mean of its pieces'."""
         run_ends = np.append(run_starts[1:], n)
         end_of = dict(zip(run_starts.tolist(), run_ends.tolist()))
         limit = (n - N_QUERIES) * FRAME_SECONDS - 0.03
         words: list[list] = []
-        for tok, p in zip(tokens, pos.tolist()):
+        for k, (tok, p) in enumerate(zip(tokens, pos.tolist())):
             piece = self._piece(tok)
             if p < N_QUERIES or piece.startswith("<|") or piece == "\u2581":
                 continue  # the prompt's tags, and bare word separators
             start = max((p - N_QUERIES) * FRAME_SECONDS - 0.03, 0.0)
             end = min((end_of[p] - N_QUERIES) * FRAME_SECONDS - 0.03, limit)
             ascii_alpha = piece.isascii() and piece.isalpha()
+            lp = [float(lps[k])] if lps is not None else []
             if words and not piece.startswith("\u2581") and ascii_alpha and words[-1][3]:
                 words[-1][0] += piece  # a word continued by a sub-word piece
                 words[-1][2] = end
+                words[-1][4] += lp
             else:
-                words.append([piece.lstrip("\u2581"), start, end, ascii_alpha])
-        return tuple(Word(w[0], round(w[1], 3), round(w[2], 3)) for w in words if w[0])
+                words.append([piece.lstrip("\u2581"), start, end, ascii_alpha, lp])
+        return tuple(Word(w[0], round(w[1], 3), round(w[2], 3),
+                          confidence.word_probability(w[4]) if w[4] else None) for w in words if w[0])

@@ -122,14 +122,36 @@ def sanm_block(x: torch.Tensor, mask: torch.Tensor, key_mask: torch.Tensor, w: B
     return x + y.to(x.dtype)
 
 
+QUERY_FRAMES = 4  # the first output frames answer the prompt: language, emotion, event, itn
+
+
 def head(x: torch.Tensor, ln_w: torch.Tensor, ln_b: torch.Tensor, eps: float, lo_w: torch.Tensor,
-         lo_b: torch.Tensor, ban_emo_unk: torch.Tensor, emo_unknown_id: int) -> torch.Tensor:
-    """Final LayerNorm, CTC projection, the EMO_UNKNOWN ban and the argmax (ids [B, T] int64)."""
+         lo_b: torch.Tensor, ban_emo_unk: torch.Tensor, emo_unknown_id: int,
+         tag_ids: torch.Tensor | None = None):
+    """Final LayerNorm, CTC projection, the EMO_UNKNOWN ban and the argmax (ids [B, T] int64).
+
+    With ``tag_ids`` [K] it also returns, from the same logits (no second pass), the confidence
+    of every frame's argmax, ``logp`` [B, T] fp32 = its log softmax (max - logsumexp: one more
+    reduction over the vocabulary, fused with the argmax's when compiled), and the tag vocabulary's
+    logits at the query frames, ``tags`` [B, 4, K] fp32 (the language allow-list and the tag
+    scores are decided from these on the host)."""
     h = F.layer_norm(x, (x.shape[-1],), ln_w, ln_b, eps).to(lo_w.dtype)
     logits = F.linear(h, lo_w, lo_b)
     col = torch.arange(logits.shape[-1], device=logits.device) == emo_unknown_id
     logits = logits.masked_fill(col & ban_emo_unk[:, None, None], float("-inf"))
-    return logits.argmax(-1)
+    ids = logits.argmax(-1)
+    if tag_ids is None:
+        return ids
+    return ids, *scores(logits, tag_ids)
+
+
+def scores(logits: torch.Tensor, tag_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(log softmax of each frame's best token [B, T] fp32, the query frames' logits of the tag
+    ids [B, 4, K] fp32) from banned logits [B, T, V]."""
+    wide = logits.float()
+    logp = wide.amax(-1) - torch.logsumexp(wide, -1)
+    tags = wide[:, :QUERY_FRAMES].index_select(-1, tag_ids)
+    return logp, tags
 
 
 @dataclass(frozen=True)
@@ -160,6 +182,8 @@ class FusedModel:
         self.lo_b_padded = torch.full((rows,), float("-inf"), device=lo_b.device, dtype=lo_b.dtype)
         self.lo_w_padded[: lo_w.shape[0]] = lo_w
         self.lo_b_padded[: lo_b.shape[0]] = lo_b
+        # the tag vocabulary's ids (languages, emotions, events, itn): the engine sets its own
+        self.tag_ids = torch.zeros(1, device=lo_w.device, dtype=torch.long)
 
     @classmethod
     def from_funasr(cls, layers, tp_layers, after_norm, tp_norm, lo, pe: torch.Tensor, scale: float,
@@ -185,12 +209,14 @@ class FusedModel:
             return c.block, c.head, c.mark
         return sanm_block, head, _no_mark
 
-    def __call__(self, x, lengths, ban_emo_unk, return_logits: bool = False):
-        return self.forward_fused(x, lengths, ban_emo_unk, return_logits)
+    def __call__(self, x, lengths, ban_emo_unk, return_logits: bool = False, with_scores: bool = False):
+        return self.forward_fused(x, lengths, ban_emo_unk, return_logits, with_scores=with_scores)
 
-    def forward_fused(self, x, lengths, ban_emo_unk, return_logits: bool = False, compiled: bool | None = None):
+    def forward_fused(self, x, lengths, ban_emo_unk, return_logits: bool = False, compiled: bool | None = None,
+                      with_scores: bool = False):
         """x [B, T, D_in] (compute dtype), lengths [B], ban_emo_unk [B] bool -> ids [B, T] (or
-        logits). ``compiled=True`` runs the compiled functions even before ``ready`` (compiling)."""
+        logits; or (ids, logp, tags) ``with_scores``: :func:`head`). ``compiled=True`` runs the
+        compiled functions even before ``ready`` (compiling)."""
         block, head_fn, mark = self._functions()
         if compiled and self.compiled is not None:
             block, head_fn, mark = self.compiled.block, self.compiled.head, self.compiled.mark
@@ -210,7 +236,7 @@ class FusedModel:
             return logits.masked_fill(col & ban_emo_unk[:, None, None], float("-inf"))
         mark((x, (0, 1)))
         return head_fn(x, tn.weight, tn.bias, tn.eps, self.lo_w_padded, self.lo_b_padded, ban_emo_unk,
-                       EMO_UNKNOWN_ID)
+                       EMO_UNKNOWN_ID, self.tag_ids if with_scores else None)
 
 
 def prologue(x: torch.Tensor, lengths: torch.Tensor, dtype: torch.dtype, fp32_residual: bool,

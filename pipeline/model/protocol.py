@@ -24,6 +24,11 @@ class EngineOutput:
     token_ids: tuple[int, ...]
     raw_text: str
     words: tuple[Word, ...] = ()  # seconds from the clip's start; only when asked
+    # confidence from the same forward pass (pipeline/model/confidence.py); empty / None from an
+    # engine that does not compute it
+    token_logprobs: tuple[float, ...] = ()  # one per token id
+    avg_logprob: float | None = None  # mean log probability of the text tokens
+    tag_probs: tuple[tuple[str, float], ...] = ()  # (tag, probability among its kind) per query frame
 
 
 @runtime_checkable

@@ -27,6 +27,8 @@ class SegmentResult:
     raw_text: str
     words: tuple[Word, ...] = ()  # absolute times in the recording
     pieces: int = 0  # how many pieces the job has (for its progress; 0 when unknown)
+    avg_logprob: float | None = None  # the engine's confidence (EngineOutput's); not stored yet
+    tag_probs: tuple[tuple[str, float], ...] = ()
 
 
 def transcript_from_pieces(pieces: Sequence[SegmentResult]) -> Transcript:
@@ -35,18 +37,28 @@ def transcript_from_pieces(pieces: Sequence[SegmentResult]) -> Transcript:
     ordered = sorted(pieces, key=lambda p: (p.start_s, p.idx)) if len(pieces) > 1 else pieces
     for p in ordered:
         start, end = round(p.start_s, 3), round(p.end_s, 3)
+        probs = dict(p.tag_probs)
         for k, seg in enumerate(parse_rich_text(p.raw_text)):  # (dataclasses.replace is slow)
+            first = k == 0
             segments.append(Segment(language=seg.language, emotion=seg.emotion, events=seg.events,
                                     itn=seg.itn, text=seg.text, start=start, end=end,
-                                    speaker=p.speaker, words=p.words if k == 0 else ()))
+                                    speaker=p.speaker, words=p.words if first else (),
+                                    avg_logprob=p.avg_logprob if first else None,
+                                    language_probability=probs.get(seg.language) if first else None,
+                                    emotion_probability=probs.get(seg.emotion) if first else None,
+                                    event_probability=(probs.get(seg.events[0]) if first and seg.events
+                                                       else None)))
     raw = "".join(p.raw_text for p in ordered)
     text = " ".join(s.text for s in segments if s.text)
     return Transcript(text=text, raw_text=raw, segments=tuple(segments))
 
 
 def dump_options(o: TranscribeOptions) -> str:
-    return json.dumps({"language": o.language, "use_itn": o.use_itn, "ban_emo_unk": o.ban_emo_unk,
-                       "split_channels": o.split_channels, "word_timestamps": o.word_timestamps})
+    d = {"language": o.language, "use_itn": o.use_itn, "ban_emo_unk": o.ban_emo_unk,
+         "split_channels": o.split_channels, "word_timestamps": o.word_timestamps}
+    if o.languages:  # only when set: a worker of the previous release reads the rest
+        d["languages"] = list(o.languages)
+    return json.dumps(d)
 
 
 @functools.lru_cache(maxsize=1024)

@@ -388,7 +388,8 @@ def _piece(item: WorkItem, wave: torch.Tensor, out) -> SegmentResult:
     words = tuple(replace(w, start=round(w.start + start, 3), end=round(w.end + start, 3))
                   for w in out.words)
     return SegmentResult(item.job_id, item.piece, start, start + wave.shape[0] / SAMPLE_RATE_HZ,
-                         item.speaker, out.raw_text, words, pieces=item.pieces)
+                         item.speaker, out.raw_text, words, pieces=item.pieces,
+                         avg_logprob=out.avg_logprob, tag_probs=out.tag_probs)
 
 
 def _recording_seconds(store, job_id: str, pieces: Sequence[SegmentResult]) -> float:

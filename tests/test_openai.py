@@ -318,3 +318,39 @@ def test_wait_timeout_is_504_naming_the_job(strict, speech_clip, monkeypatch):
     from tests.test_api import wait_done
 
     assert wait_done(strict, job_id)["status"] == "done"
+
+
+def test_confidence_in_verbose_json_and_the_job(client, speech_clip, reference):
+    """Whisper's avg_logprob per segment and probability per word, from the CTC posteriors; the
+    tags' probabilities beside them (issue 39)."""
+    seg = reference["result"]["segments"][0]
+    assert seg["avg_logprob"] is not None and seg["avg_logprob"] <= 0
+    assert 0 < seg["language_probability"] <= 1 and 0 < seg["emotion_probability"] <= 1
+    assert all(0 < w["probability"] <= 1 for w in seg["words"])
+    out = transcribe(client, speech_clip, response_format="verbose_json", language="en",
+                     timestamp_granularities=["word"])
+    got = out.segments[0]
+    assert got.avg_logprob == seg["avg_logprob"]
+    assert got.model_extra["emotion_probability"] == seg["emotion_probability"]
+    assert [w.model_extra["probability"] for w in out.words] == [w["probability"] for w in seg["words"]]
+
+
+def test_a_language_list_is_an_allow_list(server, client, speech_clip):
+    """``language=zh,ja``: the demo model says English; the decision is taken among zh and ja."""
+    out = transcribe(client, speech_clip, response_format="verbose_json", language="zh,ja")
+    assert {s.model_extra["language"] for s in out.segments} <= {"zh", "ja", "nospeech"}
+    assert out.text
+    with pytest.raises(openai.BadRequestError) as e:
+        transcribe(client, speech_clip, language="zh,xx")
+    assert (e.value.status_code, e.value.param, e.value.code) == (400, "language", "invalid_option")
+    assert "xx" in e.value.message
+    headers = {"Authorization": f"Bearer {TOKEN}"}
+    for value, status in (("en,xx", 400), ("zh, ja", 200)):
+        with open(speech_clip, "rb") as f:
+            r = httpx.post(server.url + "/api/jobs", params={"wait": "60"}, timeout=120, headers=headers,
+                           files={"file": f}, data={"languages": value})
+        assert r.status_code == status, r.text
+        if status == 400:
+            assert r.json()["error"]["code"] == "invalid_option" and "'xx'" in r.json()["error"]["message"]
+        else:
+            assert {s["language"] for s in r.json()["result"]["segments"]} <= {"zh", "ja", "nospeech"}

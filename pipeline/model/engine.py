@@ -236,7 +236,8 @@ class EncoderCore(torch.nn.Module):
         if return_logits:
             return logits
         if with_scores:
-            return logits.argmax(-1), *fused_mod.scores(logits, self.tag_ids)
+            ids = logits.argmax(-1)
+            return ids, *fused_mod.scores(logits, self.tag_ids, ids)
         return logits.argmax(-1)
 
 

@@ -142,16 +142,25 @@ def head(x: torch.Tensor, ln_w: torch.Tensor, ln_b: torch.Tensor, eps: float, lo
     ids = logits.argmax(-1)
     if tag_ids is None:
         return ids
-    return ids, *scores(logits, tag_ids)
+    return ids, *scores(logits, tag_ids, ids)
 
 
-def scores(logits: torch.Tensor, tag_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def scores(logits: torch.Tensor, tag_ids: torch.Tensor, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(log softmax of each frame's best token [B, T] fp32, the query frames' logits of the tag
-    ids [B, 4, K] fp32) from banned logits [B, T, V]."""
+    ids [B, 4, K] fp32) from banned logits [B, T, V] and their argmax ``ids``. On a CPU (eager,
+    no graph to capture) only the frames that emit a token are scored (blank frames, most of
+    them, get 0: no token's confidence reads them): there the logsumexp over the vocabulary was
+    as slow as the demo model's whole encoder."""
+    tags = logits[:, :QUERY_FRAMES].index_select(-1, tag_ids).float()
+    if logits.device.type == "cpu":
+        emits = ids != 0
+        picked = logits[emits].float()  # [N, V]
+        logp = torch.zeros(ids.shape, dtype=torch.float32, device=logits.device)
+        best = picked.amax(-1, keepdim=True)
+        logp[emits] = picked.sub_(best).exp_().sum(-1).log_().neg_()  # (picked is a copy)
+        return logp, tags
     wide = logits.float()
-    logp = wide.amax(-1) - torch.logsumexp(wide, -1)
-    tags = wide[:, :QUERY_FRAMES].index_select(-1, tag_ids)
-    return logp, tags
+    return wide.amax(-1) - torch.logsumexp(wide, -1), tags
 
 
 @dataclass(frozen=True)

@@ -74,6 +74,8 @@ def build_jobs_router(settings, intake: Intake, view: JobView, bodies: PollBodie
                                         "speaker ('left', 'right')"),
             word_timestamps: bool = Form(False, description="each segment's words with their "
                                          "times (CTC-aligned); subtitles are cut at them"),
+            languages: str = Form("", description="a language allow-list, e.g. 'zh,en': the "
+                                  "language is detected only among these (empty: any)"),
             wait: str | None = Query(None, description="seconds to wait for the result: 200 with "
                                      "the finished job if it ends in time, else 202")):
         """Submit a recording: 202 with the job's id (poll GET /api/jobs/{id}); with ``?wait=``,
@@ -81,7 +83,8 @@ def build_jobs_router(settings, intake: Intake, view: JobView, bodies: PollBodie
         ``request_wait_s``). Reading and decoding run in the thread pool; the wait holds none."""
         timeout = wait_seconds(wait, settings.limits.request_wait_s)
         options = TranscribeOptions(language=language, use_itn=use_itn, ban_emo_unk=ban_emo_unk,
-                                    split_channels=split_channels, word_timestamps=word_timestamps)
+                                    split_channels=split_channels, word_timestamps=word_timestamps,
+                                    languages=languages)
         job = await submit_upload(request, intake, file, options, Lane.BULK)
         headers = {"Location": f"/api/jobs/{job.id}"}
         if timeout is not None:

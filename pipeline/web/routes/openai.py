@@ -10,6 +10,7 @@ interactive lane); the handler waits for it on the event loop, holding no thread
   ``sensevoice-small``, or ``whisper-1``, an alias so that unchanged OpenAI code works; omitted =
   ``sensevoice-small``), ``language`` (ISO-639-1 ``zh`` ``en`` ``ja`` ``ko``, or ``yue``; a region
   such as ``en-US`` or an English name such as ``english`` is read too; ``auto`` or none = detect;
+  a comma list such as ``zh,en`` is an allow-list: the language is detected only among those;
   any other 400), ``response_format`` (``json`` | ``text`` | ``srt`` | ``vtt`` |
   ``verbose_json``), ``timestamp_granularities[]`` (``segment`` | ``word``). ``prompt`` and
   ``temperature`` (and OpenAI's other fields) are accepted and ignored: SenseVoice decodes
@@ -21,10 +22,13 @@ interactive lane); the handler waits for it on the event loop, holding no thread
   7 s at most; no tags); ``verbose_json`` ``{"task": "transcribe", "language" (a name, e.g.
   "english", as OpenAI writes it), "duration", "text", "segments", "usage"}`` and ``"words"``
   when word granularity is asked. Each segment has OpenAI's fields (``tokens`` empty,
-  ``temperature``, ``avg_logprob`` 0: not computed; ``no_speech_prob`` 1 for a no-speech
+  ``temperature``, ``avg_logprob`` the mean log probability of its text tokens from the CTC
+  posteriors (0 where not computed); ``no_speech_prob`` 1 for a no-speech
   segment, else 0; ``compression_ratio`` as Whisper computes it) and what SenseVoice knows:
-  ``language`` (its code), ``emotion``, ``events`` and, for split calls, ``speaker``. Words are
-  those of the CTC alignment, punctuation left out. Word times are computed for word granularity
+  ``language`` (its code), ``emotion``, ``events``, the tags' probabilities
+  (``language_probability``, ``emotion_probability``, ``event_probability``) where computed and,
+  for split calls, ``speaker``. Words are those of the CTC alignment, punctuation left out, each
+  with Whisper's ``probability`` where computed. Word times are computed for word granularity
   and for srt/vtt.
 * **Errors** in OpenAI's shape, ``{"error": {"message", "type", "param", "code"}}``, with the
   status and stable ``code`` of the REST API (pipeline/domain/errors.py); ``type`` is
@@ -149,6 +153,18 @@ def sensevoice_language(value: str | None) -> str:
     return code
 
 
+def sensevoice_languages(value: str | None) -> tuple[str, tuple[str, ...]]:
+    """An OpenAI ``language`` as (the prompt's language, the allow-list): one name is the
+    prompt's language; a comma list (``zh,en``) detects among those (auto, allow-list)."""
+    parts = [p for p in (value or "").split(",") if p.strip()]
+    if len(parts) <= 1:
+        return sensevoice_language(value), ()
+    codes = tuple(dict.fromkeys(sensevoice_language(p) for p in parts if p.strip().lower() != AUTO_LANGUAGE))
+    if len(codes) == 1:
+        return codes[0], ()
+    return AUTO_LANGUAGE, codes
+
+
 def _model(value: str | None) -> str:
     name = (value or MODELS[0]).strip()
     if name.lower() not in MODELS:
@@ -193,10 +209,14 @@ def verbose_json(job: Job, words: bool) -> dict:
     segments = []
     for n, (seg, (start, end)) in enumerate(zip(result.segments, spans)):
         item = {"id": n, "seek": round(start * 100), "start": start, "end": end, "text": seg.text,
-                "tokens": [], "temperature": 0.0, "avg_logprob": 0.0,
+                "tokens": [], "temperature": 0.0,
+                "avg_logprob": seg.avg_logprob if seg.avg_logprob is not None else 0.0,
                 "compression_ratio": compression_ratio(seg.text),
                 "no_speech_prob": 1.0 if seg.language == NO_SPEECH else 0.0,
                 "language": seg.language, "emotion": seg.emotion, "events": list(seg.events)}
+        for key in ("language_probability", "emotion_probability", "event_probability"):
+            if getattr(seg, key) is not None:
+                item[key] = getattr(seg, key)
         if seg.speaker is not None:
             item["speaker"] = seg.speaker
         segments.append(item)
@@ -204,7 +224,8 @@ def verbose_json(job: Job, words: bool) -> dict:
             "duration": round(job.audio_seconds, 3), "text": result.text, "segments": segments,
             "usage": _usage(job)}
     if words:
-        body["words"] = [{"word": w.text, "start": w.start, "end": w.end}
+        body["words"] = [{"word": w.text, "start": w.start, "end": w.end,
+                          **({"probability": w.probability} if w.probability is not None else {})}
                          for seg in result.segments for w in seg.words
                          if any(ch.isalnum() for ch in w.text)]
     return body
@@ -268,8 +289,9 @@ def build_openai_router(settings, intake: Intake, view: JobView) -> APIRouter:
         if (stream or "").strip().lower() in ("true", "1"):
             raise InvalidParam("streaming is not supported here; send stream=false",
                                param="stream")
+        prompt_language, allowed = sensevoice_languages(language)
         options = TranscribeOptions(
-            language=sensevoice_language(language), use_itn=use_itn,
+            language=prompt_language, languages=allowed, use_itn=use_itn,
             split_channels=split_channels,
             word_timestamps="word" in asked or response_format in ("srt", "vtt"))
         job = await submit_upload(request, intake, file, options, Lane.INTERACTIVE)

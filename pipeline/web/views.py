@@ -36,7 +36,9 @@ def job_json(job: Job) -> dict:
         "options": {"language": job.options.language, "use_itn": job.options.use_itn,
                     "ban_emo_unk": job.options.ban_emo_unk,
                     "split_channels": job.options.split_channels,
-                    "word_timestamps": job.options.word_timestamps},
+                    "word_timestamps": job.options.word_timestamps,
+                    # the allow-list as it was sent ("zh,en"), only when one was
+                    **({"languages": ",".join(job.options.languages)} if job.options.languages else {})},
         "progress": job.meta.get("progress"),
         # the reviewer's text where corrected, the model's kept beside it (pipeline/domain/review.py)
         "result": result_with_review(job.result, job.meta.get("review")) if job.result else None,

@@ -24,7 +24,7 @@ import torch
 from pipeline.domain.errors import ModelUnavailable
 from pipeline.model.features import BatchedFrontend
 from pipeline.model.fused import BlockSpec, BlockWeights, FusedModel, Norm
-from pipeline.model.loading import REQUIRED_FILES, read_state_dict
+from pipeline.model.model_files import REQUIRED_FILES, read_state_dict
 
 logger = logging.getLogger("sensevoice.model")
 

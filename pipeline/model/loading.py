@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Sequence
 
 from pipeline.domain.errors import ModelUnavailable
+from pipeline.model.model_files import REQUIRED_FILES, read_state_dict
 
 if TYPE_CHECKING:
     import numpy as np
@@ -29,7 +30,6 @@ logger = logging.getLogger("sensevoice.model")
 
 HUB_HOST = "www.modelscope.cn"  # where funasr downloads iic/SenseVoiceSmall
 HUB_PORT = 443
-REQUIRED_FILES = ("config.yaml", "model.pt", "am.mvn", "chn_jpn_yue_eng_ko_spectok.bpe.model")
 
 
 @dataclass(frozen=True)
@@ -168,17 +168,6 @@ def _check_weights_loaded(model, weights: Path) -> None:
         have = model.state_dict()[name].detach().float().cpu()
         if have.shape != sd[name].shape or not torch.equal(have, sd[name].float()):
             raise ModelUnavailable(f"{weights}: weights did not load into the model (config mismatch)")
-
-
-def read_state_dict(weights: Path) -> dict:
-    """A checkpoint's tensors, memory-mapped (only what is used is read), on the CPU."""
-    import torch
-
-    try:
-        sd = torch.load(weights, map_location="cpu", weights_only=True, mmap=True)
-    except RuntimeError:  # a legacy (non-zip) checkpoint cannot be memory-mapped
-        sd = torch.load(weights, map_location="cpu", weights_only=True)
-    return sd.get("state_dict", sd) if isinstance(sd, dict) else sd
 
 
 def reference_generate(

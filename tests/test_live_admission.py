@@ -54,8 +54,9 @@ def test_a_gpu_lanes_capacity_counts_its_batches_not_its_busy_time():
     full at ~200 re-decodes/s, the batch profile says the lane batches 64 in 23 ms."""
     profile = BatchProfile(max_batch=64, clock=Clock())
     profile.batch(4, 0.005)
-    only_small = profile.rate(BUDGET)
-    assert only_small == pytest.approx(8 / 0.010, rel=0.01)  # predicted up to twice the size seen
+    assert profile.rate(BUDGET) == pytest.approx(4 / 0.005)  # 4 in 5 ms: 800/s (busy: full at 200)
+    profile.batch(1, 0.0045)  # a line through both: batches of 8 predicted, twice the largest seen
+    assert profile.rate(BUDGET) == pytest.approx(8 / (0.0045 + (0.0005 / 3) * 7), rel=0.01)
     gpu_like(profile)
     assert profile.rate(BUDGET) > 2500  # 64 in ~23 ms: ~2,800/s, 14x the "busy" figure
     profile.lanes = 2  # two GPUs batching from one queue
@@ -65,8 +66,17 @@ def test_a_gpu_lanes_capacity_counts_its_batches_not_its_busy_time():
 def test_batches_over_half_the_budget_do_not_count():
     """A re-decode may wait for the batch in flight, then run in its own: the largest batch
     counted takes at most half the budget."""
-    fixed, per_item = 0.010, 0.004  # 16 take 74 ms, under 75; 17 would not
-    assert rate_of(fixed, per_item, 64, 64, BUDGET) == pytest.approx(16 / (fixed + 16 * per_item))
+    fixed, per_item = 0.010, 0.004  # 16 take 74 ms, under 75; 32 would not
+    points = [(b, fixed + per_item * b) for b in (1, 16, 32)]
+    assert rate_of(points, 64, BUDGET) == pytest.approx(16 / (fixed + 16 * per_item))
+
+
+def test_noisy_batches_only_lower_the_figure():
+    """Times taken on a CPU shared with other work (a size of 1 slower than one of 4 per item,
+    a fixed part larger than the quickest batch): no line is trusted to predict larger batches,
+    and none within half the budget: the best measured."""
+    points = [(1, 0.13), (4, 0.32), (16, 0.30)]
+    assert rate_of(points, 64, BUDGET) == pytest.approx(16 / 0.30)
 
 
 def test_the_queues_age_is_recent_and_a_lane_behind_admits_no_one():
@@ -245,5 +255,5 @@ def test_a_worker_records_its_live_batches_for_admission():
     items = [_live(k) for k in range(3)]
     worker._live_batch(items + [WorkItem("job", Lane.INTERACTIVE, TranscribeOptions(), 16000)],
                        0.012, time.monotonic())
-    assert scheduler.live_batches.fit() == (0.0, 0.004, 3)
+    assert scheduler.live_batches.points() == [(3, 0.012)]
     assert scheduler.live_batches.take_sizes() == {3: 1}

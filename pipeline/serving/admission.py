@@ -100,12 +100,9 @@ class BatchProfile:
     lock guards the few numbers.
 
     :meth:`rate` is the re-decodes per second the lane can run in batches that each stay within
-    the latency budget -- not the share of wall time a batch of any size holds: on the H200 a
-    batch of 4 re-decodes took ~5 ms where one of 64 took 23 ms, so a lane "busy" all the time
-    with batches of a few had most of its arithmetic left. A batch's time is fitted as
-    ``fixed + per_item * size`` over the sizes seen (one size alone: all per item, which is
-    right on a CPU and an underestimate of what a GPU can batch); sizes up to twice the largest
-    seen are predicted from the fit, so the capacity grows as larger batches are measured."""
+    the latency budget (:func:`rate_of`) -- not the share of wall time a batch of any size holds:
+    on the H200 a batch of 4 re-decodes took ~5 ms where one of 64 took 23 ms, so a lane "busy"
+    all the time with batches of a few had most of its arithmetic left."""
 
     WEIGHT_NEW = 0.2  # a batch's weight in its size's average
     AGE_HALF_LIFE_S = 2.0  # the queue's age is a recent figure: it falls back when batches wait less
@@ -144,45 +141,25 @@ class BatchProfile:
         with self._lock:
             return self._age_now()
 
-    def fit(self) -> tuple[float, float, int] | None:
-        """(fixed seconds, seconds per item, largest size seen), or None before any batch."""
+    def points(self) -> list[tuple[int, float]]:
+        """(batch size, seconds) as measured, one per size."""
         with self._lock:
-            points = list(self._times.items())
-        if not points:
-            return None
-        largest = max(b for b, _ in points)
-        if len(points) == 1:
-            b, t = points[0]
-            return 0.0, t / b, largest
-        n = len(points)
-        mb, mt = sum(b for b, _ in points) / n, sum(t for _, t in points) / n
-        var = sum((b - mb) ** 2 for b, _ in points)
-        per_item = sum((b - mb) * (t - mt) for b, t in points) / var
-        # noise can tilt the line: never cheaper per item than the largest batch measured
-        floor = min(t / b for b, t in points) / 4
-        per_item = max(per_item, floor)
-        fixed = max(mt - per_item * mb, 0.0)
-        return fixed, per_item, largest
-
-    def batch_seconds(self, size: int) -> float | None:
-        fit = self.fit()
-        return None if fit is None else fit[0] + fit[1] * size
+            return list(self._times.items())
 
     def rate(self, budget_s: float) -> float | None:
         """Re-decodes per second this lane (``lanes`` workers) can run in batches of at most half
-        the budget each (a re-decode may wait for the batch in flight, then run in its own), the
-        largest such batch within ``max_batch`` and twice the largest measured; None before any
-        batch."""
-        fit = self.fit()
-        return None if fit is None else self.lanes * rate_of(*fit, self.max_batch, budget_s)
+        the budget each (:func:`rate_of`); None before any batch."""
+        points = self.points()
+        return self.lanes * rate_of(points, self.max_batch, budget_s) if points else None
 
     def report(self) -> str:
         """The figures a worker process reports for the api processes' admission ('' before any
-        batch): fixed s, s per item, largest size, max batch, workers, queue age s."""
-        fit = self.fit()
-        if fit is None:
+        batch): max batch, workers, queue age s, then size:seconds per size measured."""
+        points = self.points()
+        if not points:
             return ""
-        return " ".join(repr(float(x)) for x in (*fit, self.max_batch, self.lanes, self.queue_age()))
+        return " ".join([str(self.max_batch), str(self.lanes), repr(float(self.queue_age())),
+                         *(f"{b}:{t!r}" for b, t in points)])
 
     def take_sizes(self) -> Counter:
         """The batch sizes run since the last call (for the log)."""
@@ -191,23 +168,43 @@ class BatchProfile:
         return sizes
 
 
-def rate_of(fixed: float, per_item: float, largest: float, max_batch: float, budget_s: float) -> float:
-    """Re-decodes per second of one worker whose batches take ``fixed + per_item * size``
-    (:meth:`BatchProfile.rate`)."""
-    limit = max(1, min(int(max_batch), 2 * int(largest)))
-    size = int((budget_s / 2 - fixed) / per_item) if per_item > 0 else limit
-    size = max(1, min(size, limit))
-    return size / max(fixed + per_item * size, 1e-6)
+def rate_of(points: list[tuple[int, float]], max_batch: int, budget_s: float) -> float:
+    """Re-decodes per second of one worker whose batches of each size took the seconds measured
+    (``points``): the best ``size / seconds`` among the batches of at most half the budget (a
+    re-decode may wait for the batch in flight, then run in its own); where the sizes fit a line
+    ``fixed + per_item * size`` with a fixed part no larger than the quickest batch (a GPU's
+    launch cost), a batch up to twice the largest measured is predicted from it, so the capacity
+    grows as larger batches are measured; none within half the budget: the best of them all.
+    Noisy points (a CPU shared with other work) only ever lower the figure."""
+    half = budget_s / 2
+    within = [b / t for b, t in points if t <= half and t > 0]
+    best = max(within) if within else max(b / max(t, 1e-6) for b, t in points)
+    if len(points) >= 2:
+        n = len(points)
+        mb, mt = sum(b for b, _ in points) / n, sum(t for _, t in points) / n
+        var = sum((b - mb) ** 2 for b, _ in points)
+        per_item = sum((b - mb) * (t - mt) for b, t in points) / var if var else 0.0
+        fixed = mt - per_item * mb
+        if per_item > 0 and 0 <= fixed <= min(t for _, t in points):
+            largest = max(b for b, _ in points)
+            size = min(max_batch, 2 * largest, int((half - fixed) / per_item))
+            if size > largest:
+                best = max(best, size / (fixed + per_item * size))
+    return best
 
 
 def report_rate(text: str, budget_s: float) -> tuple[float, float] | None:
     """(re-decodes/s within ``budget_s``, queue age s) of one worker process's
     :meth:`BatchProfile.report`; None for an empty or unreadable one."""
     try:
-        fixed, per_item, largest, max_batch, lanes, age = (float(x) for x in text.split())
+        max_batch, lanes, age, *rest = text.split()
+        points = [(int(b), float(t)) for b, t in (p.split(":") for p in rest)]
+        lanes_n, age_s = int(lanes), float(age)
+        if not points:
+            return None
+        return lanes_n * rate_of(points, int(max_batch), budget_s), age_s
     except ValueError:
         return None
-    return lanes * rate_of(fixed, per_item, largest, max_batch, budget_s), age
 
 
 class LocalLaneCapacity:

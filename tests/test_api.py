@@ -234,6 +234,12 @@ def test_word_timestamps_in_long_recording(live_server, long_call):
     assert segs and all(s["words"] for s in segs)
     for s in segs:  # absolute times inside their segment
         assert all(s["start"] - 0.05 <= w["start"] < w["end"] <= s["end"] + 0.05 for w in s["words"])
+    # issue 39: the pieces' scores survive the store (each piece a stored row, then reassembled)
+    assert len(done["result"]["segments"]) >= 2
+    for s in segs:
+        assert s["avg_logprob"] <= 0 and 0 < s["language_probability"] <= 1
+        assert 0 < s["emotion_probability"] <= 1 and 0 < s["event_probability"] <= 1
+        assert all(0 < w["probability"] <= 1 for w in s["words"])
 
 
 def test_one_hour_recording_on_cpu_with_bounded_memory(demo_dir, tmp_path, long_call):

@@ -334,6 +334,20 @@ class TestWorkerSink:
         broker.save_segments([SegmentResult(job.id, 2, 30.0, 31.0, "left", "<|en|>end", (), pieces=3)])
         assert broker.segment_count(job.id) == 3 and broker.segments(job.id)[2].speaker == "left"
 
+    def test_a_pieces_scores_round_trip(self, broker):
+        """Issue 39: a piece's confidence and tag scores come back as saved (a long job's JSON has
+        them); a piece without scores reads back with none."""
+        job = run(broker)
+        words = (Word("refund", 10.0, 10.5, 0.875), Word("please", 10.5, 11.0, 0.25))
+        tags = (("en", 0.9375), ("ANGRY", 0.5), ("Speech", 0.75))
+        scored = SegmentResult(job.id, 0, 10.0, 12.0, None, "<|en|><|ANGRY|><|Speech|><|woitn|>refund please",
+                               words, pieces=2, avg_logprob=-0.125, tag_probs=tags)
+        bare = SegmentResult(job.id, 1, 12.0, 13.0, None, "<|en|>ok", (Word("ok", 12.0, 12.5),), pieces=2)
+        broker.save_segments([scored, bare])
+        got, got_bare = broker.segments(job.id)
+        assert got == replace(scored, pieces=0) and got.words[1].probability == 0.25  # (not stored)
+        assert got_bare == replace(bare, pieces=0) and got_bare.avg_logprob is None and got_bare.words[0].probability is None
+
     def test_a_released_claim_is_not_lost(self, broker):
         """A batch cut short (a broker outage) hands its claims back: the job is untouched and
         whichever worker takes it later still finishes it once."""
@@ -497,3 +511,45 @@ def test_the_other_adapters_have_the_ports_they_declare():
             lacking = {m for m in ports.members(port) if not hasattr(cls, m)} - instance_attrs
             assert lacking == set(), (cls.__name__, port.__name__, lacking)
     assert not hasattr(SiblingBroker, "claim") and not hasattr(SiblingBroker, "serve_live")
+
+
+# ------------------------------------------------------------ piece rows of the previous release
+def test_a_sqlite_piece_row_of_the_previous_release_reads_without_scores(tmp_path):
+    """A store written before issue 39 (no ``scores`` column) is migrated when opened and its piece
+    rows read back with no scores; a new row in it keeps its scores."""
+    from pipeline.serving.broker_sqlite import JobStore
+
+    store = JobStore(tmp_path / "data")
+    with store._write() as c:  # the previous release's table
+        c.execute("DROP TABLE segments")
+        c.execute("CREATE TABLE segments (job_id TEXT NOT NULL, idx INTEGER NOT NULL, start_s REAL NOT NULL,"
+                  " end_s REAL NOT NULL, speaker TEXT, raw_text TEXT NOT NULL, words TEXT NOT NULL DEFAULT"
+                  " '[]', PRIMARY KEY (job_id, idx))")
+        c.execute("INSERT INTO segments VALUES ('j', 0, 0.0, 1.0, NULL, '<|en|>hi', '[[\"hi\", 0.1, 0.4]]')")
+    store.close()
+    store = JobStore(tmp_path / "data")
+    try:
+        (old,) = store.segments("j")
+        assert old.words == (Word("hi", 0.1, 0.4),) and old.avg_logprob is None and old.tag_probs == ()
+        new = SegmentResult("j", 1, 1.0, 2.0, None, "<|en|>yes", (Word("yes", 1.1, 1.4, 0.5),),
+                            avg_logprob=-0.5, tag_probs=(("en", 0.75),))
+        store.save_segments([new])
+        assert store.segments("j")[1] == new
+    finally:
+        store.close()
+
+
+def test_a_redis_piece_row_of_the_previous_release_reads_without_scores(redis_url):
+    """A piece hash value of the previous release, ``[start, end, speaker, raw_text, words]``,
+    reads back with no scores."""
+    import json
+
+    from pipeline.serving.broker_redis import RedisBroker
+
+    broker = RedisBroker(redis_url, retention_s=60, queue_size=QUEUE_SIZE, prefix=f"t{uuid.uuid4().hex[:8]}")
+    try:
+        broker._r.hset(broker._k("segs", "j"), "0", json.dumps([0.0, 1.0, "left", "<|en|>hi", [["hi", 0.1, 0.4]]]))
+        (old,) = broker.segments("j")
+        assert old == SegmentResult("j", 0, 0.0, 1.0, "left", "<|en|>hi", (Word("hi", 0.1, 0.4),))
+    finally:
+        broker.close()

@@ -18,7 +18,8 @@ Key layout (``P`` = prefix, default ``sv``; ``ID`` = job id)::
     P:audio:ID     hash    piece -> that piece's 16 kHz audio: b"S" + 16-bit PCM, or b"F" + the name
                            of its file in the shared directory (pipeline/serving/payloads.py)
     P:entries:ID   hash    piece -> "<lane>:<stream entry id>" (so any process can ack a job)
-    P:segs:ID      hash    piece -> JSON [start_s, end_s, speaker, raw_text, words] (long jobs)
+    P:segs:ID      hash    piece -> JSON [start_s, end_s, speaker, raw_text, words(, scores)] (long
+                           jobs; scores, when the engine gave them, records.dump_scores)
     P:queue:<lane> stream  one entry per WorkItem; consumer group ``workers``; lanes
                            ``interactive`` then ``bulk`` (types.Lane order = priority)
     P:workers      hash    alive:<consumer> -> expiry (unix ms); gpu:<consumer> -> "expiry ratio"
@@ -96,9 +97,10 @@ from pipeline.serving import calls_index
 from pipeline.serving.job_events import Feed, JobEvent
 from pipeline.serving.live_redis import ClusterBusy, ClusterCapacity, LiveClient, LiveServer
 from pipeline.serving.payloads import Payloads
-from pipeline.serving.records import SegmentResult, dump_options, load_options
+from pipeline.serving.records import (SegmentResult, dump_options, dump_scores, dump_words,
+                                      load_options, load_piece)
 from pipeline.serving.scheduler import Scheduler, WorkItem
-from pipeline.domain.types import Job, JobError, JobState, Lane, Transcript, Word
+from pipeline.domain.types import Job, JobError, JobState, Lane, Transcript
 
 logger = logging.getLogger("sensevoice.broker")
 
@@ -735,9 +737,10 @@ class RedisBroker:
         for jid, rs in by_job.items():
             args: list = [GROUP, self._ttl_pending_ms, self._held_values(jid, {r.idx for r in rs})]
             for r in rs:
-                args += [r.idx, json.dumps([r.start_s, r.end_s, r.speaker, r.raw_text,
-                                            [[w.text, w.start, w.end] for w in r.words]],
-                                           ensure_ascii=False)]
+                row = [r.start_s, r.end_s, r.speaker, r.raw_text, dump_words(r.words)]
+                if (scores := dump_scores(r)) is not None:  # a row of before has none
+                    row.append(scores)
+                args += [r.idx, json.dumps(row, ensure_ascii=False)]
             self._run("save_segments", [self._k("job", jid), self._k("segs", jid),
                                         self._k("entries", jid), self._k("audio", jid)],
                       args, client=pipe)
@@ -755,9 +758,7 @@ class RedisBroker:
     def segments(self, job_id: str) -> list[SegmentResult]:
         out = []
         for idx, raw in self._r.hgetall(self._k("segs", job_id)).items():
-            start, end, speaker, text, words = json.loads(raw)
-            out.append(SegmentResult(job_id, int(idx), start, end, speaker, text,
-                                     tuple(Word(*w) for w in words)))
+            out.append(load_piece(job_id, int(idx), *json.loads(raw)))
         return sorted(out, key=lambda r: (r.start_s, r.idx))
 
     @_translated

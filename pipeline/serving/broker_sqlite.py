@@ -31,14 +31,15 @@ import numpy as np
 import torch
 
 from pipeline.domain.errors import AudioGone, AudioLost, JobGone, JobNotFound, SenseVoiceError, TooManyAttempts
-from pipeline.domain.types import Job, JobError, JobState, Lane, Transcript, Word
+from pipeline.domain.types import Job, JobError, JobState, Lane, Transcript
 from pipeline.serving import calls_index
 from pipeline.serving.group_commit import GroupCommit
 from pipeline.serving.job_events import Feed, JobEvent
 from pipeline.serving.payloads import map_private
 from pipeline.serving.private_dir import (FILE_MODE, create_private, ensure_data_dir,
                                             private_subdir, check_own_file)
-from pipeline.serving.records import SegmentResult, dump_options, load_options, storage_error
+from pipeline.serving.records import (SegmentResult, dump_options, dump_scores, dump_words,
+                                      load_options, load_piece, storage_error)
 
 if TYPE_CHECKING:
     from pipeline.audio.wav import Pcm16Layout
@@ -75,6 +76,7 @@ CREATE TABLE IF NOT EXISTS segments (
     speaker TEXT,
     raw_text TEXT NOT NULL,
     words TEXT NOT NULL DEFAULT '[]',
+    scores TEXT,
     PRIMARY KEY (job_id, idx)
 );
 """
@@ -153,6 +155,8 @@ class JobStore:
                 c.executescript(SCHEMA)
                 if "upload_bytes" not in {r["name"] for r in c.execute("PRAGMA table_info(jobs)")}:
                     c.execute("ALTER TABLE jobs ADD COLUMN upload_bytes INTEGER")  # a store of before
+                if "scores" not in {r["name"] for r in c.execute("PRAGMA table_info(segments)")}:
+                    c.execute("ALTER TABLE segments ADD COLUMN scores TEXT")  # before issue 39
                 calls_index.ensure_schema(c)  # the calls table's summaries and reviews
 
     # ------------------------------------------------------------------ plumbing
@@ -327,10 +331,11 @@ class JobStore:
         results = list(results)
         with self._transaction() as conn:
             conn.executemany(
-                "INSERT OR REPLACE INTO segments (job_id, idx, start_s, end_s, speaker, raw_text, words)"
-                " VALUES (?, ?, ?, ?, ?, ?, ?)",
+                "INSERT OR REPLACE INTO segments (job_id, idx, start_s, end_s, speaker, raw_text, words,"
+                " scores) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
                 [(r.job_id, r.idx, r.start_s, r.end_s, r.speaker, r.raw_text,
-                  json.dumps([[w.text, w.start, w.end] for w in r.words], ensure_ascii=False))
+                  json.dumps(dump_words(r.words), ensure_ascii=False),
+                  None if (sc := dump_scores(r)) is None else json.dumps(sc))
                  for r in results])
         events = []
         for jid, total in {r.job_id: r.pieces for r in results if r.pieces}.items():
@@ -340,8 +345,9 @@ class JobStore:
     def segments(self, job_id: str) -> list[SegmentResult]:
         rows = self._conn().execute(
             "SELECT * FROM segments WHERE job_id=? ORDER BY start_s, idx", (job_id,)).fetchall()
-        return [SegmentResult(r["job_id"], r["idx"], r["start_s"], r["end_s"], r["speaker"],
-                              r["raw_text"], tuple(Word(*w) for w in json.loads(r["words"])))
+        return [load_piece(r["job_id"], r["idx"], r["start_s"], r["end_s"], r["speaker"],
+                           r["raw_text"], json.loads(r["words"]),
+                           json.loads(r["scores"]) if r["scores"] else None)
                 for r in rows]
 
     def segment_count(self, job_id: str) -> int:

@@ -1,5 +1,10 @@
 """What both brokers store the same way: a long job's piece results, the options' JSON, and the
-user-facing error of a failed write (the disk or the store is full, or an I/O error)."""
+user-facing error of a failed write (the disk or the store is full, or an I/O error).
+
+A piece's words are stored as ``[text, start, end]`` (as by the previous release) and its scores
+(issue 39: the segment's ``avg_logprob``, its tags' probabilities and each word's probability)
+beside them as one JSON object (:func:`dump_scores`), absent when the engine gave none: a row of
+the previous release, without it, reads back with no scores (None)."""
 
 from __future__ import annotations
 
@@ -9,6 +14,7 @@ import json
 import sqlite3
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from pipeline.domain.errors import SenseVoiceError, StorageError, StorageFull
 from pipeline.domain.richtext import parse_rich_text
@@ -27,8 +33,43 @@ class SegmentResult:
     raw_text: str
     words: tuple[Word, ...] = ()  # absolute times in the recording
     pieces: int = 0  # how many pieces the job has (for its progress; 0 when unknown)
-    avg_logprob: float | None = None  # the engine's confidence (EngineOutput's); not stored yet
-    tag_probs: tuple[tuple[str, float], ...] = ()
+    avg_logprob: float | None = None  # the engine's confidence (EngineOutput's)
+    tag_probs: tuple[tuple[str, float], ...] = ()  # (tag, probability among its kind)
+
+
+def dump_words(words: Sequence[Word]) -> list[list]:
+    """A piece's words as stored: ``[text, start, end]`` each (their probabilities are scores)."""
+    return [[w.text, w.start, w.end] for w in words]
+
+
+def dump_scores(r: SegmentResult) -> dict[str, Any] | None:
+    """A piece's scores as stored beside its words, or None when it has none (nothing stored)."""
+    probs = [w.probability for w in r.words]
+    if r.avg_logprob is None and not r.tag_probs and all(p is None for p in probs):
+        return None
+    scores: dict[str, Any] = {"avg_logprob": r.avg_logprob,
+                              "tag_probs": [[tag, p] for tag, p in r.tag_probs]}
+    if any(p is not None for p in probs):
+        scores["word_probs"] = probs
+    return scores
+
+
+def load_piece(job_id: str, idx: int, start_s: float, end_s: float, speaker: str | None,
+               raw_text: str, words: Sequence[Sequence], scores: dict[str, Any] | None = None
+               ) -> SegmentResult:
+    """A stored piece read back: ``words`` as :func:`dump_words` wrote them, ``scores`` as
+    :func:`dump_scores` did (None or absent: a row without scores, e.g. of the previous release)."""
+    scores = scores or {}
+    probs = scores.get("word_probs") or ()
+    if len(probs) != len(words):  # never mismatched when written together; ignore rather than shift
+        probs = ()
+    if probs:
+        ws = tuple(Word(w[0], w[1], w[2], p) for w, p in zip(words, probs))
+    else:
+        ws = tuple(Word(w[0], w[1], w[2]) for w in words)
+    return SegmentResult(job_id, idx, start_s, end_s, speaker, raw_text, ws,
+                         avg_logprob=scores.get("avg_logprob"),
+                         tag_probs=tuple((str(t), float(p)) for t, p in scores.get("tag_probs") or ()))
 
 
 def transcript_from_pieces(pieces: Sequence[SegmentResult]) -> Transcript:

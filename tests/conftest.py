@@ -4,6 +4,7 @@ and a live server on loopback."""
 from __future__ import annotations
 
 import os
+import random
 import socket
 import threading
 import time
@@ -137,10 +138,40 @@ def browser():
         b.close()
 
 
+# Ports for servers the tests start are handed out below Linux's ephemeral range (32768-60999 by
+# default), so no outgoing connection takes one before its server binds it (a server process binds
+# seconds after its port is chosen), one after another (two ports asked for before either is bound
+# differ), and from a slice of their own per pytest-xdist worker.
+PORTS_LOW, PORTS_HIGH = 20000, 32768
+_ports_lock = threading.Lock()
+_next_port: list[int] = []
+
+
+def _port_slice() -> range:
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0")
+    index = int(worker[2:]) if worker[2:].isdigit() else 0
+    count = max(int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")), index + 1)
+    width = (PORTS_HIGH - PORTS_LOW) // count
+    return range(PORTS_LOW + index * width, PORTS_LOW + (index + 1) * width)
+
+
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A loopback port nothing listens on, not handed out before in this process (until its
+    slice wraps around)."""
+    ports = _port_slice()
+    with _ports_lock:
+        if not _next_port:
+            _next_port.append(ports.start + random.randrange(len(ports)))
+        for _ in range(len(ports)):
+            port = _next_port[0]
+            _next_port[0] = ports.start + (port + 1 - ports.start) % len(ports)
+            with socket.socket() as s:
+                try:
+                    s.bind(("127.0.0.1", port))
+                except OSError:  # in use (or in TIME_WAIT): the next one
+                    continue
+            return port
+    raise RuntimeError(f"no free loopback port in {ports}")
 
 
 class LiveServer:

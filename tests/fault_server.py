@@ -6,10 +6,13 @@ If MARKER_FILE does not exist it is created and the engine's batches in the work
 ("illegal memory access", which poisons a real CUDA context) or hangs forever. When the supervisor
 restarts this script the marker exists and the server runs clean, as a restarted process would.
 ``freeze`` blocks the event loop instead (as a blocking read on the loop would) on a GET /freeze.
+The server runs without its UI unless SENSEVOICE_UI says otherwise: the faults are the engine's and
+the event loop's, and gradio's import and UI build were several seconds of every (re)start.
 """
 
 from __future__ import annotations
 
+import os
 import sys
 import threading
 import time
@@ -57,6 +60,7 @@ def inject(fault: str) -> None:
 
 
 if __name__ == "__main__":
+    os.environ.setdefault("SENSEVOICE_UI", "false")
     fault, marker, *args = sys.argv[1:]
     if not Path(marker).exists():
         Path(marker).touch()

@@ -23,9 +23,9 @@ REDIS_SERVER = shutil.which("redis-server") or "/usr/bin/redis-server"
 
 
 def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    from tests.conftest import free_port  # below the ephemeral range, a slice per xdist worker
+
+    return free_port()
 
 
 def _ping(port: int) -> bool:

@@ -4,7 +4,9 @@
 #   2. the distributed topology: Redis (.deb) + one worker process (cuda:0) + one api process
 #      serving the same streams (their speech detection there, the re-decodes through Redis).
 # Per row: admitted / refused at once (live_at_capacity, close 1013) / unmatched among the admitted,
-# speech start -> first partial and pause -> final p50 / p95 (targets: 400 ms / 300 ms p95).
+# speech start -> first partial and pause -> final p50 / p95 (targets: 400 ms / 300 ms p95), and the
+# GPU's SM busy share while the row ran (nvidia-smi dmon's "sm" %, one sample a second: mean / max),
+# so a row shows how much of the GPU the admitted streams use (issue 38).
 # Needs .whl (wheels), .deb (redis) and .gpu-media/live (the speech, made here once: the GPU
 # machine has no espeak-ng: LIVE_SPEECH_DIR=.gpu-media/live python bench/live_load.py --streams 1).
 # Writes $OUT/live-*.json and the server logs' tails; prints the tables last.
@@ -24,11 +26,20 @@ ready() { for _ in $(seq 900); do python3 -c "import sys,urllib.request; urllib.
 warm() {  # /readyz answers before the background compile and the graph captures end: wait for them
   for _ in $(seq 400); do grep -q "CUDA graphs: [0-9]* captured\|serving the eager path" "$1" && return 0; sleep 0.3; done
   echo "not warm after 120 s: $1" | tee -a "$OUT/progress.txt"; }
-run() {  # name url
+run() {  # name url: a row per stream count, each with the SM busy share sampled while it ran
   mkdir -p "$OUT/$1"
-  OUT=$OUT/$1 timeout 400 python3 bench/live_load.py --url "$2" --streams "$STREAMS" --repeat 1 \
-    --spread-s "$SPREAD" --client-processes "$CLIENTS" >"$LOGS/$1.txt" 2>&1
-  { echo "## $1"; grep '^|' "$LOGS/$1.txt"; } | tee -a "$OUT/summary.txt"
+  echo "## $1 (last column: SM busy % mean / max)" >>"$OUT/summary.txt"
+  for n in ${STREAMS//,/ }; do
+    nvidia-smi dmon -s u -d 1 >"$LOGS/$1-$n-sm.txt" 2>&1 &
+    dmon=$!
+    OUT=$OUT/$1 timeout 400 python3 bench/live_load.py --url "$2" --streams "$n" --repeat 1 \
+      --spread-s "$SPREAD" --client-processes "$CLIENTS" >"$LOGS/$1-$n.txt" 2>&1
+    kill $dmon 2>/dev/null; wait $dmon 2>/dev/null
+    cp "$OUT/$1/live_load.json" "$OUT/$1/live_load-$n.json" 2>/dev/null
+    sm=$(awk '$1 ~ /^[0-9]+$/ && $2 ~ /^[0-9]+$/ { s += $2; n++; if ($2 > m) m = $2 } END { if (n) printf "%.0f / %d", s / n, m; else print "-" }' "$LOGS/$1-$n-sm.txt")
+    grep '^| [0-9]' "$LOGS/$1-$n.txt" | sed "s#\$# $sm |#" | tee -a "$OUT/summary.txt"
+  done
+  grep -h "live lane: .* batches" "$LOGS/$1.log" "$LOGS/worker.log" 2>/dev/null | tail -3 >>"$OUT/summary.txt"
 }
 # 1. embedded
 python3 app_sensevoice.py --model $model --device cuda --api-only --port 7870 --data-dir "$(mktemp -d)" \

@@ -1,7 +1,7 @@
 """Batch CLI: transcribe folders of recordings through the same pipeline, here or on a server.
 
     python -m pipeline.cli PATHS... --output-dir DIR [--format txt,json,srt,vtt] [--language auto]
-                           [--word-timestamps] [--no-itn] [--split-channels]
+                           [--languages zh,en] [--word-timestamps] [--no-itn] [--split-channels]
                            [--demo | --model DIR|NAME] [--device cuda|cpu]
                            [--server URL [--token TOKEN]] [--jobs N] [--retry-for S] [--quiet]
 
@@ -671,6 +671,18 @@ def _formats(value: str) -> tuple[str, ...]:
     return chosen
 
 
+def _languages(value: str) -> tuple[str, ...]:
+    """``--languages zh,en``: the allow-list, checked here (an unknown name is a usage error)."""
+    from pipeline.domain.types import ALLOWED_LANGUAGES, parse_languages
+
+    chosen = parse_languages(value)
+    unknown = [code for code in chosen if code not in ALLOWED_LANGUAGES]
+    if unknown:
+        raise argparse.ArgumentTypeError(
+            f"unknown language {', '.join(unknown)}; choose among {','.join(ALLOWED_LANGUAGES)}")
+    return chosen
+
+
 def parse_args(argv=None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(prog="python -m pipeline.cli", description=__doc__.splitlines()[0],
                                  epilog="Exit status: 0 all done, 1 some file failed, 2 could not "
@@ -681,6 +693,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--format", type=_formats, default=("txt",),
                     help="comma list of txt,json,srt,vtt (default txt)")
     ap.add_argument("--language", default=AUTO_LANGUAGE, choices=REQUEST_LANGUAGES)
+    ap.add_argument("--languages", type=_languages, default=(), metavar="LIST",
+                    help="a language allow-list, e.g. zh,en: each segment's language is "
+                         "detected only among these (default: any)")
     ap.add_argument("--word-timestamps", action="store_true",
                     help="per-word times from the CTC alignment (in json; subtitles use them)")
     ap.add_argument("--no-itn", action="store_true", help="no punctuation or digits (inverse "
@@ -740,7 +755,7 @@ def main(argv=None) -> int:
 
     options = TranscribeOptions(language=args.language, use_itn=not args.no_itn,
                                 split_channels=args.split_channels,
-                                word_timestamps=args.word_timestamps)
+                                word_timestamps=args.word_timestamps, languages=args.languages)
     plan = make_plan(args.paths, args.output_dir, args.format)
     for link in plan.links_out:
         print(f"skipped: {link}: a link pointing out of the folder walked", file=sys.stderr)

@@ -118,8 +118,17 @@ def _form(options: Any) -> dict[str, str]:
         options = dataclasses.asdict(options)
     if not isinstance(options, Mapping):
         raise TypeError(f"options must be a TranscribeOptions or a mapping, not {type(options).__name__}")
-    return {k: ("true" if v else "false") if isinstance(v, bool) else str(v)
-            for k, v in options.items() if v is not None}
+    return {k: _field(v) for k, v in options.items()
+            if v is not None and not (isinstance(v, (tuple, list)) and not v)}
+
+
+def _field(value: Any) -> str:
+    """A form field's text: booleans as true/false, a list (``languages``) comma-separated."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (tuple, list)):
+        return ",".join(str(v) for v in value)
+    return str(value)
 
 
 class _Undecodable(Exception):
@@ -347,7 +356,7 @@ class Client:
                filename: str | None = None) -> str:
         """Upload ``audio`` (a path, streamed from disk, or bytes) with ``options`` (a
         TranscribeOptions or a mapping of the form fields: language, use_itn, ban_emo_unk,
-        split_channels, word_timestamps); the new job's id."""
+        split_channels, word_timestamps, languages: a list or "zh,en"); the new job's id."""
         fields = _form(options)
 
         def post() -> httpx.Response:

@@ -146,6 +146,37 @@ def test_format_is_a_comma_list():
         cli.parse_args(["x", "--out", "o", "--format", "txt,docx"])
 
 
+def test_languages_is_an_allow_list_checked_before_anything_runs(tmp_path, capsys):
+    assert cli.parse_args(["x", "--out", "o", "--languages", " zh, en,zh"]).languages == ("zh", "en")
+    assert cli.parse_args(["x", "--out", "o"]).languages == ()
+    with pytest.raises(SystemExit) as e:
+        cli.parse_args(["x", "--out", str(tmp_path / "o"), "--languages", "zh,xx"])
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert "argument --languages: unknown language xx; choose among zh,en,yue,ja,ko" in err
+    assert not (tmp_path / "o").exists()
+
+
+def _languages_found(out: Path) -> set[str]:
+    docs = [json.loads(p.read_text()) for p in out.rglob("*.json")]
+    assert docs
+    return {s["language"] for d in docs for s in d["result"]["segments"]}
+
+
+def test_local_mode_takes_the_language_decision_among_the_allowed(speech_clip, demo_dir, tmp_path,
+                                                                  capsys):
+    """English speech (detected 'en' when any language may be) with ``--languages ko,yue``: every
+    segment's language is one of those, with its probability among them."""
+    code, table, _ = run_local(speech_clip, "--output-dir", tmp_path / "any", "--format", "json",
+                               demo_dir=demo_dir, capsys=capsys)
+    assert code == 0, table
+    assert _languages_found(tmp_path / "any") == {"en"}
+    code, table, _ = run_local(speech_clip, "--output-dir", tmp_path / "out", "--format", "json",
+                               "--languages", "ko,yue", demo_dir=demo_dir, capsys=capsys)
+    assert code == 0, table
+    assert _languages_found(tmp_path / "out") <= {"ko", "yue"}
+
+
 def test_interrupted_run_leaves_only_complete_outputs_and_resumes(tmp_path, speech_clip, demo_dir,
                                                                   capsys):
     src, out = tmp_path / "in", tmp_path / "out"
@@ -274,6 +305,21 @@ def test_server_mode_retries_busy_answers_after_retry_after(busy_server, tree, t
     posts = busy_server.refuser.posts
     assert [s for _, s in posts] == [503, 429, 202, 202]
     assert posts[1][0] - posts[0][0] >= 0.95 and posts[2][0] - posts[1][0] >= 0.95  # Retry-After
+
+
+def test_server_mode_sends_the_allow_list(busy_server, speech_clip, tmp_path, capsys):
+    """``--languages`` reaches the server's job (the client sends it as 'ko,yue'); without it the
+    job has none (an empty list is not sent)."""
+    code = cli.main([str(speech_clip), "--output-dir", str(tmp_path / "out"), "--format", "json",
+                     "--server", busy_server.url, "--token", TOKEN, "--quiet", "--languages", "ko,yue"])
+    table, _ = capsys.readouterr()
+    assert code == 0, table
+    assert _languages_found(tmp_path / "out") <= {"ko", "yue"}
+    with Client(busy_server.url, TOKEN) as client:
+        job = client.wait(client.submit(speech_clip, TranscribeOptions(languages=("ko", "yue"))))
+        assert job["options"]["languages"] == "ko,yue"
+        job = client.wait(client.submit(speech_clip, TranscribeOptions(language="en")))
+        assert job["status"] == "done" and "languages" not in job["options"]
 
 
 def test_server_mode_failures_are_per_file(busy_server, tree, tmp_path, capsys):

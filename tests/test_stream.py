@@ -220,6 +220,11 @@ def test_four_times_real_time_with_odd_frames_gives_the_same_finals(server, spee
     assert_finals_match_offline(finals, offline_segments(server, speech.path))
 
 
+def test_a_stream_takes_a_language_allow_list(server, speech):
+    finals = stream(ws_url(server, query="languages=ko,yue"), speech.pcm, speed=None).of("final")
+    assert finals and {f["segment"]["language"] for f in finals} <= {"ko", "yue"}
+
+
 def test_other_sample_rates_are_resampled(server, speech, speech_48k):
     run = stream(ws_url(server, query="sample_rate=48000&language=en&use_itn=false"), speech_48k,
                  rate=48000, speed=None, frame=9600)
@@ -314,6 +319,28 @@ def test_funasr_offline_mode_sends_finals_only(server, speech):
     assert all(m["segment"]["itn"] == "woitn" for m in messages if m["text"])
 
 
+def test_funasr_svs_lang_takes_an_allow_list(server, speech):
+    """``svs_lang`` as a comma text or a list is a language allow-list (issue 39): the English
+    speech, detected 'en' when any language may be, is told among the allowed languages only;
+    a lone language stays the prompt, as FunASR reads it."""
+    from funasr_client import async_file_asr_stream
+
+    async def go(svs_lang):
+        uri = ws_url(server, "/api/stream/funasr", live_query(TOKEN))
+        return [m async for m in async_file_asr_stream(speech.path, uri, mode="offline",
+                                                       svs_lang=svs_lang)]
+
+    def languages(messages) -> set[str]:
+        found = {m["segment"]["language"] for m in messages if m["text"]}
+        assert found
+        return found
+
+    assert languages(asyncio.run(go("auto"))) == {"en"}
+    assert languages(asyncio.run(go("ko,yue"))) <= {"ko", "yue"}
+    assert languages(asyncio.run(go(["ko", "yue"]))) <= {"ko", "yue"}
+    assert languages(asyncio.run(go("ja"))) == {"ja"}
+
+
 def test_funasr_errors_are_in_its_shape(server):
     async def go(first):
         async with websockets.connect(ws_url(server, "/api/stream/funasr"), additional_headers=AUTH,
@@ -330,6 +357,10 @@ def test_funasr_errors_are_in_its_shape(server):
     assert "3pass" in answer["error"] and code == 1008
     answer, code = asyncio.run(go(json.dumps({"mode": "2pass", "wav_format": "mp3"})))
     assert answer["code"] == "invalid_option" and "PCM" in answer["error"]
+    for svs_lang, words in ((["zh", "xx"], "unknown language 'xx'"), ("zh,xx", "unknown language 'xx'"),
+                            ({"zh": 1}, "comma list"), ([3], "comma list")):
+        answer, code = asyncio.run(go(json.dumps({"mode": "2pass", "svs_lang": svs_lang})))
+        assert answer["code"] == "invalid_option" and words in answer["error"] and code == 1008
 
 
 def test_a_model_failure_ends_the_stream_with_a_reason(server, speech, monkeypatch):
@@ -354,6 +385,7 @@ def expect_error(run: Run, code: str, close: int) -> dict:
 @pytest.mark.parametrize("query,words", [
     ("sample_rate=44k", "whole number"), ("sample_rate=1000", "between"),
     ("language=klingon", "unknown language"), ("use_itn=maybe", "use_itn"),
+    ("languages=zh,xx", "unknown language 'xx'"),
 ])  # fmt: skip
 def test_bad_query_values_are_refused(server, query, words):
     error = expect_error(stream(ws_url(server, query=query)), "invalid_option", 1008)

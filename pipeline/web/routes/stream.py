@@ -5,7 +5,9 @@ clients connect when given only a host and a port). Both drive the same
 
 **``GET /api/stream``** (upgrade). Query: ``language`` (one of ``tags.REQUEST_LANGUAGES``),
 ``use_itn`` (true), ``sample_rate`` (``tags.SAMPLE_RATE_HZ``; 8000..192000, other rates are resampled),
-``ban_emo_unk`` (false), ``word_timestamps`` (false: finals carry timed words when true). The client
+``ban_emo_unk`` (false), ``word_timestamps`` (false: finals carry timed words when true),
+``languages`` (a language allow-list, e.g. ``zh,en``: each utterance's language is detected
+only among these; empty: any). The client
 sends binary frames of 16-bit little-endian mono PCM, of any size, then the text frame
 ``{"type": "end"}``. The server sends text frames of JSON:
 
@@ -36,7 +38,8 @@ upgrade, as an error frame and a close, so that a browser can read the reason.
 
 **FunASR.** The first text frame is FunASR's JSON (``mode`` offline | online | 2pass, ``wav_name``,
 ``is_speaking``, ``itn``, ``audio_fs``, ``wav_format`` pcm, ``svs_lang`` / ``svs_itn`` as FunASR's
-SenseVoice runtime reads them; ``chunk_size``, ``chunk_interval``, ``hotwords`` and the look-backs
+SenseVoice runtime reads them (``svs_lang`` also takes an allow-list: ``"zh,en"`` or
+``["zh", "en"]``, the language detected only among these); ``chunk_size``, ``chunk_interval``, ``hotwords`` and the look-backs
 are accepted and ignored), then binary PCM, then ``{"is_speaking": false}``. Answers:
 ``{"mode", "wav_name", "text", "is_final", "timestamp"}`` plus SenseVoice's ``raw_text`` and
 ``segment``. Finals are its offline messages (``2pass-offline``, or ``offline``), partials its
@@ -111,6 +114,22 @@ def _language(value) -> str:
         raise InvalidOption(f"unknown language {str(value)[:40]!r}; choose one of "
                             f"{', '.join(REQUEST_LANGUAGES)}")
     return value
+
+
+def _allow_list(value) -> tuple[str, ...]:
+    """A language allow-list from ``"zh,en"`` or ``["zh", "en"]``; InvalidOption names an unknown
+    language (or a value of another kind)."""
+    if not isinstance(value, (str, list)) or not all(isinstance(v, str) for v in value):
+        raise InvalidOption(f"languages must be a comma list such as 'zh,en', not {str(value)[:40]!r}")
+    return TranscribeOptions(languages=value).languages
+
+
+def _funasr_language(value) -> tuple[str, tuple[str, ...]]:
+    """FunASR's ``svs_lang``: one language (the prompt, as FunASR reads it), or an allow-list
+    (a list, or a comma text): (language, languages)."""
+    if isinstance(value, str) and "," not in value:
+        return _language(value), ()
+    return AUTO_LANGUAGE, _allow_list(value)
 
 
 def segment_json(segment) -> dict:
@@ -303,7 +322,8 @@ class NativeStream:
             language=_language(q.get("language", AUTO_LANGUAGE)),
             use_itn=_flag("use_itn", q.get("use_itn"), True),
             ban_emo_unk=_flag("ban_emo_unk", q.get("ban_emo_unk"), False),
-            word_timestamps=_flag("word_timestamps", q.get("word_timestamps"), False))
+            word_timestamps=_flag("word_timestamps", q.get("word_timestamps"), False),
+            languages=_allow_list(q.get("languages", "")))
         return options, _rate(q.get("sample_rate", str(SAMPLE_RATE_HZ)))
 
     async def serve(self) -> None:
@@ -363,6 +383,7 @@ class FunAsrConfig:
     wav_name: str = "microphone"
     itn: bool = True
     language: str = AUTO_LANGUAGE
+    languages: tuple[str, ...] = ()  # the allow-list (svs_lang as a list); () = any
     audio_fs: int = SAMPLE_RATE_HZ
 
     def update(self, message: dict) -> None:
@@ -377,7 +398,7 @@ class FunAsrConfig:
             if message.get(key) is not None:
                 self.itn = _flag(key, str(message[key]), True)
         if message.get("svs_lang") is not None:
-            self.language = _language(message["svs_lang"])
+            self.language, self.languages = _funasr_language(message["svs_lang"])
         if message.get("audio_fs") is not None:
             self.audio_fs = _rate(message["audio_fs"], "audio_fs")
         fmt = message.get("wav_format")
@@ -463,7 +484,7 @@ class FunAsrStream:
         """One recording: from its first frame (or JSON) to ``is_speaking: false``."""
         self._reset()
         options = TranscribeOptions(language=self.config.language, use_itn=self.config.itn,
-                                    word_timestamps=True)
+                                    word_timestamps=True, languages=self.config.languages)
         async with self.hub.stream(options, self.config.audio_fs, self.emit,
                                    client_of(self.ws)) as session, \
                 failing_with(session):

@@ -444,10 +444,12 @@ class TestClusterState:
         warnings = broker.config_warnings()
         assert isinstance(warnings, list) and all(isinstance(w, str) for w in warnings)
         if not broker.workers_elsewhere:
-            assert (broker.live_workers(), broker.free_memory_ratios(), broker.busy_seconds_reader()) == \
-                (0, [], None)
+            assert (broker.live_workers(), broker.free_memory_ratios(), broker.busy_seconds_reader(),
+                    broker.live_capacity_reader()) == (0, [], None, None)  # (the pool measures its own)
             assert warnings == []
             return
+        capacity = broker.live_capacity_reader()  # no worker has reported a live lane yet: no rate
+        assert capacity is broker.live_capacity_reader() and capacity.rate(0.5) is None
         assert broker.live_workers() == 0 and broker.free_memory_ratios() == []
         local = Scheduler(QUEUE_SIZE, max_batch=8, max_wait_s=0.0)
         feeder = broker.feeder(local, "gpu-0", prefetch=4, free_memory=lambda: 0.42,

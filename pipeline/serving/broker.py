@@ -96,6 +96,9 @@ class EmbeddedBroker(broker_sqlite.JobStore):
     def busy_seconds_reader(self) -> None:
         return None
 
+    def live_capacity_reader(self) -> None:  # the workers are this process's: the pool measures them
+        return None
+
     def config_warnings(self) -> list[str]:
         return []
 

@@ -327,6 +327,9 @@ class SiblingBroker(JobStore):
     def busy_seconds_reader(self):
         return lambda: 0.0
 
+    def live_capacity_reader(self) -> None:  # live streams are the owner's (relayed to it)
+        return None
+
     def config_warnings(self) -> list[str]:
         return []
 

@@ -177,6 +177,7 @@ class ClusterState(Protocol):
     def live_workers(self) -> int: ...  # worker processes that reported within the visibility time-out
     def free_memory_ratios(self) -> list[float]: ...  # their GPUs' free memory shares
     def busy_seconds_reader(self) -> Callable[[], float] | None: ...  # their model time so far
+    def live_capacity_reader(self) -> object | None: ...  # their live lane's room (admission), or None
     def config_warnings(self) -> list[str]: ...  # what in the store's configuration endangers jobs
 
 

@@ -102,14 +102,9 @@ class Runtime:
         """What the live lane has left, as live admission reads it (issue 38): this process's
         workers' measured batches, or (api role) the worker processes' reports through Redis
         beside the other api processes' demand; None where no live lane is measured."""
-        from pipeline.serving.admission import LocalLaneCapacity
-        from pipeline.serving.broker_redis import RedisBroker
-
         if self.pool is not None:
-            return LocalLaneCapacity(self.pool.scheduler.live_batches)
-        if isinstance(self.broker, RedisBroker):
-            return self.broker.live_capacity_reader()
-        return None
+            return self.pool.live_capacity()
+        return self.broker.live_capacity_reader()
 
     @property
     def devices(self) -> list[str]:

@@ -153,6 +153,12 @@ class WorkerPool:
         over a second is the share of time the model is busy: the live lane's cost model)."""
         return sum(w.busy_s for w in self.workers) / max(len(self.workers), 1)
 
+    def live_capacity(self):
+        """What this pool's live lane has left (issue 38): its workers' measured live batches."""
+        from pipeline.serving.admission import LocalLaneCapacity
+
+        return LocalLaneCapacity(self.scheduler.live_batches)
+
     def decode_live(self, wave: torch.Tensor, options: TranscribeOptions, final: bool = False) -> Future:
         """Queue one re-decode of a live stream's utterance (16 kHz mono) ahead of every job lane
         (``final``: ahead of every partial too), batched with whatever the workers run; the future

@@ -252,6 +252,12 @@ class EngineSettings(BaseModel):
         "the eager reference path over funasr's modules.")
     cuda_graphs: bool = Field(True, description="Capture CUDA graphs per (batch, length) bucket, "
                               "lazily, when the worker is idle.")
+    background_compile: bool | None = Field(
+        None, description="Compile the fused encoder and capture CUDA graphs in the background "
+        "(while the worker is idle, and a shape run often between batches). Unset: on for the "
+        "server, off for the batch CLI's local mode (a run ends before a compile pays, and a "
+        "compile cannot be cancelled: the CLI would wait for it at exit); the eager path serves "
+        "meanwhile either way.")
     graph_batch_sizes: str = Field("1,2,4,8,16,32,64", description="Batch buckets to capture.")
     graph_max_seconds: float = Field(30.0, description="Longest clip served by captured graphs, s.")
     segment_threshold_s: float = Field(
@@ -443,6 +449,7 @@ GROUP_OF = {
     'max_batch_seconds': ('engine', 'max_batch_seconds'),
     'fused_encoder': ('engine', 'fused_encoder'),
     'cuda_graphs': ('engine', 'cuda_graphs'),
+    'background_compile': ('engine', 'background_compile'),
     'graph_batch_sizes': ('engine', 'graph_batch_sizes'),
     'graph_max_seconds': ('engine', 'graph_max_seconds'),
     'segment_threshold_s': ('engine', 'segment_threshold_s'),

@@ -43,3 +43,6 @@ class EngineDouble:
     @property
     def warm(self) -> bool:
         return True
+
+    def close(self) -> None:
+        return None

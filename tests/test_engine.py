@@ -344,6 +344,32 @@ def test_a_batch_of_host_and_gpu_waves_is_padded_on_the_gpu(tiny_am, clips):
         [x.token_ids for x in e.transcribe(floats, OPTS[:len(pcm)])]
 
 
+def test_close_waits_for_a_compile_in_progress_and_starts_no_more(tiny_am, tmp_path, monkeypatch):
+    """Issue 42: the batch CLI exited while the background compile still ran (torch.compile's
+    threads at the interpreter's exit: status 134 / 139 on the H200 after writing every output).
+    The pool closes its engines once the workers stopped: close() returns only after the compile
+    thread ended, and no background work starts after it."""
+    import threading
+
+    engine = SenseVoiceEngine(tiny_am.model, tiny_am.kwargs["tokenizer"],
+                              SenseVoiceEngine.from_automodel(tiny_am, "cpu").frontend, "cpu",
+                              "float32", fused=True, cache_dir=tmp_path)
+    started, ended = threading.Event(), threading.Event()
+
+    def slow_compile():  # stands in for torch.compile: seconds in a thread of its own
+        started.set()
+        time.sleep(1.0)
+        ended.set()
+
+    monkeypatch.setattr(engine, "_compile_in_background", slow_compile)
+    assert engine.has_idle_work and engine.idle_step()
+    assert started.wait(30)
+    engine.close()
+    assert ended.is_set()  # waited for it
+    monkeypatch.setattr(engine, "_compile_thread", None)  # as if none had started yet
+    assert engine.idle_step() is False and engine._compile_thread is None  # closed: none starts
+
+
 def test_the_background_compile_thread_runs_with_its_starters_torch_thread_count():
     """torch.compile's guards compare the intra-op thread count: the compile thread must have
     the worker's, even after another thread (a live stream's VAD, one thread) changed the

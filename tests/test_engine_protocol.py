@@ -83,7 +83,7 @@ def check_members(cls: type) -> None:
     name = cls.__name__
     members = _members()
     assert set(members) == {"transcribe", "transcribe_async", "has_idle_work", "idle_step",
-                            "has_hot_work", "capture_hot", "warm"}
+                            "has_hot_work", "capture_hot", "warm", "close"}
     for member, declared in members.items():
         given = inspect.getattr_static(cls, member, None)
         assert given is not None, f"{name} lacks {member}"
@@ -130,6 +130,9 @@ class _Lacking:
     def idle_step(self):
         return False
 
+    def close(self):
+        return None
+
 
 class _OtherArguments(_Lacking):
     def capture_hot(self, shape):
@@ -166,3 +169,4 @@ def test_the_doubles_answer_as_an_idle_warm_cpu_engine():
     assert len(out) == 1 and isinstance(out[0], EngineOutput) and "n=1600" in out[0].raw_text
     assert (engine.has_idle_work, engine.idle_step(), engine.has_hot_work, engine.warm) == (False, False, False, True)
     assert engine.capture_hot() is None and engine.device.type == "cpu"
+    assert engine.close() is None

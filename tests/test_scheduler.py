@@ -189,7 +189,7 @@ def test_the_worker_writes_the_broker_and_the_broker_tells_subscribers(tmp_path)
 
     params = set(inspect.signature(Worker.__init__).parameters) - {"self"}
     assert params == {"name", "engine", "scheduler", "store", "queue_timeout_s",
-                      "delete_audio_when_done", "metrics", "cpu_threads"}
+                      "delete_audio_when_done", "metrics", "cpu_threads", "background_work"}
     store = JobStore(tmp_path / "store")
     events: list[JobEvent] = []
     store.feed.subscribe(events.append)
@@ -312,3 +312,39 @@ def test_position_reads_sort_the_queue_at_most_once_per_ttl(monkeypatch):
         k = rng.randrange(4096)
         assert sched.position(items[k].job_id) == k + 1
     assert len(sorts) == 1
+
+
+class _CompilingEngine(FakeEngine):
+    """A double with background work always pending (a compile to start, graphs to capture)."""
+
+    def __init__(self):
+        super().__init__()
+        self.steps = 0
+
+    @property
+    def has_idle_work(self) -> bool:
+        return True
+
+    def idle_step(self) -> bool:
+        self.steps += 1
+        return True
+
+
+def test_a_worker_without_background_work_never_starts_the_engines(tmp_path):
+    """Issue 42: the batch CLI's workers start no compile or graph capture (a compile cannot be
+    cancelled: the CLI's exit waited for it, or before close() aborted); a server's do."""
+    from pipeline.config import Settings
+    from pipeline.serving.direct import DirectRun
+
+    for background, expect_steps in ((False, False), (True, True)):
+        engine = _CompilingEngine()
+        worker = Worker("w", engine, Scheduler(8, max_batch=4, max_wait_s=0.0), JobStore(tmp_path / str(background)),
+                        background_work=background)
+        worker.start()
+        time.sleep(0.5)  # idle: a worker with background work steps every few ms
+        worker.stop()
+        worker.join(10)
+        assert (engine.steps > 0) is expect_steps, (background, engine.steps)
+    # the CLI's local mode: off unless asked for; a server's pool: on unless turned off
+    assert DirectRun(Settings(device="cpu", demo=True)).pool.background_work is False
+    assert DirectRun(Settings(device="cpu", demo=True, background_compile=True)).pool.background_work is True

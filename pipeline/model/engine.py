@@ -103,6 +103,9 @@ def gather_rows(waves: Sequence[torch.Tensor], out: torch.Tensor) -> torch.Tenso
     return out
 
 
+CLOSE_WAIT_S = 600.0  # close() waits this long at most for a compile in progress
+
+
 def start_with_torch_threads(target: Callable[[], None], name: str) -> threading.Thread:
     """Start ``target`` in a daemon thread with the caller's torch intra-op thread count. The
     background compile needs it: the code it compiles is called by the worker's thread, and
@@ -395,6 +398,7 @@ class SenseVoiceEngine:
         self._stream = None
         self._input: torch.Tensor | None = None  # the graphs' one shared input buffer
         self._compile_thread: threading.Thread | None = None
+        self._closed = False  # close(): no background work starts any more
         self.compile_error: BaseException | None = None
         self.startup_seconds: dict[str, float] = {}
 
@@ -480,6 +484,8 @@ class SenseVoiceEngine:
         """One short piece of background work, for the owning thread when it has nothing to do:
         start the compile (in a thread of its own), or capture one wanted graph (~10-100 ms).
         Returns True while more remains."""
+        if self._closed:
+            return False
         c = self.compiled
         if c is not None and not c.ready:
             if self._compile_thread is None:
@@ -494,6 +500,16 @@ class SenseVoiceEngine:
             self._capture(b, t)
         self._settled = self._settled or not self._wanted
         return bool(self._wanted)
+
+    def close(self) -> None:
+        """No more background work; wait for a compile in progress to end (it cannot be
+        cancelled: torch.compile's threads and processes still running at the interpreter's exit
+        aborted the batch CLI on the H200, "terminate called without an active exception")."""
+        self._closed = True
+        thread = self._compile_thread
+        if thread is not None and thread.is_alive():
+            logger.info("waiting for the fused encoder's compile to end before exiting")
+            thread.join(CLOSE_WAIT_S)
 
     @property
     def warm(self) -> bool:

@@ -87,3 +87,9 @@ class Engine(Protocol):
     def warm(self) -> bool:
         """Batches run at full speed from now (/readyz's "warm")."""
         ...
+
+    def close(self) -> None:
+        """Start no more background work and wait for what runs (a compile in a thread of its
+        own): called once the worker has stopped, before the process may exit (a compile still
+        running in the interpreter's exit aborted the batch CLI on the H200, status 134)."""
+        ...

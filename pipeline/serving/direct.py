@@ -55,7 +55,10 @@ class DirectRun:
         # the bound is the caller's (files in flight), not a queue size: nothing is refused
         self.scheduler = Scheduler(1 << 30, e.max_batch, e.max_wait_ms / 1e3, e.max_batch_seconds)
         devices = visible_devices(e.resolved_device())
-        self.pool = WorkerPool(settings, self, self.scheduler, Metrics(devices), devices, source)
+        # no background compile unless asked for: a run ends before it pays, and it cannot be
+        # cancelled (the CLI waited for it at exit; before, it aborted the exit: issue 42)
+        self.pool = WorkerPool(settings, self, self.scheduler, Metrics(devices), devices, source,
+                               background_work=bool(e.background_compile))
         self.resampler = Resampler(devices[0])
         limits = settings.limits
         self.decoder = Decoder(limits.decode_processes, timeout_s=limits.decode_timeout_s,

@@ -47,9 +47,10 @@ FATAL_CUDA_MARKERS = ("illegal memory access", "device-side assert", "unspecifie
 class Worker(threading.Thread):
     def __init__(self, name: str, engine: Engine, scheduler: Scheduler, store: WorkerSink, *,
                  queue_timeout_s: float = float("inf"), delete_audio_when_done: bool = False,
-                 metrics: Metrics | None = None, cpu_threads: int = 0):
+                 metrics: Metrics | None = None, cpu_threads: int = 0, background_work: bool = True):
         super().__init__(name=name, daemon=True)
         self.engine = engine
+        self.background_work = background_work  # the engine's compile and graph captures
         self.scheduler = scheduler
         self.store = store
         self.queue_timeout_s = queue_timeout_s
@@ -186,11 +187,11 @@ class Worker(threading.Thread):
             self._loop_beat = time.monotonic()
             batch: list[WorkItem] = []
             try:
-                idle_work = self.engine.has_idle_work
+                idle_work = self.background_work and self.engine.has_idle_work
                 batch = self.scheduler.next_batch(timeout=IDLE_POLL_S if idle_work else POLL_S)
                 if batch:
                     self._run_batch(batch)
-                    if self.engine.has_hot_work:  # a shape run op by op often:
+                    if self.background_work and self.engine.has_hot_work:  # a shape run op by op often:
                         self.engine.capture_hot()  # captured now, even with more queued
                 elif idle_work:  # nothing queued: one short step (a graph capture, ~10-100 ms)
                     self.engine.idle_step()

@@ -44,13 +44,15 @@ def visible_devices(device: str) -> list[str]:
 
 class WorkerPool:
     def __init__(self, settings: Settings, broker: WorkerPorts, scheduler: Scheduler, metrics: Metrics,
-                 devices: list[str], source: ModelSource | None = None):
+                 devices: list[str], source: ModelSource | None = None, background_work: bool = True):
         self.settings = settings
         self.broker = broker
         self.scheduler = scheduler  # what the workers batch from
         self.metrics = metrics
         self.source = source
         self.devices = devices
+        # the engines' background compile and graph captures (engine.background_compile; unset: on)
+        self.background_work = settings.engine.background_compile is not False and background_work
         self.workers: list = []
         self.feeder: QueueFeeder | None = None  # claims from a queue outside this process
         self.live_server = None  # takes live re-decodes from the broker (other processes' streams)
@@ -92,7 +94,7 @@ class WorkerPool:
             self.startup.update({f"{k}_s[{dev}]": v for k, v in engine.startup_seconds.items()})
             self.workers.append(Worker(f"sensevoice-worker-{n}", engine, self.scheduler, self.broker,
                                        queue_timeout_s=s.limits.queue_timeout_s, metrics=self.metrics,
-                                       cpu_threads=s.engine.cpu_threads,
+                                       cpu_threads=s.engine.cpu_threads, background_work=self.background_work,
                                        delete_audio_when_done=s.limits.delete_audio_when_done))
             if s.live.max_streams > 0:  # live admission's first measure of the lane's batches
                 self.workers[-1].calibrate_live()
@@ -125,6 +127,8 @@ class WorkerPool:
             w.stop()
         for w in self.workers:
             w.join(timeout=10)
+        for w in self.workers:  # then their engines' background work (a compile in progress)
+            w.engine.close()
 
     # ------------------------------------------------------------------ health
     def fatal(self) -> BaseException | None:

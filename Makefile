@@ -26,8 +26,9 @@ venv: $(VENV)/.installed
 run: $(VENV)/.installed
 	$(BIN)/python app_sensevoice.py $(DEMO) $(ARGS)
 
-## make test: set up .venv (with test tools) and run every test
+## make test: set up .venv (with test tools), lint (ruff: pyflakes) and run every test
 test: $(VENV)/.installed-dev
+	$(BIN)/ruff check pipeline tests bench app_sensevoice.py
 	$(BIN)/python -m pytest -q --durations=25 tests
 
 clean:

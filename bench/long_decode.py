@@ -65,8 +65,8 @@ def main() -> None:
                          resample_s))
             print(f"{fmt}: done", flush=True)
     decoder.close()
-    print(f"\n| format | MB | minutes | codec alone (s) | service decode (s) | resample (s) | "
-          f"decode + resample, x real time |")
+    print("\n| format | MB | minutes | codec alone (s) | service decode (s) | resample (s) | "
+          "decode + resample, x real time |")
     print("|---|---|---|---|---|---|---|")
     for fmt, mb, minutes, codec_s, decode_s, resample_s in rows:
         print(f"| {fmt} | {mb:.1f} | {minutes:.1f} | {codec_s:.2f} | {decode_s:.2f} | "

@@ -9,8 +9,7 @@ import inspect
 
 import httpx
 import pytest
-from fastapi import FastAPI, File, Form, UploadFile, params
-from fastapi.routing import iter_route_contexts
+from fastapi import FastAPI, File, Form, UploadFile
 from starlette.testclient import TestClient
 
 from pipeline.web import fast_submit

@@ -19,7 +19,6 @@ import threading
 import time
 
 import httpx
-import pytest
 import redis
 
 from tests.test_distributed import cluster  # noqa: F401  (fixture)

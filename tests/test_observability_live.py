@@ -29,7 +29,6 @@ import time
 from pathlib import Path
 
 import httpx
-import pytest
 
 from tests.conftest import MODEL_CACHE, ROOT, free_port
 from tests.prometheus_server import PrometheusServer

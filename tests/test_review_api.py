@@ -8,7 +8,6 @@ from __future__ import annotations
 import csv
 import io
 import json
-import time
 from urllib.parse import parse_qs, urlsplit
 
 import httpx

@@ -133,7 +133,7 @@ def test_a_sibling_that_stops_reading_is_cut_off_and_the_others_get_every_push(t
     hub = SiblingHub(str(tmp_path / "hub.sock"), "s", broker, lambda job: None, dict,
                      body_of=lambda jid: body if jid.startswith("j") else None)
     hub.start()
-    got, forgotten, lost = [], [], threading.Event()
+    got, forgotten = [], []
     reading = SiblingBroker(tmp_path, str(tmp_path / "hub.sock"), "s")
     reading.hub.on_bodies, reading.hub.on_forget = got.extend, forgotten.extend
     stalled = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)

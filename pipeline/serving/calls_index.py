@@ -23,7 +23,6 @@ from __future__ import annotations
 import json
 import logging
 import sqlite3
-import time
 from collections.abc import Callable, Iterable
 
 import orjson

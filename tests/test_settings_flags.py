@@ -214,7 +214,10 @@ def test_the_start_up_line_names_what_differs_and_hides_every_secret(monkeypatch
     monkeypatch.setenv("SENSEVOICE_API_TOKEN", token)
     monkeypatch.setenv("SENSEVOICE_UI_AUTH", login)
     monkeypatch.setenv("SENSEVOICE_MAX_BATCH", "8")
-    caplog.set_level(logging.DEBUG)
+    caplog.set_level(logging.DEBUG)  # every logger's records, to find a secret anywhere
+    # the app's own level too: the batch CLI's main, run in-process by an earlier test of the suite,
+    # set the "sensevoice" loggers to WARNING (its process's choice), which "sensevoice.app" inherits
+    caplog.set_level(logging.DEBUG, logger="sensevoice.app")
     code, settings = _run_main(monkeypatch, ["--role", "api", "--demo",
                                              "--broker", f"redis://user:{password}@10.0.0.9:6379/0"],
                                through_entry=False)

@@ -68,21 +68,27 @@ def ensure_private_dir(path: str | os.PathLike, what: str = "directory") -> Path
     return path
 
 
-def _open_private(path: Path, what: str) -> int:
-    """``path`` created 0700 or checked as :func:`ensure_private_dir` says: a descriptor of the
-    very directory checked (opened without following a link, then checked through fstat)."""
-    make_dirs(path.parent)
+def _make_and_open(path: Path, what: str) -> int:
+    """``path`` made 0700 if missing, then opened without following a link: a descriptor of the
+    directory there (UnsafeDirectory when a link or a file is). The caller checks it (fstat)."""
     try:
         os.mkdir(path, DIR_MODE)
     except FileExistsError:
         pass
     try:
-        fd = os.open(path, _DIR_FLAGS | os.O_NOFOLLOW)
+        return os.open(path, _DIR_FLAGS | os.O_NOFOLLOW)
     except OSError as e:
         if e.errno in (errno.ELOOP, errno.ENOTDIR):  # a link (O_NOFOLLOW) or a file is there
             raise UnsafeDirectory(f"the {what} {path} is not a directory (a link or a file is "
                                   f"there): remove it, or choose another path") from None
         raise
+
+
+def _open_private(path: Path, what: str) -> int:
+    """``path`` created 0700 or checked as :func:`ensure_private_dir` says: a descriptor of the
+    very directory checked (opened without following a link, then checked through fstat)."""
+    make_dirs(path.parent)
+    fd = _make_and_open(path, what)
     try:
         _check_private(os.fstat(fd), path, what)
     except BaseException:
@@ -218,17 +224,7 @@ def private_subdir(path: str | os.PathLike, what: str = "folder of the data dire
     """A folder inside the data directory: created 0700, or the existing one (a directory, not a
     link, ours: UnsafeDirectory otherwise) tightened to 0700."""
     path = Path(path)
-    try:
-        os.mkdir(path, DIR_MODE)
-    except FileExistsError:
-        pass
-    try:
-        fd = os.open(path, _DIR_FLAGS | os.O_NOFOLLOW)
-    except OSError as e:
-        if e.errno in (errno.ELOOP, errno.ENOTDIR):
-            raise UnsafeDirectory(f"the {what} {path} is not a directory (a link or a file is "
-                                  f"there): remove it, or choose another path") from None
-        raise
+    fd = _make_and_open(path, what)
     try:
         st = os.fstat(fd)
         if st.st_uid != os.geteuid():

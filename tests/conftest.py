@@ -49,6 +49,13 @@ INTEGRATION_FILES = {
     "test_live_lane_redis", "test_loading", "test_metrics", "test_observability", "test_openai",
     "test_realtime", "test_review_api", "test_stream", "test_submit_threads", "test_ui_heartbeat", "test_ui_security",
 }
+# Files whose assertions time the app against the wall clock tightly enough that a second pytest-xdist
+# worker beside them on 2 cores makes them fail: `make test` runs them alone after the parallel run
+# (`-m serial`). Chosen by evidence (docs/COVERAGE.md): test_live_fairness compares a real-time
+# stream's finals with and without 8 fast senders (+1.5 s); test_live_distributed bounds a killed
+# worker's re-decode moving on at 2 s across four app processes.
+SERIAL_FILES = {"test_live_distributed", "test_live_fairness"}
+SERIAL = "timing-sensitive: make test runs these alone, after the parallel run (tests/conftest.py SERIAL_FILES)"
 _UNIT_GUARD = {"unit": False}  # True while a unit test is set up and runs: a server there is a mistake
 
 
@@ -56,6 +63,7 @@ def pytest_configure(config):
     config.addinivalue_line("markers", "requires_cuda: needs an NVIDIA GPU")
     for name, what in TIERS.items():
         config.addinivalue_line("markers", f"{name}: {what} (tests/conftest.py TIERS)")
+    config.addinivalue_line("markers", f"serial: {SERIAL}")
 
 
 def tier_of(item) -> str:
@@ -70,6 +78,8 @@ def pytest_collection_modifyitems(config, items):
         tier = tier_of(item)
         if not item.get_closest_marker(tier):
             item.add_marker(getattr(pytest.mark, tier))
+        if Path(str(item.fspath)).stem in SERIAL_FILES and not item.get_closest_marker("serial"):
+            item.add_marker(pytest.mark.serial)
     import torch
 
     if torch.cuda.is_available():

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field, fields, is_dataclass
 
 import orjson
 
+from pipeline.domain.hotwords import Hotword, parse_hotwords
 from pipeline.domain.tags import AUTO_LANGUAGE, LANGUAGES, NO_SPEECH, REQUEST_LANGUAGES
 
 ALLOWED_LANGUAGES = tuple(code for code in LANGUAGES if code != NO_SPEECH)  # what an allow-list may name
@@ -39,9 +40,18 @@ class TranscribeOptions:
     # the language allow-list: the model's language decision is taken only among these (and
     # "no speech"); () = any. A comma-separated text ("zh,en") is accepted and normalised.
     languages: tuple[str, ...] = ()
+    # words or phrases the decoder favours (pipeline/domain/hotwords.py); a list or a text is
+    # accepted and normalised. Per job: the engine decodes each row of a batch with its own list
+    hotwords: tuple[Hotword, ...] = ()
 
     def __post_init__(self) -> None:
         from pipeline.domain.errors import InvalidOption
+
+        if self.hotwords and not (isinstance(self.hotwords, tuple)
+                                  and all(isinstance(h, Hotword) for h in self.hotwords)):
+            object.__setattr__(self, "hotwords", parse_hotwords(self.hotwords))
+        elif not self.hotwords:
+            object.__setattr__(self, "hotwords", ())
 
         if self.language not in REQUEST_LANGUAGES:
             raise InvalidOption(

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from pipeline.domain.errors import SenseVoiceError, StorageError, StorageFull
+from pipeline.domain.hotwords import dump_hotwords
 from pipeline.domain.richtext import parse_rich_text
 from pipeline.domain.types import Segment, TranscribeOptions, Transcript, Word
 
@@ -99,6 +100,8 @@ def dump_options(o: TranscribeOptions) -> str:
          "split_channels": o.split_channels, "word_timestamps": o.word_timestamps}
     if o.languages:  # only when set: a worker of the previous release reads the rest
         d["languages"] = list(o.languages)
+    if o.hotwords:  # the same: only when set
+        d["hotwords"] = dump_hotwords(o.hotwords)
     return json.dumps(d)
 
 

@@ -438,6 +438,7 @@ class Runner:
         started = time.monotonic()
         tally.start_s = started - tally.began
         self._start(pending, min(self.jobs, len(tasks)))
+        tqdm.monitor_interval = 0  # no monitor thread: the run leaves no thread of its own behind
         bar = tqdm(total=len(tasks), unit="file", desc="transcribing", file=sys.stderr,
                    disable=not self.progress, dynamic_ncols=True, smoothing=0.05)
         try:
@@ -530,10 +531,17 @@ class LocalRunner(Runner):
         self._slots = threading.BoundedSemaphore(self.jobs)
         self._done: Queue = Queue(maxsize=4 * self.jobs)
         self._dirs_ok: set[Path] = set()  # output folders made and checked to be inside the root
-        for k in range(self.WRITERS):
-            threading.Thread(target=self._write_loop, name=f"sensevoice-cli-writer-{k}",
-                             daemon=True).start()
-        return super().run(tasks, tally)
+        writers = [threading.Thread(target=self._write_loop, name=f"sensevoice-cli-writer-{k}", daemon=True)
+                   for k in range(self.WRITERS)]
+        for w in writers:
+            w.start()
+        try:
+            return super().run(tasks, tally)
+        finally:  # every thread the run started ends with it (issue 42: a thread left at exit crashed it)
+            for _ in writers:
+                self._done.put(None)
+            for w in writers:
+                w.join()
 
     def _finished(self, task: Task, seconds: float, future) -> None:
         """(the worker's thread) The file's audio is done with: its slot is free."""
@@ -568,13 +576,22 @@ class LocalRunner(Runner):
                                      self._finished(task, seconds, f))
 
     def _write_loop(self) -> None:
+        """Write groups until the run's end puts a ``None`` (one per writer) in the queue."""
         while True:
-            group = [self._done.get()]
+            first = self._done.get()
+            if first is None:
+                return
+            group = [first]
             while len(group) < self.GROUP:
                 try:
-                    group.append(self._done.get_nowait())
+                    item = self._done.get_nowait()
                 except Empty:
                     break
+                if item is None:  # another writer's stop: hand it back, write what we hold, stop
+                    self._done.put(None)
+                    self._write_group(group)
+                    return
+                group.append(item)
             self._write_group(group)
 
     def _check_dir(self, folder: Path) -> None:

@@ -30,6 +30,6 @@ case "${1:-bench}" in
     python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/pytest*.whl .whl/pluggy*.whl \
       .whl/iniconfig*.whl >/dev/null 2>&1
     SENSEVOICE_TEST_MEDIA=$PWD/.gpu-media python3 -m pytest -q -p no:cacheprovider -m requires_cuda \
-      tests/test_engine.py tests/test_vad.py 2>&1 \
+      tests/test_engine.py tests/test_vad.py tests/test_cli_cuda.py 2>&1 \
       | grep -v torch_complex | tail -15;;
 esac

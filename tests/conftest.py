@@ -37,7 +37,7 @@ TIERS = {
     "browser": "drives headless Debian chromium",
 }
 E2E_FILES = {
-    "test_cli", "test_cli_threads", "test_distributed", "test_live_distributed", "test_load_test_bench",
+    "test_cli", "test_cli_threads", "test_cli_cuda", "test_distributed", "test_live_distributed", "test_load_test_bench",
     "test_observability_live", "test_package", "test_private_dirs", "test_reliability",
     "test_settings_flags", "test_startup", "test_storage", "test_watchdog", "test_web_siblings",
 }

@@ -37,9 +37,11 @@ def write_clips(folder: Path, n: int, seconds: float = 1.0) -> None:
             w.writeframes(noise.tobytes())
 
 
-def run_cli(args: list[str], timeout: float = 300) -> tuple[int, list[str], str]:
+def run_cli(args: list[str], timeout: float = 300, background_compile: bool = False
+            ) -> tuple[int, list[str], str]:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    env.pop("SENSEVOICE_BACKGROUND_COMPILE", None)
+    if not background_compile:
+        env.pop("SENSEVOICE_BACKGROUND_COMPILE", None)
     proc = subprocess.run([sys.executable, "-c", PROBE, *args], capture_output=True, text=True,
                           timeout=timeout, cwd=ROOT, env=env)
     line = next((x for x in proc.stdout.splitlines() if x.startswith("THREADS ")), None)

@@ -615,3 +615,77 @@ def test_route_templates_are_remembered_per_path_and_forgotten_when_routes_chang
     for i in range(HttpMetrics.MAX_REMEMBERED + 10):
         mw._template({"type": "http", "method": "GET", "path": f"/api/jobs/{i}"})
     assert len(mw._templates) <= HttpMetrics.MAX_REMEMBERED
+
+
+SIBLING_SCRIPT = """
+from pipeline.serving.metrics import Metrics
+m = Metrics(["cpu"])
+m.observe_http("POST", "/api/jobs", 202, 0.01)
+m.observe_http("POST", "/api/jobs", 202, 0.02)
+m.observe_http("GET", "/api/jobs/{job_id}", 404, 0.001, "job_not_found")
+m.rejected("queue_full")
+m.request_success("bulk", 3.0)  # not one of SIBLING_FAMILIES: a sibling finishes no job
+m.observe_loop_lag(0.003)
+print("ok", flush=True)
+"""
+
+
+def test_an_owner_adds_what_its_siblings_count_through_prometheus_multiprocess(tmp_path):
+    """A sibling web process (here: a python process with PROMETHEUS_MULTIPROC_DIR set, as
+    ``WebSiblings.sibling_env`` sets it) counts in its memory-mapped files; the owner's render adds
+    the SIBLING_FAMILIES to its own series (one family each, the same series summed), leaves the
+    rest (build info, jobs) its own, and a dead sibling's live gauge goes (mark_process_dead)."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    folder = tmp_path / "metrics"
+    folder.mkdir(mode=0o700)
+    sib = subprocess.run([sys.executable, "-c", SIBLING_SCRIPT], cwd=root, capture_output=True, text=True,
+                         env={**os.environ, "PROMETHEUS_MULTIPROC_DIR": str(folder)}, timeout=120)
+    assert sib.stdout.strip() == "ok", sib.stderr
+    owner = Metrics(["cpu"])
+    owner.observe_http("POST", "/api/jobs", 202, 0.01)
+    owner.count_siblings(str(folder))
+    text = owner.render()
+    families = {f.name: f for f in text_string_to_metric_families(text)}
+    assert sum(line.startswith("# TYPE sensevoice_http_requests_total ") for line in text.splitlines()) == 1
+
+    def value(family: str, sample: str, **labels) -> float:
+        found = [s.value for s in families[family].samples if s.name == sample and s.labels == labels]
+        assert len(found) == 1, (sample, labels, families[family].samples)
+        return found[0]
+
+    assert value("sensevoice_http_requests", "sensevoice_http_requests_total",
+                 method="POST", route="/api/jobs", status="202") == 3  # 1 here + 2 there
+    assert value("sensevoice_http_requests", "sensevoice_http_requests_total",
+                 method="GET", route="/api/jobs/{job_id}", status="404") == 1  # the sibling's only
+    assert value("sensevoice_http_refusals", "sensevoice_http_refusals_total",
+                 route="/api/jobs/{job_id}", status="404", code="job_not_found") == 1
+    assert value("sensevoice_http_request_duration_seconds", "sensevoice_http_request_duration_seconds_count",
+                 method="POST", route="/api/jobs") == 3
+    assert value("sensevoice_http_request_duration_seconds", "sensevoice_http_request_duration_seconds_bucket",
+                 method="POST", route="/api/jobs", le="+Inf") == 3
+    assert value("sensevoice_request_rejected", "sensevoice_request_rejected_total", reason="queue_full") == 1
+    assert value("sensevoice_event_loop_lag_seconds", "sensevoice_event_loop_lag_seconds_count") == 1
+    assert not families["sensevoice_request_success"].samples  # its own: the sibling's success is not added
+    assert len(families["sensevoice_build_info"].samples) == 1  # the owner's, no pid label
+    gauges = list(folder.glob("gauge_liveall_*.db"))
+    assert gauges, sorted(p.name for p in folder.iterdir())  # the sibling's build info, live
+    owner.sibling_gone(int(gauges[0].stem.rsplit("_", 1)[1]))
+    assert not list(folder.glob("gauge_liveall_*.db"))
+    assert "sensevoice_http_requests_total" in owner.render()  # its counters stay counted
+    assert value("sensevoice_http_requests", "sensevoice_http_requests_total",
+                 method="POST", route="/api/jobs", status="202") == 3
+
+
+def test_an_owner_whose_siblings_folder_is_gone_renders_its_own(tmp_path, caplog):
+    owner = Metrics(["cpu"])
+    owner.observe_http("POST", "/api/jobs", 202, 0.01)
+    owner.count_siblings(str(tmp_path / "gone"))
+    with caplog.at_level(logging.WARNING, logger="sensevoice.metrics"):
+        text = owner.render()
+    assert 'sensevoice_http_requests_total{method="POST",route="/api/jobs",status="202"} 1.0' in text
+    assert "could not be read" in caplog.text

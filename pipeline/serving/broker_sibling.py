@@ -16,7 +16,6 @@ import asyncio
 import itertools
 import logging
 import os
-import socket
 import threading
 import time
 from collections.abc import Callable
@@ -40,21 +39,19 @@ CALL_TIMEOUT_S = 60.0  # a request the owner has not answered in this long fails
 class HubClient:
     """One connection to the owner's hub, shared by this process's threads: requests carry ids,
     a reader thread hands each reply to its caller. A lost connection fails every waiting call
-    with BrokerUnavailable and calls ``on_lost`` (the sibling then stops: the owner is gone)."""
+    with BrokerUnavailable and calls ``on_lost`` (the sibling then stops: the owner is gone).
+    OSError when no owner listens on ``path``; AuthenticationError when it does not know ``secret``."""
 
     def __init__(self, path: str, secret: str, on_lost=None):
         self.on_lost = on_lost
         # what the owner sends unasked (SiblingHub._push): finished jobs' bodies, purged jobs
         self.on_bodies: Callable[[list[tuple[str, bytes]]], None] | None = None
         self.on_forget: Callable[[list[str]], None] | None = None
-        self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        self._sock.connect(path)
-        self._send_lock = threading.Lock()
+        self._wire = wire.Wire.connect(path, secret)
         self._ids = itertools.count(1)
         self._waiting: dict[int, Future] = {}
         self._lock = threading.Lock()
         self._closed = False
-        wire.send_frame(self._sock, self._send_lock, {"op": "hello", "secret": secret})
         self._reader = threading.Thread(target=self._read, name="sensevoice-hub-client", daemon=True)
         self._reader.start()
 
@@ -76,7 +73,7 @@ class HubClient:
                 self._waiting.pop(rid, None)
 
         try:
-            wire.send_frame(self._sock, self._send_lock, {"op": op, "rid": rid, **fields}, payload)
+            self._wire.send({"op": op, "rid": rid, **fields}, payload)
         except OSError as e:
             forget()
             raise _unavailable(e) from None
@@ -94,21 +91,22 @@ class HubClient:
         return answer
 
     def _read(self) -> None:
-        reader = wire.FrameReader(self._sock)
         try:
             while True:
-                head, payload = reader.next()
-                if "rid" not in head:
+                head, payload = self._wire.recv()
+                replies = head.get("replies")
+                if replies is None:
                     self._pushed(head, payload)
                     continue
-                with self._lock:
-                    fut = self._waiting.get(head.get("rid"))
-                if fut is not None and not fut.done():
-                    fut.set_result(head)
-        except (wire.WireClosed, OSError):
+                for reply in replies:
+                    with self._lock:
+                        fut = self._waiting.get(reply.get("rid"))
+                    if fut is not None and not fut.done():
+                        fut.set_result(reply)
+        except wire.WireClosed:
             pass
-        except Exception:  # a pushed frame this side cannot take: what it caches could be wrong
-            logger.exception("a frame from the server's main process could not be taken")
+        except Exception:  # a pushed message this side cannot take: what it caches could be wrong
+            logger.exception("a message from the server's main process could not be taken")
         with self._lock:
             was_open, self._closed = not self._closed, True
             waiting = list(self._waiting.values())
@@ -118,7 +116,7 @@ class HubClient:
         if was_open and self.on_lost is not None:
             self.on_lost()
 
-    def _pushed(self, head: dict, payload: memoryview) -> None:
+    def _pushed(self, head: dict, payload: bytes) -> None:
         op = head.get("op")
         if op == "bodies" and self.on_bodies is not None:
             self.on_bodies(wire.pushed_bodies(head, payload))
@@ -128,53 +126,11 @@ class HubClient:
     def close(self) -> None:
         with self._lock:
             self._closed = True
-        try:
-            self._sock.shutdown(socket.SHUT_RDWR)
-        except OSError:
-            pass
-        self._sock.close()
+        self._wire.close()
 
 
 def _unavailable(e: BaseException) -> BrokerUnavailable:
     return BrokerUnavailable(f"the server's main process does not answer ({type(e).__name__}); try again")
-
-
-class MetricsShipper:
-    """A sibling's metric events (``Metrics.sink``: its HTTP answers, refusals, loop lag) sent to
-    the owner's hub once a second, so that the owner's /metrics counts the requests the siblings
-    answered (most of them; nobody scrapes a sibling). Events of a second the owner could not take
-    are dropped, not retried."""
-
-    MAX_EVENTS = 100_000  # held between sends at most (a burst beyond is not counted)
-    EVENTS_PER_FRAME = 4_000
-
-    def __init__(self, hub: HubClient, interval_s: float = 1.0):
-        self.hub, self.interval_s = hub, interval_s
-        self._events: list[tuple[str, tuple]] = []
-        self._lock = threading.Lock()
-        self._thread = threading.Thread(target=self._run, name="sensevoice-metrics-shipper", daemon=True)
-
-    def __call__(self, name: str, args: tuple) -> None:
-        with self._lock:
-            if len(self._events) < self.MAX_EVENTS:
-                self._events.append((name, args))
-
-    def start(self) -> None:
-        self._thread.start()
-
-    def _run(self) -> None:
-        while True:
-            time.sleep(self.interval_s)
-            self.flush()
-
-    def flush(self) -> None:
-        with self._lock:
-            events, self._events = self._events, []
-        for i in range(0, len(events), self.EVENTS_PER_FRAME):
-            try:
-                self.hub.call("metrics", events=events[i:i + self.EVENTS_PER_FRAME])
-            except BrokerUnavailable:
-                return  # the owner is gone (this process stops) or busy past the call timeout
 
 
 class SiblingBroker(JobStore):

@@ -16,6 +16,12 @@ bytes, hertz, watts, degrees Celsius; counters end in ``_total``. The registry h
 * ``sensevoice_build_info`` (version, torch, python, devices) and the ``process_*`` / ``python_*``
   collectors.
 
+With sibling web processes (``--web-processes``) each sibling runs prometheus_client's multiprocess
+mode (``PROMETHEUS_MULTIPROC_DIR``, a private directory of the owner's, set in its environment
+before it starts): its values live in memory-mapped files there, and the owner's ``render`` adds
+the families the siblings count (``SIBLING_FAMILIES``: what they answer) to its own through
+``MultiProcessCollector`` (``count_siblings``); nobody scrapes a sibling.
+
 A *rejected* request never became a job (queue full, bad input, not ready); a *failure* is an
 accepted job that ended failed. Label values must come from small fixed sets (lanes, error codes,
 device names, route templates), never from user input: every distinct value is a series kept for
@@ -25,7 +31,6 @@ the process's life.
 from __future__ import annotations
 
 import enum
-import functools
 import logging
 import os
 import platform
@@ -38,7 +43,8 @@ from typing import Any, Callable, Iterable, Iterator
 import prometheus_client
 from prometheus_client import (CollectorRegistry, Counter, Gauge, GCCollector, Histogram,
                                PlatformCollector, ProcessCollector, generate_latest)
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.multiprocess import MultiProcessCollector, mark_process_dead
 from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
 
 from pipeline.domain.errors import JobFailed
@@ -81,21 +87,11 @@ def _text(value: Any) -> str:
     return value.name.lower() if isinstance(value, enum.Enum) else str(value)
 
 
-def _shared(method):
-    """An event a sibling web process records and also hands to ``Metrics.sink``: its owner's
-    /metrics counts it (the siblings take most requests; nobody scrapes a sibling)."""
-    name = method.__name__
-
-    @functools.wraps(method)
-    def record(self, *args):
-        method(self, *args)
-        if self.sink is not None:
-            self.sink(name, tuple(_text(a) if isinstance(a, enum.Enum) else a for a in args))
-
-    return record
-
-
-SHARED_EVENTS = frozenset({"request_failure", "rejected", "observe_loop_lag", "observe_http"})
+# what a sibling web process counts that its owner's /metrics adds up (the requests it answered,
+# the submits it refused, its event loop's lag)
+SIBLING_FAMILIES = frozenset(PREFIX + name for name in (
+    "request_failure", "request_rejected", "event_loop_lag_seconds", "http_requests",
+    "http_request_duration_seconds", "http_refusals"))
 
 
 def _seconds(value: float) -> float:
@@ -152,7 +148,7 @@ class Metrics:
     def __init__(self, devices: list[str], nvml_interval_s: float = DEFAULT_NVML_INTERVAL_S, *,
                  nvml: Any = None):
         self.devices = [_text(d) for d in devices]
-        self.sink: Callable[[str, tuple], None] | None = None  # a sibling web process's owner (SHARED_EVENTS)
+        self._siblings_dir: str | None = None  # the siblings' multiprocess files (count_siblings)
         self.registry = r = CollectorRegistry()
         p = PREFIX
         self._success = Counter(f"{p}request_success_total",
@@ -199,7 +195,8 @@ class Metrics:
                                  "status and the error code of the JSON body.",
                                  ("route", "status", "code"), registry=r)
         build = Gauge(f"{p}build_info", "Always 1; the labels say what runs.",
-                      ("version", "torch", "python", "device"), registry=r)
+                      ("version", "torch", "python", "device"), registry=r,
+                      multiprocess_mode="liveall")  # (a sibling's: gone with it, mark_process_dead)
         build.labels(build_version(), _torch_version(), platform.python_version(),
                      ",".join(self.devices) or "none").set(1)
         for d in self.devices:  # per-device series start at zero
@@ -241,11 +238,9 @@ class Metrics:
         for t in job_seconds:
             hist.observe(_seconds(t))
 
-    @_shared
     def request_failure(self, lane: str, code: str) -> None:
         self._failure.labels(_text(lane), _text(code)).inc()
 
-    @_shared
     def rejected(self, reason: str) -> None:
         self._rejected.labels(_text(reason)).inc()
 
@@ -260,7 +255,6 @@ class Metrics:
         """One job's time from queue entry to stored result (call once per job)."""
         self._job_time.labels(_text(lane)).observe(_seconds(seconds))
 
-    @_shared
     def observe_loop_lag(self, seconds: float) -> None:
         """How much later than asked the event loop's heartbeat woke."""
         self._loop_lag.observe(_seconds(seconds))
@@ -272,7 +266,6 @@ class Metrics:
         self._inferences.labels(key).inc(int(batch_size))
         self._executions.labels(key).inc()
 
-    @_shared
     def observe_http(self, method: str, route: str, status: int, seconds: float,
                      code: str | None = None) -> None:
         """One HTTP answer; ``route`` is the route template (``/api/jobs/{job_id}``), never the raw
@@ -319,9 +312,59 @@ class Metrics:
     def stop(self) -> None:
         self._gpus.stop()
 
+    def count_siblings(self, path: str) -> None:
+        """Add what the sibling web processes count in ``path`` (their PROMETHEUS_MULTIPROC_DIR)
+        to this process's ``SIBLING_FAMILIES`` when rendered."""
+        self._siblings_dir = path
+
+    def sibling_gone(self, pid: int) -> None:
+        """A sibling died: its live gauges go (its counters stay: what it answered was answered)."""
+        if self._siblings_dir is not None:
+            mark_process_dead(pid, self._siblings_dir)
+
     def render(self) -> str:
         """All metrics in the Prometheus text format 0.0.4 (serve with ``CONTENT_TYPE``)."""
-        return generate_latest(self.registry).decode("utf-8")
+        if self._siblings_dir is None:
+            return generate_latest(self.registry).decode("utf-8")
+        return generate_latest(_WithSiblings(self.registry, self._siblings_dir)).decode("utf-8")
+
+
+class _WithSiblings:
+    """A registry's families with the siblings' samples of ``SIBLING_FAMILIES`` added: the same
+    series summed, a series only a sibling has appended (``generate_latest`` reads ``collect``)."""
+
+    def __init__(self, registry: CollectorRegistry, path: str):
+        self.registry, self.path = registry, path
+
+    def collect(self) -> Iterator[Metric]:
+        try:
+            theirs = {m.name: m for m in MultiProcessCollector(None, self.path).collect()
+                      if m.name in SIBLING_FAMILIES}
+        except Exception:  # a file being written (or gone): this scrape shows this process only
+            logger.warning("the sibling web processes' metrics could not be read", exc_info=True)
+            theirs = {}
+        for family in self.registry.collect():
+            other = theirs.get(family.name)
+            yield family if other is None else _summed(family, other)
+
+
+def _summed(own: Metric, other: Metric) -> Metric:
+    """``own`` with ``other``'s samples added to those of the same name and labels."""
+    at: dict[tuple, int] = {}
+    samples = list(own.samples)
+    for i, sample in enumerate(samples):
+        at[(sample.name, tuple(sorted(sample.labels.items())))] = i
+    for sample in other.samples:
+        key = (sample.name, tuple(sorted(sample.labels.items())))
+        i = at.get(key)
+        if i is None:
+            at[key] = len(samples)
+            samples.append(sample)
+        else:
+            samples[i] = samples[i]._replace(value=samples[i].value + sample.value)
+    out = Metric(own.name, own.documentation, own.type, own.unit)
+    out.samples = samples
+    return out
 
 
 class _CallbackCollector:

@@ -1,40 +1,38 @@
 """The owner's end of the sibling web processes (``--web-processes``): the embedded server's
 process that holds the store's one writer, the scheduler and the GPU loop answers its siblings
-here (pipeline/serving/sibling_wire.py has the frames).
+here, over ``multiprocessing.connection`` (pipeline/serving/sibling_wire.py has the messages).
 
 A sibling takes an upload, decodes it and spools it (fsync'd) itself; this process then inserts
 the job's row (the store's group commit: the rows of many submits, from any process, in one
 transaction) and puts its work item into the scheduler -- one message, so a job is accepted
-whole or not at all. The frames a sibling sent together are one batch (their rows one group),
+whole or not at all. The messages a sibling sent together are one batch (their rows one group),
 read and answered by that sibling's connection thread. Everything a sibling reads (polls) it
 reads from SQLite itself (WAL), but for the finished jobs' bodies that this process sends it as
 they finish (``body_of``; a pusher thread, never the finisher): in order with their later changes
 (a reviewer's edit) and their purges (``forget``), so that a sibling's copy never outlives the
-job or lags its store by more than the frames in flight."""
+job or lags its store by more than the messages in flight."""
 
 from __future__ import annotations
 
-import hmac
 import logging
 import queue
 import socket
-import struct
 import threading
 from collections.abc import Callable
+from multiprocessing.connection import AuthenticationError, Listener
 
 import torch
 
 from pipeline.domain.errors import SenseVoiceError
 from pipeline.domain.types import JobState, Transcript
 from pipeline.serving import sibling_wire as wire
-from pipeline.serving.metrics import SHARED_EVENTS
 
 logger = logging.getLogger("sensevoice.siblings")
 
 MAX_BATCH = 256  # requests of one sibling handled as one batch (its submits' rows: one group commit)
 PUSH_BATCH = 512  # finished jobs' bodies (and purges) sent to the siblings in one write, at most
 PUSH_STALL_S = 5  # a sibling that takes no pushed bytes for this long is cut off (it restarts, empty)
-HELLO_TIMEOUT_S = 10  # a connection that gives no hello (the secret) within this is closed
+HELLO_TIMEOUT_S = 10  # a connection that does not prove the secret within this is closed
 
 
 class SiblingHub:
@@ -43,17 +41,14 @@ class SiblingHub:
     here like one accepted here), ``state`` what a sibling's probes and admission read."""
 
     def __init__(self, path: str, secret: str, broker, remember: Callable, state: Callable[[], dict],
-                 device: str = "cpu", metrics=None, body_of: Callable[[str], bytes | None] | None = None):
+                 device: str = "cpu", body_of: Callable[[str], bytes | None] | None = None):
         self.path, self.secret = path, secret
         self.broker, self.remember, self.state = broker, remember, state
-        self.metrics = metrics  # where the siblings' metric events are counted (this process's /metrics)
         self.body_of = body_of  # a finished job's poll body (None: not known here), sent to the siblings
         self.device = torch.device(device)  # where this process's own uploads' waves wait (its GPU)
-        self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        self._sock.bind(path)
-        self._sock.listen(64)
-        self._stopped = threading.Event()
-        self._conns: dict[socket.socket, threading.Lock] = {}  # a connection and its writers' lock
+        self._listener = Listener(path, family="AF_UNIX", backlog=64)  # (no authkey: each connection's
+        self._stopped = threading.Event()                              # challenge runs in its own thread)
+        self._conns: dict[wire.Wire, None] = {}  # the siblings' connections, in the order they came
         self._pushes: queue.SimpleQueue = queue.SimpleQueue()
         self._pusher = threading.Thread(target=self._push, name="sensevoice-hub-push", daemon=True)
         if body_of is not None:
@@ -67,52 +62,54 @@ class SiblingHub:
         self._pusher.start()
 
     def stop(self) -> None:
+        if self._stopped.is_set():
+            return
         self._stopped.set()
         self._pushes.put(None)
-        for s in [self._sock, *list(self._conns)]:
-            try:
-                s.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
-            s.close()
+        try:  # wakes the accepting thread, which then sees the stop
+            with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+                s.connect(self.path)
+        except OSError:
+            pass
+        self._thread.join(5)
+        self._listener.close()
+        for conn in list(self._conns):
+            conn.cut()
 
     def _accept(self) -> None:
         while not self._stopped.is_set():
             try:
-                conn, _ = self._sock.accept()
+                conn = self._listener.accept()
             except OSError:
+                if self._stopped.is_set():
+                    return
+                continue  # (a peer that went away before it was accepted)
+            if self._stopped.is_set():
+                conn.close()
                 return
             threading.Thread(target=self._serve, args=(conn,), name="sensevoice-hub-conn", daemon=True).start()
 
-    def _serve(self, conn: socket.socket) -> None:
-        lock = threading.Lock()
-        reader = wire.FrameReader(conn)
+    def _serve(self, conn) -> None:
+        try:  # nothing but the challenge's answer (256 bytes at most) is read before it is proven
+            link = wire.Wire.accepted(conn, self.secret, HELLO_TIMEOUT_S)
+        except AuthenticationError as e:
+            logger.warning("a connection to the sibling socket without the secret (%s): closed", e)
+            return
         try:
-            conn.settimeout(HELLO_TIMEOUT_S)
-            try:  # within a small frame: nothing large is allocated for a connection not yet trusted
-                head, _ = reader.next(max_bytes=wire.HELLO_MAX_BYTES)
-            except (wire.WireClosed, OSError, ValueError) as e:
-                logger.warning("a connection to the sibling socket without a hello (%s): closed", e)
-                return
-            if (not isinstance(head, dict) or head.get("op") != "hello"
-                    or not hmac.compare_digest(str(head.get("secret", "")).encode(), self.secret.encode())):
-                logger.warning("a connection to the sibling socket without the secret: closed")
-                return
-            conn.settimeout(None)
-            _send_timeout(conn, PUSH_STALL_S)
-            self._conns[conn] = lock
+            link.send_timeout(PUSH_STALL_S)
+            self._conns[link] = None
             while not self._stopped.is_set():
-                frames = [reader.next()]
-                while len(frames) < MAX_BATCH and reader.ready():  # all that came together
-                    frames.append(reader.next())
-                self._handle_frames(conn, lock, frames)
-        except (wire.WireClosed, OSError):
+                messages = [link.recv()]
+                while len(messages) < MAX_BATCH and link.ready():  # all that came together
+                    messages.append(link.recv())
+                self._handle_batch(link, messages)
+        except wire.WireClosed:
             pass
-        except Exception:  # a frame this side cannot read: the connection ends (the sibling restarts)
-            logger.exception("a sibling's frame could not be read: its connection is closed")
+        except Exception:  # a message this side cannot take: the connection ends (the sibling restarts)
+            logger.exception("a sibling's message could not be taken: its connection is closed")
         finally:
-            self._conns.pop(conn, None)
-            conn.close()
+            self._conns.pop(link, None)
+            link.close()
 
     # -- what the siblings are sent unasked
     def _on_event(self, event) -> None:
@@ -140,25 +137,24 @@ class SiblingHub:
             if None in batch:
                 return
             try:
-                data = wire.push_frames(self._coalesce(batch))
+                pushes = self._coalesce(batch)
             except Exception:  # a bug: what the siblings hold could go stale; they restart empty
                 logger.exception("the finished jobs' bodies could not be sent: the siblings restart")
                 for conn in list(self._conns):
                     self._conns.pop(conn, None)
-                    _cut(conn)
+                    conn.cut()
                 continue
-            for conn, lock in list(self._conns.items()):
+            for conn in list(self._conns):
                 try:
-                    with lock:
-                        conn.sendall(data)
+                    conn.push(pushes)
                 except OSError as e:
                     logger.warning("a sibling took no pushed job bodies for %d s (%s): its connection is "
                                    "closed, it restarts", PUSH_STALL_S, type(e).__name__)
                     self._conns.pop(conn, None)  # (nothing more is sent to it; its reader ends)
-                    _cut(conn)
+                    conn.cut()
 
     def _coalesce(self, batch: list) -> list[tuple[str, object]]:
-        """Queued pushes as frames in their order: runs of finished jobs as one bodies frame. A
+        """Queued pushes as messages in their order: runs of finished jobs as one bodies message. A
         finished job whose body is not held here any more is forgotten there instead (a sibling
         must not keep answering a body from before the change this push is for)."""
         out: list[tuple[str, list]] = []
@@ -172,12 +168,12 @@ class SiblingHub:
                 out.append((op, list(value)))
         return out
 
-    def _handle_frames(self, conn: socket.socket, lock: threading.Lock, frames: list) -> None:
+    def _handle_batch(self, conn: wire.Wire, messages: list) -> None:
         """A batch of requests, in order; the submits among them as groups: their rows in the
         store's group commit together, then each item queued (or refused), the replies in one write."""
         replies: list[dict] = []
         submits: list = []
-        for head, payload in frames:
+        for head, payload in messages:
             if head.get("op") == "submit":
                 submits.append((head, payload))
                 continue
@@ -186,9 +182,9 @@ class SiblingHub:
             replies.append(self._answer(head, lambda h=head, p=payload: self._handle(h, p)))
         replies += self._submit_group(submits)
         try:
-            wire.send_frames(conn, lock, replies)
+            conn.send({"replies": replies})
         except OSError:  # the sibling is gone or stalled; what it sent was handled (a job it accepted runs)
-            _cut(conn)
+            conn.cut()
 
     def _submit_group(self, submits: list) -> list[dict]:
         if not submits:
@@ -257,24 +253,7 @@ class SiblingHub:
             return {"position": self.broker.position(str(head["job_id"]))}
         if op == "state":
             return self.state()
-        if op == "metrics":  # a sibling's HTTP answers, refusals, loop lag (MetricsShipper)
-            for name, args in head.get("events", ()):
-                if name in SHARED_EVENTS and self.metrics is not None:
-                    getattr(self.metrics, name)(*args)
-            return {}
         raise ValueError(f"unknown op {op!r}")
-
-
-def _cut(conn: socket.socket) -> None:
-    try:
-        conn.shutdown(socket.SHUT_RDWR)
-    except OSError:
-        pass
-
-
-def _send_timeout(conn: socket.socket, seconds: int) -> None:
-    """Sends on ``conn`` fail after ``seconds`` without progress (its reads still wait)."""
-    conn.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, struct.pack("ll", seconds, 0))
 
 
 def _size(head: dict) -> int | None:

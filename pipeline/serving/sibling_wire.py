@@ -1,24 +1,28 @@
 """The wire between the embedded server's sibling web processes and the process that owns the
-store and the GPU loop (``--web-processes``): one Unix socket per sibling, framed messages.
+store and the GPU loop (``--web-processes``): one ``multiprocessing.connection`` per sibling over a
+Unix socket in a private directory (0700), authenticated both ways by its HMAC challenge with the
+shared secret as ``authkey``. Nothing is read from a connection before that challenge but its
+answer, itself read within 256 bytes (``recv_bytes(256)`` checks the declared length before it
+allocates anything).
 
-A frame is ``<II`` (header length, payload length), a JSON header, then the payload bytes (a
-work item's float32 audio, or nothing: a mono 16-bit WAV's job names its samples' place in the
-spool file both processes see). Requests carry ``rid``; each reply carries the same
-``rid`` and either ``ok`` (with the op's values) or ``error`` (a domain error's code and
-message, raised again on the sibling's side as the same class). The socket lives in a private
-directory (0700) and the first frame of a connection must carry the owner's secret: nothing
-else on the host can speak on it. That first frame is read within ``HELLO_MAX_BYTES`` (issue 36: a
-connection that declared a 2 GiB first frame had it allocated before its secret was checked);
-only a connection that gave the secret may send frames up to ``MAX_PAYLOAD_BYTES``.
+A message is a JSON object (the head), at most ``MAX_HEAD_BYTES``; a head with ``n`` is followed by
+one more message of exactly ``n`` bytes, the payload (a work item's float32 audio, or finished
+jobs' poll bodies), read only when ``n`` is at most ``MAX_PAYLOAD_BYTES`` and refused when it
+declares more than ``n``: ``recv_bytes(maxlength)`` refuses a longer message on its length prefix,
+before its bytes are read. Requests carry ``rid``; a batch of replies is one message
+(``{"replies": [...]}``), each with its request's ``rid`` and either ``ok`` (the op's values) or
+``error`` (a domain error's code and message, raised again on the sibling's side as the same class).
 """
 
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
+import logging
+import os
 import socket
-import struct
 import threading
+from collections.abc import Callable
+from multiprocessing.connection import AuthenticationError, Client, Connection, answer_challenge, deliver_challenge
 
 import numpy as np
 import orjson
@@ -31,130 +35,128 @@ from pipeline.serving.records import dump_options, load_options
 from pipeline.serving.broker_sqlite import SpooledPcm16
 from pipeline.serving.scheduler import DeferredAudio, WorkItem
 
-FRAME = struct.Struct("<II")
-MAX_HEADER_BYTES = 1 << 20
+logger = logging.getLogger("sensevoice.siblings")
+
+MAX_HEAD_BYTES = 1 << 20  # a head (a request, a batch of replies, a push's ids)
 MAX_PAYLOAD_BYTES = 1 << 31  # a work item's audio: at most the longest accepted recording, float32
-HELLO_MAX_BYTES = 4 << 10  # a connection's first frame, whole (its secret: 64 hex digits), before it is trusted
 
 
 class WireClosed(ConnectionError):
-    """The other end closed the socket (or sent a frame this side cannot read)."""
+    """The other end closed the connection, or sent what this side does not take (a message over
+    its bound, a head that is not a JSON object); the connection is not read again."""
 
 
-def _framed(head: dict, payload_len: int = 0) -> bytes:
-    data = orjson.dumps(head)
-    return FRAME.pack(len(data), payload_len) + data
+class Wire:
+    """One authenticated connection: :meth:`send` from any thread (a head and its payload go out
+    whole), :meth:`recv` from one reader thread, :meth:`cut` from any (wakes the reader)."""
 
+    def __init__(self, conn: Connection):
+        self.conn = conn
+        self._sock = socket.socket(fileno=os.dup(conn.fileno()))  # the same socket: its options, shutdown
+        self._lock = threading.Lock()
 
-def send_frame(sock: socket.socket, lock: threading.Lock, head: dict, payload: bytes | memoryview = b"") -> None:
-    payload = memoryview(payload).cast("B")  # bytes, whatever the item size of the buffer
-    with lock:
-        sock.sendall(_framed(head, len(payload)))
-        if payload:
-            sock.sendall(payload)
+    # -- the two ends
+    @classmethod
+    def connect(cls, path: str, secret: str) -> Wire:
+        """The sibling's end (OSError: no owner listens yet; AuthenticationError: not its secret)."""
+        return cls(Client(path, family="AF_UNIX", authkey=secret.encode()))
 
-
-def send_frames(sock: socket.socket, lock: threading.Lock, heads: list[dict]) -> None:
-    """Header-only frames (replies) in one write."""
-    data = b"".join(_framed(head) for head in heads)
-    with lock:
-        sock.sendall(data)
-
-
-def push_frames(pushes: list[tuple[str, object]]) -> bytes:
-    """The owner's unasked frames (no ``rid``), in order: ``("bodies", [(job id, body), ...])``
-    (finished jobs' poll bodies) and ``("forget", [job id, ...])`` (purged jobs)."""
-    out = []
-    for op, values in pushes:
-        if op == "bodies":
-            ids, bodies = [jid for jid, _ in values], [body for _, body in values]
-            payload = b"".join(bodies)
-            out += [_framed({"op": op, "ids": ids, "sizes": [len(b) for b in bodies]}, len(payload)), payload]
-        else:
-            out.append(_framed({"op": op, "ids": list(values)}))
-    return b"".join(out)
-
-
-def pushed_bodies(head: dict, payload: memoryview) -> list[tuple[str, bytes]]:
-    """A bodies frame's (job id, body) pairs (ValueError if its sizes do not add up)."""
-    ids, sizes = [str(x) for x in head["ids"]], [int(x) for x in head["sizes"]]
-    if len(ids) != len(sizes) or sum(sizes) != len(payload) or min(sizes, default=0) < 0:
-        raise ValueError("a bodies frame whose sizes do not match its payload")
-    out, at = [], 0
-    for jid, size in zip(ids, sizes):
-        out.append((jid, bytes(payload[at:at + size])))
-        at += size
-    return out
-
-
-class FrameReader:
-    """The frames of one socket through one buffer: :meth:`next` waits for a frame, :meth:`ready`
-    says whether another whole one is there without waiting (so that a reader can take all the
-    frames that arrived together as one batch)."""
-
-    CHUNK = 1 << 16
-
-    def __init__(self, sock: socket.socket):
-        self.sock = sock
-        self._buf = bytearray()
-        self._eof = False
-
-    def _fill(self, block: bool = True) -> bool:
-        if self._eof:
-            raise WireClosed("the other end closed the connection")
+    @classmethod
+    def accepted(cls, conn: Connection, secret: str, timeout_s: float) -> Wire:
+        """The owner's end of a connection just accepted, once the peer proved the secret (and
+        learnt that this side knows it) within ``timeout_s``; AuthenticationError or OSError else
+        (the connection is closed)."""
+        wire = cls(conn)
+        timer = threading.Timer(timeout_s, wire.cut)  # a peer that says nothing is cut off
+        timer.start()
         try:
-            data = self.sock.recv(self.CHUNK, 0 if block else socket.MSG_DONTWAIT)
-        except BlockingIOError:
-            return False
-        if not data:
-            self._eof = True
-            if block:
-                raise WireClosed("the other end closed the connection")
-            return False
-        self._buf += data
-        return True
+            deliver_challenge(conn, secret.encode())
+            answer_challenge(conn, secret.encode())
+        except (AuthenticationError, OSError, EOFError) as e:
+            wire.close()
+            raise AuthenticationError(f"{type(e).__name__}: {e}") from None
+        finally:
+            timer.cancel()
+        return wire
 
-    def _frame_size(self, max_bytes: int | None = None) -> int | None:
-        """The first frame's whole size once its sizes are buffered (WireClosed if not ours, or
-        larger than ``max_bytes``)."""
-        if len(self._buf) < FRAME.size:
-            return None
-        head_len, payload_len = FRAME.unpack_from(self._buf)
-        if head_len > MAX_HEADER_BYTES or payload_len > MAX_PAYLOAD_BYTES:
-            raise WireClosed(f"a frame of {head_len} + {payload_len} bytes is not one of ours")
-        size = FRAME.size + head_len + payload_len
-        if max_bytes is not None and size > max_bytes:
-            raise WireClosed(f"a frame of {size} bytes where at most {max_bytes} are read")
-        return size
+    # -- messages
+    def send(self, head: dict, payload: bytes | memoryview = b"") -> None:
+        payload = memoryview(payload).cast("B")  # bytes, whatever the item size of the buffer
+        if payload.nbytes:
+            head = {**head, "n": payload.nbytes}
+        data = orjson.dumps(head)
+        with self._lock:
+            self.conn.send_bytes(data)
+            if payload.nbytes:
+                self.conn.send_bytes(payload)
+
+    def recv(self) -> tuple[dict, bytes]:
+        """The next head and its payload (b"" when none); WireClosed at the end or on a message
+        this side does not take (nothing of an oversized one is read past its length)."""
+        try:
+            head = orjson.loads(self.conn.recv_bytes(MAX_HEAD_BYTES))
+            n = head.get("n", 0) if isinstance(head, dict) else -1
+            if not isinstance(n, int) or not 0 <= n <= MAX_PAYLOAD_BYTES:
+                raise WireClosed("a message that is not one of ours")
+            payload = self.conn.recv_bytes(n) if n else b""
+        except (EOFError, OSError, orjson.JSONDecodeError) as e:
+            raise WireClosed(f"{type(e).__name__}: {e}") from None
+        if len(payload) != n:
+            raise WireClosed("a payload shorter than its head declared")
+        return head, payload
 
     def ready(self) -> bool:
-        while True:
-            size = self._frame_size()
-            if size is not None and len(self._buf) >= size:
-                return True
-            if self._eof or not self._fill(block=False):
-                return False
+        """Whether a message has (begun to) arrive, without waiting."""
+        try:
+            return self.conn.poll(0)
+        except (EOFError, OSError):
+            return False
 
-    def next(self, max_bytes: int | None = None) -> tuple[dict, memoryview]:
-        """The next frame: its header and payload. WireClosed at the end of the stream, or (before
-        anything is allocated for it) when the frame is larger than ``max_bytes`` (a hello)."""
-        while (size := self._frame_size(max_bytes)) is None:
-            self._fill()
-        if len(self._buf) >= size:
-            frame = self._buf[:size]
-            del self._buf[:size]
-        else:  # a large payload: the rest read straight into its place
-            frame, have = bytearray(size), len(self._buf)
-            frame[:have] = self._buf
-            self._buf = bytearray()
-            view = memoryview(frame)[have:]
-            while view:
-                got = self.sock.recv_into(view)
-                if got == 0:
-                    raise WireClosed("the other end closed the connection")
-                view = view[got:]
-        head_len = FRAME.unpack_from(frame)[0]
-        return orjson.loads(frame[FRAME.size:FRAME.size + head_len]), memoryview(frame)[FRAME.size + head_len:]
+    def push(self, pushes: list[tuple[str, list]]) -> None:
+        """The owner's unasked messages (no ``rid``), in order, under one lock: ``("bodies",
+        [(job id, body), ...])`` (finished jobs' poll bodies) and ``("forget", [job id, ...])``."""
+        with self._lock:
+            for op, values in pushes:
+                if op == "bodies":
+                    payload = b"".join(body for _, body in values)
+                    head = {"op": op, "ids": [jid for jid, _ in values], "sizes": [len(b) for _, b in values]}
+                    if payload:
+                        head["n"] = len(payload)
+                    self.conn.send_bytes(orjson.dumps(head))
+                    if payload:
+                        self.conn.send_bytes(payload)
+                else:
+                    self.conn.send_bytes(orjson.dumps({"op": op, "ids": list(values)}))
+
+    def send_timeout(self, seconds: int) -> None:
+        """Sends fail after ``seconds`` without progress (reads still wait)."""
+        import struct
+
+        self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, struct.pack("ll", seconds, 0))
+
+    def cut(self) -> None:
+        """End the connection both ways (a reader waiting on it wakes with WireClosed)."""
+        try:
+            self._sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+
+    def close(self) -> None:
+        self.cut()
+        self._sock.close()
+        self.conn.close()
+
+
+def pushed_bodies(head: dict, payload: bytes) -> list[tuple[str, bytes]]:
+    """A bodies message's (job id, body) pairs (ValueError if its sizes do not add up)."""
+    ids, sizes = [str(x) for x in head["ids"]], [int(x) for x in head["sizes"]]
+    if len(ids) != len(sizes) or sum(sizes) != len(payload) or min(sizes, default=0) < 0:
+        raise ValueError("a bodies message whose sizes do not match its payload")
+    view, out, at = memoryview(payload), [], 0
+    for jid, size in zip(ids, sizes):
+        out.append((jid, bytes(view[at:at + size])))
+        at += size
+    return out
 
 
 # ---------------------------------------------------------------------------- values
@@ -191,8 +193,8 @@ def item_audio(item: WorkItem) -> memoryview:
 
 def item_from_head(h: dict, audio: bytes | bytearray | memoryview,
                    spooled: Callable[[str, Pcm16Layout], DeferredAudio] | None = None) -> WorkItem:
-    """The work item a frame carries; a spooled one's audio from ``spooled`` (this process's
-    store: the path is made here from the job id, never taken from the frame)."""
+    """The work item a message carries; a spooled one's audio from ``spooled`` (this process's
+    store: the path is made here from the job id, never taken from the message)."""
     n = int(h["n_samples"])
     if "spooled" in h:
         offset, frames = (int(v) for v in h["spooled"])
@@ -200,7 +202,8 @@ def item_from_head(h: dict, audio: bytes | bytearray | memoryview,
             raise ValueError("a spooled work item this side cannot take")
         wave = spooled(str(h["job_id"]), Pcm16Layout(offset, frames))
     else:
-        wave = torch.from_numpy(np.frombuffer(audio, dtype=np.float32))
+        samples = np.frombuffer(audio, dtype=np.float32)
+        wave = torch.from_numpy(samples if samples.flags.writeable else samples.copy())  # (bytes: read-only)
         if wave.numel() != n:
             wave = wave.view(-1, n)  # [channels, n]: a split call's wave
     return WorkItem(str(h["job_id"]), Lane(int(h["lane"])), load_options(h["options"]), n,

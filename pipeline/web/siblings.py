@@ -140,8 +140,12 @@ class WebSiblings:
         secret_file.write_text(self.secret)
         self.hub = SiblingHub(str(self.dir / "hub.sock"), self.secret, runtime.broker, runtime.view.remember,
                               lambda: owner_state(runtime), device=runtime.intake.resampler.device,
-                              metrics=runtime.metrics, body_of=lambda job_id: final_body(runtime.view, bodies, job_id))
+                              body_of=lambda job_id: final_body(runtime.view, bodies, job_id))
         runtime.on_purge.append(self.hub.forget)
+        self.metrics_dir = self.dir / "metrics"  # the siblings' PROMETHEUS_MULTIPROC_DIR (private: 0700)
+        self.metrics_dir.mkdir(mode=0o700)
+        self.metrics = runtime.metrics
+        self.metrics.count_siblings(str(self.metrics_dir))  # this process's /metrics adds theirs
         self.relay = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self.relay.bind(str(self.dir / "relay.sock"))
         self.relay.listen(2048)
@@ -163,9 +167,11 @@ class WebSiblings:
                                  "--sibling-fd", str(fd)], pass_fds=(fd,), env=self.sibling_env())
 
     def sibling_env(self) -> dict[str, str]:
-        """A sibling's environment: this one, with the owner's shares of the shared limits."""
+        """A sibling's environment: this one, with the owner's shares of the shared limits and
+        prometheus_client's multiprocess mode in the owner's metrics directory."""
         return {**os.environ, **{f"SENSEVOICE_{name.upper()}": str(getattr(self.settings.limits, name))
-                                 for name in SHARED_LIMITS}}
+                                 for name in SHARED_LIMITS},
+                "PROMETHEUS_MULTIPROC_DIR": str(self.metrics_dir)}
 
     def _keep_running(self) -> None:
         """Start a sibling that exited again: after 1 s, or (one that keeps dying within 30 s of
@@ -179,6 +185,7 @@ class WebSiblings:
                 now = time.monotonic()
                 if died[i] is None:
                     died[i] = now
+                    self.metrics.sibling_gone(proc.pid)
                     delay[i] = min(30.0, delay[i] * 2) if now - started[i] < 30 else RESTART_DELAY_S
                     logger.warning("sibling web process %d exited with %s; starting it again in %.0f s",
                                    i + 1, proc.returncode, delay[i])
@@ -389,7 +396,7 @@ class OwnerRelay:
 def sibling_app(settings, sibling_dir: str | Path, on_lost=None) -> SiblingFront:
     """A sibling web process's app: the api role over the owner's store (``settings``: the
     owner's, role api, no UI), the rest relayed to the owner."""
-    from pipeline.serving.broker_sibling import MetricsShipper, SiblingBroker
+    from pipeline.serving.broker_sibling import SiblingBroker
     from pipeline.serving.runtime import build_runtime
     from pipeline.web.app import create_app
 
@@ -400,19 +407,27 @@ def sibling_app(settings, sibling_dir: str | Path, on_lost=None) -> SiblingFront
         try:
             broker = SiblingBroker(settings.server.data_dir, str(folder / "hub.sock"), secret, on_lost=on_lost)
             break
-        except OSError:
+        except OSError:  # (no owner listens yet; a wrong secret raises AuthenticationError)
             if time.monotonic() > deadline:
                 raise
             time.sleep(0.2)
     runtime = build_runtime(settings, role="api", broker=broker)
-    shipper = MetricsShipper(broker.hub)  # the owner's /metrics counts what this process answers
-    runtime.metrics.sink = shipper
-    shipper.start()
+    if not _counts_for_owner():
+        logger.warning("PROMETHEUS_MULTIPROC_DIR is not set before prometheus_client was imported: the "
+                       "owner's /metrics does not count what this web process answers")
     app = create_app(runtime=runtime)
     bodies = app.state.poll_bodies  # the owner's finished jobs' bodies: polls of them read no SQLite
     broker.hub.on_forget = bodies.forget  # (first: a purge is never missed after a body is kept)
     broker.hub.on_bodies = bodies.push
     return SiblingFront(app, OwnerRelay(str(folder / "relay.sock"), secret))
+
+
+def _counts_for_owner() -> bool:
+    """Whether this process's metrics are prometheus_client's multiprocess values (its environment
+    named the owner's directory before the library was imported: ``WebSiblings.sibling_env``)."""
+    from prometheus_client import values
+
+    return getattr(values.ValueClass, "_multiprocess", False)
 
 
 def run_sibling(settings, sibling_dir: str, fd: int) -> int:

@@ -32,6 +32,7 @@ import torch
 
 from pipeline.audio.vad import Span, _quietest
 from pipeline.domain.tags import SAMPLE_RATE_HZ
+from pipeline.domain.types import MAX_SPEAKERS
 
 logger = logging.getLogger("sensevoice.diarize")
 
@@ -42,7 +43,6 @@ AGGLOMERATIVE_MAX = 40  # windows: at most this many are clustered agglomerative
 SPECTRAL_MAX = 600  # windows: more are clustered on an even subsample of this many
 PRUNE_SHARE = 0.022  # spectral: share of each row's neighbours kept (FunASR's pval)
 PRUNE_MIN = 6  # spectral: neighbours kept at least
-MAX_SPEAKERS = 16  # the largest count a caller may give or bound (FunASR's max is 15)
 
 
 @dataclass(frozen=True)

@@ -43,9 +43,21 @@ class TranscribeOptions:
     # words or phrases the decoder favours (pipeline/domain/hotwords.py); a list or a text is
     # accepted and normalised. Per job: the engine decodes each row of a batch with its own list
     hotwords: tuple[Hotword, ...] = ()
+    # speakers on a mono recording (pipeline/audio/diarize.py): on when ``diarize`` is set or a
+    # count or a bound is given; ``speakers`` the count (None: found, within min/max); 0 = off
+    diarize: bool = False
+    speakers: int | None = None
+    min_speakers: int | None = None
+    max_speakers: int | None = None
+
+    @property
+    def wants_speakers(self) -> bool:
+        return bool(self.diarize or self.speakers or self.min_speakers or self.max_speakers)
 
     def __post_init__(self) -> None:
         from pipeline.domain.errors import InvalidOption
+
+        _check_speakers(self, InvalidOption)
 
         if self.hotwords and not (isinstance(self.hotwords, tuple)
                                   and all(isinstance(h, Hotword) for h in self.hotwords)):
@@ -63,6 +75,33 @@ class TranscribeOptions:
             if code not in ALLOWED_LANGUAGES:
                 raise InvalidOption(f"unknown language {code!r} in languages; choose among "
                                     f"{', '.join(ALLOWED_LANGUAGES)}")
+
+
+MAX_SPEAKERS = 16  # the largest speaker count a caller may give or bound
+
+
+def _check_speakers(o: "TranscribeOptions", invalid: type[Exception]) -> None:
+    """Counts are whole numbers 1..MAX_SPEAKERS; ``speakers=0`` means off, refused beside an ask
+    for speakers (``diarize`` or a bound); min <= speakers <= max."""
+    for name in ("speakers", "min_speakers", "max_speakers"):
+        v = getattr(o, name)
+        if v is None:
+            continue
+        if isinstance(v, bool) or not isinstance(v, int):
+            raise invalid(f"{name} must be a whole number, got {v!r}")
+        if name == "speakers" and v == 0:
+            if o.diarize or o.min_speakers or o.max_speakers:
+                raise invalid("speakers=0 turns speakers off, but speakers were asked for "
+                              "(diarize or min/max_speakers): give a count of 1 or more, or none")
+            object.__setattr__(o, "speakers", None)
+            continue
+        if not 1 <= v <= MAX_SPEAKERS:
+            raise invalid(f"{name}={v}: a speaker count must be within 1..{MAX_SPEAKERS}")
+    low, high = o.min_speakers or 1, o.max_speakers or MAX_SPEAKERS
+    if low > high:
+        raise invalid(f"min_speakers={low} is above max_speakers={high}")
+    if o.speakers is not None and not low <= o.speakers <= high:
+        raise invalid(f"speakers={o.speakers} is outside min_speakers..max_speakers ({low}..{high})")
 
 
 def parse_languages(value) -> tuple[str, ...]:

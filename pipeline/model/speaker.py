@@ -272,14 +272,10 @@ def weights_file(directory: Path) -> Path | None:
     return None
 
 
-def resolve_speaker_model(name: str, *, demo: bool, cache_root: Path, hub_timeout_s: float) -> SpeakerModelSource:
-    """``name`` (a local directory or a hub name) or, with ``demo``, the offline demo weights, as a
-    weights file; :class:`ModelUnavailable` with what to do when none can be had."""
-    if demo:
-        from pipeline.model.demo.build_speaker import ensure_speaker_dir
-
-        path = ensure_speaker_dir(cache_root)
-        return SpeakerModelSource(weights_file(path) or path / WEIGHT_FILES[0], "demo", True)
+def resolve_speaker_model(name: str, *, hub_timeout_s: float) -> SpeakerModelSource:
+    """``name`` (a local directory, a weights file or a hub name) as a weights file;
+    :class:`ModelUnavailable` saying what to do when none can be had. (The demo weights:
+    :func:`pipeline.model.demo.build_speaker.ensure_speaker_dir`.)"""
     from pipeline.model.loading import _hub_cache_candidates, hub_reachable, HUB_HOST
 
     path = Path(name).expanduser()

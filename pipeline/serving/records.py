@@ -102,6 +102,9 @@ def dump_options(o: TranscribeOptions) -> str:
         d["languages"] = list(o.languages)
     if o.hotwords:  # the same: only when set
         d["hotwords"] = dump_hotwords(o.hotwords)
+    for name in ("diarize", "speakers", "min_speakers", "max_speakers"):  # the same: when set
+        if getattr(o, name):
+            d[name] = getattr(o, name)
     return json.dumps(d)
 
 

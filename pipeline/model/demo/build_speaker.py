@@ -25,6 +25,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from pipeline.domain.tags import SAMPLE_RATE_HZ
 from pipeline.model.demo.build_model import _file_lock, _replace_dir
 
 logger = logging.getLogger("sensevoice.speaker")
@@ -33,11 +34,11 @@ BUILDER_VERSION = 1
 MARKER_NAME = "sensevoice_speaker_build.json"
 WEIGHTS_NAME = "campplus_cn_common.bin"
 CALIBRATION_CLIPS = 32  # synthetic 1.5 s voices the BatchNorm statistics are measured on
-CLIP_SAMPLES = 24_000  # 1.5 s at 16 kHz: one embedding window
+CLIP_SAMPLES = int(1.5 * SAMPLE_RATE_HZ)  # one embedding window
 
 
 def synthetic_voice(rng: np.random.Generator, f0: float, formants: tuple[float, float, float],
-                    samples: int = CLIP_SAMPLES, rate: int = 16_000) -> np.ndarray:
+                    samples: int = CLIP_SAMPLES, rate: int = SAMPLE_RATE_HZ) -> np.ndarray:
     """A voiced sound: the harmonics of a wandering ``f0`` weighted by three formant resonances."""
     t = np.arange(samples) / rate
     contour = f0 * (1 + 0.08 * np.sin(2 * np.pi * rng.uniform(0.5, 3) * t + rng.uniform(0, 6.28)))

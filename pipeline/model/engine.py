@@ -45,6 +45,7 @@ from pipeline.domain.tags import (AUTO_LANGUAGE, EMO_UNKNOWN_ID, EMOTION_QUERY_R
                                   ITN_QUERY_ROWS, LANGUAGE_QUERY_ROWS, QUERY_EMBED_ROWS, SAMPLE_RATE_HZ)
 from pipeline.domain.types import TranscribeOptions, Word
 from pipeline.model import confidence
+from pipeline.model import hotwords as hotwords_mod
 
 logger = logging.getLogger("sensevoice.engine")
 
@@ -215,7 +216,7 @@ class EncoderCore(torch.nn.Module):
                 return_logits: bool = False, with_scores: bool = False):
         """x [B, T, 560] (queries + features, compute dtype); lengths [B] (frames, incl. queries);
         ban_emo_unk [B] bool. Returns argmax ids [B, T] (int64), or logits if asked, or
-        (ids, logp, tags) ``with_scores`` (:func:`pipeline.model.fused.head`).
+        (ids, logp, tags, hidden) ``with_scores`` (:func:`pipeline.model.fused.head`).
         Runs the fused blocks once they are ready, else the eager reference."""
         if self.fused:
             return self.forward_fused(x, lengths, ban_emo_unk, return_logits, with_scores=with_scores)
@@ -233,14 +234,15 @@ class EncoderCore(torch.nn.Module):
         x = self._ln(self.enc.after_norm, x)
         for layer in self.tp_layers:
             x = self._layer(layer, x, mask, key_mask)
-        logits = self.lo(self._ln(self.enc.tp_norm, x).to(self.dtype))
+        hidden = self._ln(self.enc.tp_norm, x).to(self.dtype)
+        logits = self.lo(hidden)
         col = logits[:, :, EMO_UNKNOWN_ID]
         logits[:, :, EMO_UNKNOWN_ID] = torch.where(ban_emo_unk[:, None], float("-inf"), col)
         if return_logits:
             return logits
         if with_scores:
             ids = logits.argmax(-1)
-            return ids, *fused_mod.scores(logits, self.tag_ids, ids)
+            return ids, *fused_mod.scores(logits, self.tag_ids, ids), hidden
         return logits.argmax(-1)
 
 
@@ -263,10 +265,11 @@ class _Graph:
         # thread_local: another thread's CUDA work (decoding, speech detection, a live stream's
         # resampling) during this capture neither breaks it nor is refused
         with torch.cuda.graph(self.graph, pool=pool, stream=stream, capture_error_mode="thread_local"):
-            self.ids, self.logp, self.tags = core(self.x, self.lengths, self.ban, with_scores=True)
+            self.ids, self.logp, self.tags, self.hidden = core(self.x, self.lengths, self.ban, with_scores=True)
 
     def run(self, x: torch.Tensor, lengths: torch.Tensor, ban: torch.Tensor):
-        """(ids, logp, tags) of the batch, views of the graph's outputs (valid until its next run)."""
+        """(ids, logp, tags, hidden) of the batch, views of the graph's outputs (valid until its
+        next run)."""
         b, t, _ = x.shape
         self.x.zero_()
         self.x[:b, :t].copy_(x)
@@ -275,7 +278,7 @@ class _Graph:
         self.ban.zero_()
         self.ban[:b].copy_(ban)
         self.graph.replay()
-        return self.ids[:b, :t], self.logp[:b, :t], self.tags[:b]
+        return self.ids[:b, :t], self.logp[:b, :t], self.tags[:b], self.hidden[:b, :t]
 
 
 @dataclass
@@ -291,16 +294,22 @@ class PendingBatch:
     logp: torch.Tensor | None = None  # [B, T] fp32, each frame's best log softmax
     tags: torch.Tensor | None = None  # [B, 4, K] fp32, the tag vocabulary's logits at the query frames
     allowed: list[tuple[str, ...]] | None = None  # each item's language allow-list (() = any)
+    hot: "hotwords_mod.HotSearch | None" = None  # the hotword rows' search (None: no row has hotwords)
 
     def result(self) -> list[EngineOutput]:
-        """Wait for the ids (this thread only), then detokenise on the host."""
+        """Wait for the ids (this thread only), write the hotword rows' winning terms over their
+        greedy paths, then detokenise on the host."""
         if self.event is not None:
             self.event.synchronize()
+        host = self.host.numpy()
         runs = self.runs.numpy() if self.runs is not None else None
+        logp = self.logp.numpy() if self.logp is not None else None
+        if self.hot is not None:
+            hotwords_mod.rewrite(host, runs, logp, self.lengths, self.hot)
         scores = None
-        if self.logp is not None and self.tags is not None:
-            scores = (self.logp.numpy(), self.tags.numpy(), self.allowed or [()] * len(self.lengths))
-        return self.engine._host_decode(self.host.numpy(), runs, self.lengths, self.word_times, scores)
+        if logp is not None and self.tags is not None:
+            scores = (logp, self.tags.numpy(), self.allowed or [()] * len(self.lengths))
+        return self.engine._host_decode(host, runs, self.lengths, self.word_times, scores)
 
 
 class SenseVoiceEngine:
@@ -668,7 +677,8 @@ class SenseVoiceEngine:
 
     @torch.inference_mode()
     def forward_scored(self, x: torch.Tensor, lengths: torch.Tensor, ban: torch.Tensor):
-        """(ids [B, T], logp [B, T], tags [B, 4, K]) of one pass (:func:`pipeline.model.fused.head`)."""
+        """(ids [B, T], logp [B, T], tags [B, 4, K], hidden [B, T, D]) of one pass
+        (:func:`pipeline.model.fused.head`)."""
         b, t, _ = x.shape
         if t > self.max_frames:
             raise ValueError(f"clip too long for one pass: {t} frames > {self.max_frames}")
@@ -698,10 +708,39 @@ class SenseVoiceEngine:
         feats, _ = self.frontend(self._padded(waves), small[0])
         x = torch.cat([self._queries[small[1]], feats.to(self.dtype)], dim=1)
         lengths, ban = small[2], small[3].bool()
-        ids, logp, tags = self.forward_scored(x, lengths, ban)
-        return self._launch_decode(ids, lengths, [f + N_QUERIES for f in frames],
-                                   [o.word_timestamps for o in options], (logp, tags),
-                                   [o.languages for o in options])
+        ids, logp, tags, hidden = self.forward_scored(x, lengths, ban)
+        hot = self._hot_search(ids, lengths, hidden, options)
+        pending = self._launch_decode(ids, lengths, [f + N_QUERIES for f in frames],
+                                      [o.word_timestamps for o in options], (logp, tags),
+                                      [o.languages for o in options])
+        pending.hot = hot
+        return pending
+
+    def _hot_search(self, ids: torch.Tensor, lengths: torch.Tensor, hidden: torch.Tensor,
+                    options: Sequence[TranscribeOptions]) -> "hotwords_mod.HotSearch | None":
+        """Queue the hotword search for the rows that carry hotwords (None when none does: the
+        batch decodes as it always did). A term the vocabulary cannot spell is left out of its
+        row's list (logged; the API refuses such a list where it holds the vocabulary)."""
+        rows, tables = [], []
+        for i, o in enumerate(options):
+            if o.hotwords:
+                table = self.hotword_tables.get(o.hotwords)
+                if len(table.terms):
+                    rows.append(i), tables.append(table)
+        if not rows:
+            return None
+        fm = getattr(self.core, "fused_model", self.core)
+        return hotwords_mod.search(hidden, ids, lengths, fm.lo_w, fm.lo_b, rows, tables)
+
+    @property
+    def hotword_tables(self) -> "hotwords_mod.TableCache":
+        """The spelt hotword lists of this engine's vocabulary (built on first use)."""
+        cache = getattr(self, "_hotword_tables", None)
+        if cache is None:
+            if getattr(self.tokenizer, "sp", None) is None:
+                self.tokenizer.decode([0])  # funasr builds its processor lazily
+            cache = self._hotword_tables = hotwords_mod.TableCache(self.tokenizer.sp)
+        return cache
 
     def decode(self, ids: torch.Tensor, lengths: torch.Tensor,
                word_times: Sequence[bool] = ()) -> list[EngineOutput]:

@@ -134,7 +134,9 @@ def head(x: torch.Tensor, ln_w: torch.Tensor, ln_b: torch.Tensor, eps: float, lo
     of every frame's argmax, ``logp`` [B, T] fp32 = its log softmax (max - logsumexp: one more
     reduction over the vocabulary, fused with the argmax's when compiled), and the tag vocabulary's
     logits at the query frames, ``tags`` [B, 4, K] fp32 (the language allow-list and the tag
-    scores are decided from these on the host)."""
+    scores are decided from these on the host), and the projection's input ``hidden`` [B, T, D]
+    (the hotword search, :mod:`pipeline.model.hotwords`, scores its terms' pieces from it; it is
+    the matmul's operand, already in memory)."""
     h = F.layer_norm(x, (x.shape[-1],), ln_w, ln_b, eps).to(lo_w.dtype)
     logits = F.linear(h, lo_w, lo_b)
     col = torch.arange(logits.shape[-1], device=logits.device) == emo_unknown_id
@@ -142,7 +144,7 @@ def head(x: torch.Tensor, ln_w: torch.Tensor, ln_b: torch.Tensor, eps: float, lo
     ids = logits.argmax(-1)
     if tag_ids is None:
         return ids
-    return ids, *scores(logits, tag_ids, ids)
+    return ids, *scores(logits, tag_ids, ids), h
 
 
 def scores(logits: torch.Tensor, tag_ids: torch.Tensor, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -224,7 +226,7 @@ class FusedModel:
     def forward_fused(self, x, lengths, ban_emo_unk, return_logits: bool = False, compiled: bool | None = None,
                       with_scores: bool = False):
         """x [B, T, D_in] (compute dtype), lengths [B], ban_emo_unk [B] bool -> ids [B, T] (or
-        logits; or (ids, logp, tags) ``with_scores``: :func:`head`). ``compiled=True`` runs the
+        logits; or (ids, logp, tags, hidden) ``with_scores``: :func:`head`). ``compiled=True`` runs the
         compiled functions even before ``ready`` (compiling)."""
         block, head_fn, mark = self._functions()
         if compiled and self.compiled is not None:

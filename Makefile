@@ -32,7 +32,7 @@ PYTEST := $(BIN)/python -m pytest -q --durations=25
 # the suite in parallel (a file per worker at a time), then the timing-sensitive files (marker serial,
 # tests/conftest.py SERIAL_FILES) alone; $(1) / $(2): more options for each run; $$rc: 0 if both passed
 run_tests = rc=0; \
-	$(PYTEST) $(1) -n $(TEST_WORKERS) --dist loadfile -m "not serial" tests || rc=$$?; \
+	$(PYTEST) $(1) -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder -m "not serial" tests || rc=$$?; \
 	$(PYTEST) $(2) -m serial tests || rc=$$?
 COVERAGE_DIR := $(CURDIR)/.cache/coverage
 COV := --cov=pipeline --cov-config=.coveragerc --cov-report=

@@ -56,6 +56,15 @@ INTEGRATION_FILES = {
 # worker's re-decode moving on at 2 s across four app processes.
 SERIAL_FILES = {"test_live_distributed", "test_live_fairness"}
 SERIAL = "timing-sensitive: make test runs these alone, after the parallel run (tests/conftest.py SERIAL_FILES)"
+# pytest-xdist hands each worker a whole file at a time, by default the files with the most tests
+# first: a file of a few slow tests (app processes started and killed) handed out last kept one worker
+# busy alone at the end. Under xdist these files go first, the longest first (seconds of their tests
+# in one serial make test, --durations), then the others with the most tests first.
+LONGEST_FIRST = (
+    "test_reliability", "test_web_siblings", "test_distributed", "test_observability_live",
+    "test_browser_desk", "test_watchdog", "test_load_test_bench", "test_realtime", "test_event_fanout",
+    "test_browser_live", "test_hostile_exports",
+)
 _UNIT_GUARD = {"unit": False}  # True while a unit test is set up and runs: a server there is a mistake
 
 
@@ -80,6 +89,8 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(getattr(pytest.mark, tier))
         if Path(str(item.fspath)).stem in SERIAL_FILES and not item.get_closest_marker("serial"):
             item.add_marker(pytest.mark.serial)
+    if os.environ.get("PYTEST_XDIST_WORKER"):  # make test passes --no-loadscope-reorder: this order holds
+        items[:] = _longest_first(items)
     import torch
 
     if torch.cuda.is_available():
@@ -88,6 +99,17 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "requires_cuda" in item.keywords:
             item.add_marker(skip)
+
+
+def _longest_first(items: list) -> list:
+    """Whole files, LONGEST_FIRST's in its order, then the rest by their number of tests (the most
+    first), each file's tests in their own order."""
+    files: dict[str, list] = {}
+    for item in items:
+        files.setdefault(Path(str(item.fspath)).stem, []).append(item)
+    rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
+    order = sorted(files, key=lambda name: (0, rank[name]) if name in rank else (1, -len(files[name])))
+    return [item for name in order for item in files[name]]
 
 
 @pytest.hookimpl(tryfirst=True)

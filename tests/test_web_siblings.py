@@ -59,11 +59,16 @@ def test_work_items_and_errors_cross_the_wire_unchanged():
     assert isinstance(wire.error_from_head(wire.error_head(StorageError("disk"))), StorageError)
 
 
-def test_only_the_hot_rest_routes_are_the_siblings_own():
+def test_the_submits_and_the_store_reads_are_the_siblings_own():
     assert owned("POST", "/api/jobs") and owned("GET", "/api/jobs/abc") and owned("POST", "/v1/audio/transcriptions")
+    for method, path in [("GET", "/api/jobs/abc/result"), ("HEAD", "/api/jobs/abc/audio"),
+                         ("GET", "/api/jobs/abc/review"), ("GET", "/v1/models"), ("GET", "/v1/models/sensevoice-small")]:
+        assert owned(method, path), (method, path)
     for method, path in [("GET", "/ui/"), ("GET", "/api/jobs/abc/export"), ("DELETE", "/api/jobs/abc"),
-                         ("GET", "/metrics"), ("GET", "/readyz"), ("POST", "/api/batches"), ("GET", "/api/stream")]:
-        assert not owned(method, path)
+                         ("GET", "/metrics"), ("GET", "/readyz"), ("POST", "/api/batches"), ("GET", "/api/stream"),
+                         ("PATCH", "/api/jobs/abc/review"), ("GET", "/api/jobs/abc/events"),
+                         ("GET", "/api/jobs/abc/result/x"), ("GET", "/api/jobs/a/b/audio"), ("POST", "/v1/models")]:
+        assert not owned(method, path), (method, path)
 
 
 def test_web_processes_auto_is_one_on_a_cpu_host_and_never_beside_redis(tmp_path):
@@ -384,13 +389,41 @@ def test_a_long_recording_is_split_by_the_sibling_and_finished_by_the_owner(pair
     assert r.json()["status"] == "done" and len(r.json()["result"]["segments"]) >= 2
 
 
+def test_a_sibling_answers_the_store_reads_itself(pair, speech_clip):
+    """Exports, the recording, the review and the models are read from the store by the sibling
+    (counted on its own metrics, never on the owner's), the same bytes as the owner answers."""
+    owner, sib, siblings = pair
+    mine, theirs = siblings.front.local.state.runtime.metrics.registry, siblings.owner_runtime.metrics.registry
+
+    def count(registry, route: str) -> float:
+        return registry.get_sample_value("sensevoice_http_requests_total",
+                                         {"method": "GET", "route": route, "status": "200"}) or 0.0
+
+    jid = submit(sib, speech_clip, wait=60).json()["id"]
+    routes = ["/api/jobs/{job_id}/result", "/api/jobs/{job_id}/audio", "/api/jobs/{job_id}/review", "/v1/models"]
+    before = [(count(mine, r), count(theirs, r)) for r in routes]
+    export = httpx.get(f"{sib}/api/jobs/{jid}/result", params={"format": "srt"}, timeout=30)
+    assert export.status_code == 200 and "-->" in export.text
+    assert export.content == httpx.get(f"{owner}/api/jobs/{jid}/result", params={"format": "srt"}, timeout=30).content
+    assert httpx.get(f"{sib}/api/jobs/{jid}/audio", timeout=30).content == speech_clip.read_bytes()
+    review = httpx.get(f"{sib}/api/jobs/{jid}/review", timeout=30)
+    assert review.status_code == 200 and review.json() == httpx.get(f"{owner}/api/jobs/{jid}/review", timeout=30).json()
+    assert httpx.get(f"{sib}/v1/models", timeout=30).json() == httpx.get(f"{owner}/v1/models", timeout=30).json()
+    after = [(count(mine, r), count(theirs, r)) for r in routes]
+    # the sibling answered each once; the owner only its own direct requests (export, review, models)
+    assert [a[0] - b[0] for a, b in zip(after, before)] == [1, 1, 1, 1], (before, after)
+    assert [a[1] - b[1] for a, b in zip(after, before)] == [1, 0, 1, 1], (before, after)
+    missing = httpx.get(f"{sib}/api/jobs/{new_job_id()}/result", timeout=30)
+    assert missing.status_code == 404 and missing.json()["error"]["code"] == "job_not_found"
+
+
 def test_everything_else_is_relayed_to_the_owner(pair, speech_clip):
     owner, sib, _ = pair
     assert httpx.get(sib + "/ui/", timeout=30).status_code == 200
     jid = submit(sib, speech_clip, wait=60).json()["id"]
-    export = httpx.get(f"{sib}/api/jobs/{jid}/result", params={"format": "srt"}, timeout=30)
-    assert export.status_code == 200 and "-->" in export.text
-    assert httpx.get(f"{sib}/api/jobs/{jid}/audio", timeout=30).content == speech_clip.read_bytes()
+    with httpx.stream("GET", f"{sib}/api/jobs/{jid}/events", timeout=30) as events:  # the owner's stream
+        assert events.status_code == 200 and events.headers["content-type"].startswith("text/event-stream")
+        assert '"done"' in next(events.iter_text())
     assert "sensevoice_" in httpx.get(sib + "/metrics", timeout=30).text
     # a guard of the owner answers the same through the relay
     refused = httpx.post(sib + "/api/batches", headers={"Origin": "http://evil.example"}, timeout=30)

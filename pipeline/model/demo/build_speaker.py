@@ -61,7 +61,7 @@ def calibration_clips(seed: int, n: int = CALIBRATION_CLIPS) -> np.ndarray:
     return np.stack(clips)
 
 
-def build_speaker_weights(seed: int = 0) -> dict[str, torch.Tensor]:
+def build_speaker_weights(seed: int = 0, clips: int = CALIBRATION_CLIPS) -> dict[str, torch.Tensor]:
     """The demo state dict: the seeded random CAM++ with BatchNorm statistics measured on
     :func:`calibration_clips` (one pass in train mode with cumulative averaging, weights unchanged)."""
     from pipeline.model.speaker import CAMPPlus, SpeakerFrontend
@@ -76,7 +76,7 @@ def build_speaker_weights(seed: int = 0) -> dict[str, torch.Tensor]:
         if isinstance(m, torch.nn.modules.batchnorm._BatchNorm):
             m.reset_running_stats()
             m.momentum = None  # cumulative average over the calibration batches
-    feats = SpeakerFrontend()(torch.from_numpy(calibration_clips(seed)))
+    feats = SpeakerFrontend()(torch.from_numpy(calibration_clips(seed, clips)))
     model.train()
     with torch.no_grad():
         for chunk in feats.split(16):

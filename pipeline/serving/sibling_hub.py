@@ -46,8 +46,10 @@ class SiblingHub:
         self.broker, self.remember, self.state = broker, remember, state
         self.body_of = body_of  # a finished job's poll body (None: not known here), sent to the siblings
         self.device = torch.device(device)  # where this process's own uploads' waves wait (its GPU)
-        self._listener = Listener(path, family="AF_UNIX", backlog=64)  # (no authkey: each connection's
-        self._stopped = threading.Event()                              # challenge runs in its own thread)
+        # no authkey here: Listener.accept would run each challenge in the accepting thread, where a
+        # peer that says nothing holds up every other; it runs in the connection's own (``_serve``)
+        self._listener = Listener(path, family="AF_UNIX", backlog=64)
+        self._stopped = threading.Event()
         self._conns: dict[wire.Wire, None] = {}  # the siblings' connections, in the order they came
         self._pushes: queue.SimpleQueue = queue.SimpleQueue()
         self._pusher = threading.Thread(target=self._push, name="sensevoice-hub-push", daemon=True)

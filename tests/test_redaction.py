@@ -249,5 +249,19 @@ def test_hostile_text_never_raises():
     assert find_spans("1" * 5000, KINDS)[0].kind == "digits"
 
 
+
+def test_the_option_is_validated_and_stored_with_the_job():
+    from pipeline.domain.types import TranscribeOptions
+    from pipeline.serving.records import dump_options, load_options
+
+    assert TranscribeOptions(redact="pii").redact == KINDS
+    assert TranscribeOptions(redact="phone, card") == TranscribeOptions(redact=("card", "phone"))
+    assert TranscribeOptions(redact="").redact == TranscribeOptions(redact=None).redact == ()
+    with pytest.raises(InvalidOption, match="unknown redact kind 'ssn'"):
+        TranscribeOptions(redact="card,ssn")
+    o = TranscribeOptions(redact="email,id", languages="zh,en")
+    assert load_options(dump_options(o)) == o
+    assert "redact" not in dump_options(TranscribeOptions())  # rows of before read as they did
+
 if __name__ == "__main__":
     print(fixture_figures())

@@ -49,6 +49,9 @@ class TranscribeOptions:
     speakers: int | None = None
     min_speakers: int | None = None
     max_speakers: int | None = None
+    # personal data masked in the result before it is stored (pipeline/domain/redaction.py): the
+    # kinds, from "pii" (all) or a comma list such as "card,phone"; () = none
+    redact: tuple[str, ...] = ()
 
     @property
     def wants_speakers(self) -> bool:
@@ -64,6 +67,13 @@ class TranscribeOptions:
             object.__setattr__(self, "hotwords", parse_hotwords(self.hotwords))
         elif not self.hotwords:
             object.__setattr__(self, "hotwords", ())
+
+        if self.redact:
+            from pipeline.domain.redaction import parse_redact
+
+            object.__setattr__(self, "redact", parse_redact(self.redact))
+        elif self.redact != ():
+            object.__setattr__(self, "redact", ())
 
         if self.language not in REQUEST_LANGUAGES:
             raise InvalidOption(

@@ -105,6 +105,8 @@ def dump_options(o: TranscribeOptions) -> str:
     for name in ("diarize", "speakers", "min_speakers", "max_speakers"):  # the same: when set
         if getattr(o, name):
             d[name] = getattr(o, name)
+    if o.redact:  # when set (a worker of the previous release cannot build these options, so it
+        d["redact"] = list(o.redact)  # never stores such a job's text unredacted)
     return json.dumps(d)
 
 

@@ -155,3 +155,45 @@ def hotwords_from_prompt(prompt: str | None) -> tuple[Hotword, ...]:
 def dump_hotwords(hotwords: Iterable[Hotword]) -> list[list]:
     """The stored form: [[term, weight], ...] (read back by :func:`parse_hotwords`)."""
     return [[h.term, h.weight] for h in hotwords]
+
+
+FUNASR_WEIGHT_SCALE = 10.0  # FunASR's clients weigh terms around 10-40: divided by this, bounded
+
+
+def hotwords_from_funasr(value) -> tuple[Hotword, ...]:
+    """FunASR's ``hotwords``: a JSON object ``{"term": weight, ...}`` (as its clients send it, in
+    a text or as an object), or lines of ``term weight`` (its hotword file's form) or of plain
+    terms. FunASR's weights (integers around 20) are divided by ``FUNASR_WEIGHT_SCALE`` and
+    bounded to [MIN_WEIGHT, MAX_WEIGHT]; the list's other bounds are :func:`parse_hotwords`'s."""
+    if value is None or value == "":
+        return ()
+    if isinstance(value, str):
+        if len(value) > MAX_TEXT_CHARS:
+            raise InvalidOption(f"hotwords: the list is longer than {MAX_TEXT_CHARS} characters")
+        text = value.strip()
+        if text.startswith("{"):
+            try:
+                value = json.loads(text)
+            except ValueError:
+                raise InvalidOption("hotwords: the text starts with '{' but is not a JSON object") from None
+        else:
+            value = {}
+            for line in (raw.strip() for raw in text.splitlines() if raw.strip()):
+                head, _, tail = line.rpartition(" ")
+                try:
+                    value[head.strip() if head.strip() else line] = float(tail) if head.strip() else None
+                except ValueError:
+                    value[line] = None
+    if not isinstance(value, dict):
+        raise InvalidOption('hotwords: give a JSON object {"term": weight, ...} or lines of "term weight"')
+    if len(value) > MAX_TERMS:
+        raise InvalidOption(f"hotwords: {len(value)} terms; at most {MAX_TERMS} are accepted")
+    items = []
+    for term, weight in value.items():
+        if weight is None:
+            items.append(Hotword(str(term)))
+            continue
+        if isinstance(weight, bool) or not isinstance(weight, (int, float)) or not math.isfinite(weight):
+            raise InvalidOption(f"hotwords: the weight of {str(term)[:30]!r} is not a number")
+        items.append(Hotword(str(term), min(max(weight / FUNASR_WEIGHT_SCALE, MIN_WEIGHT), MAX_WEIGHT)))
+    return _unique(items)

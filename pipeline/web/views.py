@@ -38,7 +38,10 @@ def job_json(job: Job) -> dict:
                     "split_channels": job.options.split_channels,
                     "word_timestamps": job.options.word_timestamps,
                     # the allow-list as it was sent ("zh,en"), only when one was
-                    **({"languages": ",".join(job.options.languages)} if job.options.languages else {})},
+                    **({"languages": ",".join(job.options.languages)} if job.options.languages else {}),
+                    # the hotwords one a line ("term" or "term:weight"), only when there are some
+                    **({"hotwords": "\n".join(h.to_text() for h in job.options.hotwords)}
+                       if job.options.hotwords else {})},
         "progress": job.meta.get("progress"),
         # the reviewer's text where corrected, the model's kept beside it (pipeline/domain/review.py)
         "result": result_with_review(job.result, job.meta.get("review")) if job.result else None,

@@ -76,6 +76,9 @@ def build_jobs_router(settings, intake: Intake, view: JobView, bodies: PollBodie
                                          "times (CTC-aligned); subtitles are cut at them"),
             languages: str = Form("", description="a language allow-list, e.g. 'zh,en': the "
                                   "language is detected only among these (empty: any)"),
+            hotwords: str = Form("", description="words or phrases to favour, one a line "
+                                 "('term' or 'term:weight', weight 0.1-10, default 2) or a JSON "
+                                 "list; at most 1,000 (docs/API.md)"),
             wait: str | None = Query(None, description="seconds to wait for the result: 200 with "
                                      "the finished job if it ends in time, else 202")):
         """Submit a recording: 202 with the job's id (poll GET /api/jobs/{id}); with ``?wait=``,
@@ -84,7 +87,7 @@ def build_jobs_router(settings, intake: Intake, view: JobView, bodies: PollBodie
         timeout = wait_seconds(wait, settings.limits.request_wait_s)
         options = TranscribeOptions(language=language, use_itn=use_itn, ban_emo_unk=ban_emo_unk,
                                     split_channels=split_channels, word_timestamps=word_timestamps,
-                                    languages=languages)
+                                    languages=languages, hotwords=hotwords)
         job = await submit_upload(request, intake, file, options, Lane.BULK)
         headers = {"Location": f"/api/jobs/{job.id}"}
         if timeout is not None:

@@ -12,9 +12,12 @@ interactive lane); the handler waits for it on the event loop, holding no thread
   such as ``en-US`` or an English name such as ``english`` is read too; ``auto`` or none = detect;
   a comma list such as ``zh,en`` is an allow-list: the language is detected only among those;
   any other 400), ``response_format`` (``json`` | ``text`` | ``srt`` | ``vtt`` |
-  ``verbose_json``), ``timestamp_granularities[]`` (``segment`` | ``word``). ``prompt`` and
-  ``temperature`` (and OpenAI's other fields) are accepted and ignored: SenseVoice decodes
-  greedily without a prompt. ``stream=true`` is refused (400). SenseVoice's own extras:
+  ``verbose_json``), ``timestamp_granularities[]`` (``segment`` | ``word``). ``prompt`` is read
+  as hotwords when it is a list of short terms (items separated by commas, semicolons or lines,
+  each at most 4 words and 40 characters, ``term`` or ``term:weight``, and no sentence
+  punctuation: ``"Kubernetes, New York:3"``; :func:`pipeline.domain.hotwords.hotwords_from_prompt`);
+  prose is ignored, as are ``temperature`` and OpenAI's other fields: SenseVoice takes no text
+  prompt. ``stream=true`` is refused (400). SenseVoice's own extras:
   ``split_channels`` (a stereo call, one speaker per channel) and ``use_itn``, which the OpenAI
   client sends with ``extra_body``.
 * **Answers**: ``json`` ``{"text", "usage"}``; ``text`` the text (``text/plain``); ``srt`` and
@@ -57,6 +60,7 @@ from fastapi.routing import APIRoute
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from pipeline.domain.errors import InvalidOption, SenseVoiceError
+from pipeline.domain.hotwords import hotwords_from_prompt
 from pipeline.domain.tags import AUTO_LANGUAGE, LANGUAGE_TABLE, NO_SPEECH
 from pipeline.domain.types import Job, JobState, Lane, TranscribeOptions
 from pipeline.web.auth import require_token
@@ -271,7 +275,7 @@ def build_openai_router(settings, intake: Intake, view: JobView) -> APIRouter:
             file: UploadFile = File(...),
             model: str | None = Form(None),
             language: str | None = Form(None),
-            prompt: str | None = Form(None),  # accepted, ignored
+            prompt: str | None = Form(None),  # hotwords when a list of short terms, else ignored
             response_format: str = Form("json"),
             temperature: str | None = Form(None),  # accepted, ignored (greedy decoding)
             granularities: list[str] = Form([], alias="timestamp_granularities[]"),
@@ -292,7 +296,7 @@ def build_openai_router(settings, intake: Intake, view: JobView) -> APIRouter:
         prompt_language, allowed = sensevoice_languages(language)
         options = TranscribeOptions(
             language=prompt_language, languages=allowed, use_itn=use_itn,
-            split_channels=split_channels,
+            split_channels=split_channels, hotwords=hotwords_from_prompt(prompt),
             word_timestamps="word" in asked or response_format in ("srt", "vtt"))
         job = await submit_upload(request, intake, file, options, Lane.INTERACTIVE)
         waited = settings.limits.request_wait_s

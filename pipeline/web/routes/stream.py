@@ -39,8 +39,10 @@ upgrade, as an error frame and a close, so that a browser can read the reason.
 **FunASR.** The first text frame is FunASR's JSON (``mode`` offline | online | 2pass, ``wav_name``,
 ``is_speaking``, ``itn``, ``audio_fs``, ``wav_format`` pcm, ``svs_lang`` / ``svs_itn`` as FunASR's
 SenseVoice runtime reads them (``svs_lang`` also takes an allow-list: ``"zh,en"`` or
-``["zh", "en"]``, the language detected only among these); ``chunk_size``, ``chunk_interval``, ``hotwords`` and the look-backs
-are accepted and ignored), then binary PCM, then ``{"is_speaking": false}``. Answers:
+``["zh", "en"]``, the language detected only among these), ``hotwords`` (FunASR's
+``{"term": weight}``, its weights around 20 divided by 10 and bounded to 0.1-10; or lines of
+``term weight``: the recording is decoded with them, :mod:`pipeline.model.hotwords`);
+``chunk_size``, ``chunk_interval`` and the look-backs are accepted and ignored), then binary PCM, then ``{"is_speaking": false}``. Answers:
 ``{"mode", "wav_name", "text", "is_final", "timestamp"}`` plus SenseVoice's ``raw_text`` and
 ``segment``. Finals are its offline messages (``2pass-offline``, or ``offline``), partials its
 online ones (``2pass-online``, or ``online``) whose ``text`` is, as FunASR's, the part to append:
@@ -68,6 +70,7 @@ from pipeline.audio.stream_vad import MAX_RATE, MIN_RATE
 from pipeline.domain.errors import (FrameTooLarge, IdleTimeout, InvalidMessage, InvalidOption,
                                     LinkExpired, QuietStreamYielded, SenseVoiceError,
                                     StreamTimeLimit, StreamTooLong, Unauthorized, WsClose)
+from pipeline.domain.hotwords import Hotword, hotwords_from_funasr
 from pipeline.domain.tags import AUTO_LANGUAGE, REQUEST_LANGUAGES, SAMPLE_RATE_HZ
 from pipeline.domain.types import TranscribeOptions
 from pipeline.serving.live import Caption, LiveHub, LiveSession
@@ -385,6 +388,7 @@ class FunAsrConfig:
     language: str = AUTO_LANGUAGE
     languages: tuple[str, ...] = ()  # the allow-list (svs_lang as a list); () = any
     audio_fs: int = SAMPLE_RATE_HZ
+    hotwords: tuple[Hotword, ...] = ()  # FunASR's {"term": weight} (pipeline/domain/hotwords.py)
 
     def update(self, message: dict) -> None:
         if "mode" in message and message["mode"] is not None:
@@ -401,6 +405,8 @@ class FunAsrConfig:
             self.language, self.languages = _funasr_language(message["svs_lang"])
         if message.get("audio_fs") is not None:
             self.audio_fs = _rate(message["audio_fs"], "audio_fs")
+        if message.get("hotwords"):
+            self.hotwords = hotwords_from_funasr(message["hotwords"])
         fmt = message.get("wav_format")
         if fmt is not None and str(fmt).lower() != "pcm":
             raise InvalidOption(f"this server takes PCM streams only (wav_format 'pcm'), not "
@@ -484,7 +490,8 @@ class FunAsrStream:
         """One recording: from its first frame (or JSON) to ``is_speaking: false``."""
         self._reset()
         options = TranscribeOptions(language=self.config.language, use_itn=self.config.itn,
-                                    word_timestamps=True, languages=self.config.languages)
+                                    word_timestamps=True, languages=self.config.languages,
+                                    hotwords=self.config.hotwords)
         async with self.hub.stream(options, self.config.audio_fs, self.emit,
                                    client_of(self.ws)) as session, \
                 failing_with(session):
@@ -498,6 +505,7 @@ class FunAsrStream:
                     await self.finished()
                     return
                 # another configuration mid-stream (FunASR's clients resend hotwords): ignored
+                # (the recording's hotwords are those its first configuration gave)
 
     async def emit(self, caption: Caption) -> None:
         mode = self.config.mode

@@ -1,0 +1,117 @@
+"""Hotwords on every face of the real app (demo model, loopback): the REST field on jobs and
+batches, the OpenAI ``prompt`` through the official client, FunASR's ``hotwords`` through the
+published ``funasr-client``; each list reaches the engine with its job (the worker's hand-off)
+and is stored with it; hostile lists are refused with the reason."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import httpx
+import openai
+import pytest
+
+from pipeline.domain.hotwords import Hotword
+from pipeline.web.links import live_query
+from tests.conftest import LiveServer, make_settings
+
+TOKEN = "hot-token"
+
+
+@pytest.fixture(scope="module")
+def server(demo_dir, tmp_path_factory):
+    live = LiveServer(make_settings(demo_dir, tmp_path_factory.mktemp("hotwords"), api_token=TOKEN,
+                                    ui=False)).start()
+    yield live
+    live.stop()
+
+
+@pytest.fixture(scope="module")
+def clip(speech_clip):
+    return speech_clip
+
+
+@pytest.fixture
+def seen(server, monkeypatch) -> list:
+    """The options of every item the engine is given (the worker's hand-off)."""
+    got = []
+    for worker in server.runtime.pool.workers:
+        engine = worker.engine
+        launch = engine.transcribe_async
+
+        def spy(waves, options, launch=launch):
+            got.extend(options)
+            return launch(waves, options)
+
+        monkeypatch.setattr(engine, "transcribe_async", spy)
+    return got
+
+
+def _headers():
+    return {"Authorization": f"Bearer {TOKEN}"}
+
+
+def _submit(server, path, **fields):
+    with open(path, "rb") as f:
+        return httpx.post(server.url + "/api/jobs?wait=60", headers=_headers(), files={"file": f},
+                          data=fields, timeout=90)
+
+
+def test_rest_hotwords_reach_the_engine_and_are_stored_with_the_job(server, clip, seen):
+    r = _submit(server, clip, hotwords="Kubernetes\nNew York:3")
+    assert r.status_code == 200, r.text
+    job = server.runtime.broker.get(r.json()["id"])
+    want = (Hotword("Kubernetes"), Hotword("New York", 3.0))
+    assert job.options.hotwords == want
+    assert any(o.hotwords == want for o in seen)
+
+
+def test_rest_hotwords_as_a_json_list(server, clip, seen):
+    r = _submit(server, clip,
+                hotwords=json.dumps(["speech:4", {"term": "北京"}]))
+    assert r.status_code == 200, r.text
+    assert server.runtime.broker.get(r.json()["id"]).options.hotwords == (Hotword("speech", 4.0), Hotword("北京"))
+
+
+@pytest.mark.parametrize("hotwords, message", [
+    ("\n".join(f"term{i}" for i in range(10_000)), "at most 1000"),
+    ("Kubernetes:99", "between 0.1 and 10"),
+    ("<|en|>", "tag"),
+])
+def test_hostile_lists_are_refused_with_the_reason(server, clip, hotwords, message):
+    r = _submit(server, clip, hotwords=hotwords)
+    assert r.status_code == 400
+    assert r.json()["error"]["code"] == "invalid_option" and message in r.json()["error"]["message"]
+
+
+def test_a_batch_gives_its_list_to_every_recording(server, clip):
+    path = clip
+    with open(path, "rb") as a, open(path, "rb") as b:
+        r = httpx.post(server.url + "/api/batches", headers=_headers(), timeout=90,
+                       files=[("files", ("a.wav", a)), ("files", ("b.wav", b))], data={"hotwords": "speech:3"})
+    assert r.status_code == 200, r.text
+    ids = [j["id"] for j in r.json()["jobs"]]
+    assert len(ids) == 2
+    for job_id in ids:
+        assert server.runtime.broker.get(job_id).options.hotwords == (Hotword("speech", 3.0),)
+
+
+def test_openai_prompt_of_terms_is_read_as_hotwords_and_prose_is_not(server, clip, seen):
+    client = openai.OpenAI(base_url=server.url + "/v1", api_key=TOKEN, max_retries=0, timeout=120)
+    path = clip
+    with open(path, "rb") as f:
+        client.audio.transcriptions.create(file=f, model="whisper-1", prompt="Kubernetes, New York:3")
+    assert seen[-1].hotwords == (Hotword("Kubernetes"), Hotword("New York", 3.0))
+    with open(path, "rb") as f:
+        client.audio.transcriptions.create(file=f, model="whisper-1", prompt="A talk about Kubernetes.")
+    assert seen[-1].hotwords == ()
+
+
+def test_funasr_client_hotwords_are_honoured(server, clip, seen):
+    from funasr_client import async_file_asr
+
+    path = clip
+    uri = server.url.replace("http", "ws") + "/api/stream/funasr?" + live_query(TOKEN)
+    asyncio.run(async_file_asr(path, uri, mode="offline", hotwords={"speech": 20, "北京": 40}))
+    assert any(o.hotwords == (Hotword("speech", 2.0), Hotword("北京", 4.0)) for o in seen)

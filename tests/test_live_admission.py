@@ -99,6 +99,26 @@ def test_a_worker_process_reports_what_an_api_process_reads():
     assert rate == pytest.approx(profile.rate(BUDGET)) and age == 0.0
 
 
+def test_a_size_not_run_lately_no_longer_counts():
+    """The lane's figure is what its batches cost now: a batch size measured while the machine
+    was idle (16 re-decodes in 64 ms) stops counting once the lane has run for FRESH_S without
+    it, under a load that makes one re-decode take 50 ms -- 20/s, not the idle 250/s. A lane
+    gone quiet keeps the figures of its last busy seconds."""
+    clock = Clock()
+    profile = BatchProfile(max_batch=64, clock=clock)
+    profile.batch(16, 0.064)
+    profile.batch(1, 0.05)
+    assert profile.rate(BUDGET) >= 250  # the idle size still counts (and predicts larger batches)
+    clock.t += BatchProfile.FRESH_S + 1
+    profile.batch(1, 0.05)
+    assert profile.points() == [(1, pytest.approx(0.05))]
+    assert profile.rate(BUDGET) == pytest.approx(20)
+    rate, _ = report_rate(profile.report(), BUDGET)  # what a worker reports to the api processes
+    assert rate == pytest.approx(20)
+    clock.t += 600  # quiet for ten minutes: the last figures stand
+    assert profile.rate(BUDGET) == pytest.approx(20)
+
+
 # ---------------------------------------------------------------------------- the streams' demand
 def talking(n: int, age: float = 20.0, share: float = 0.6) -> list[StreamLoad]:
     return [StreamLoad(age, share * age) for _ in range(n)]
@@ -209,6 +229,71 @@ def test_the_hub_admits_from_the_measured_capacity_and_refuses_past_it():
     n, refusal = asyncio.run(go())
     expected = int(0.8 * 10 / (LiveAdmission(0.4, BUDGET).k * LiveAdmission.PRIOR_VOICED_SHARE))
     assert n == expected and "re-decodes/s" in refusal and "budget" in refusal
+
+
+class _ProbedLane:
+    """decode_live answered at once; records each re-decode's audio length, and as a worker
+    would, times the probe's batch into the profile when the test says so."""
+
+    def __init__(self):
+        self.sizes: list[int] = []
+
+    def decode_live(self, wave, options, final=False):
+        from pipeline.model.engine import EngineOutput
+
+        self.sizes.append(int(wave.shape[-1]))
+        f: Future = Future()
+        f.set_result(EngineOutput((), ""))
+        return f
+
+
+async def _open(hub, n: int) -> list:
+    async def emit(caption):
+        pass
+
+    held = []
+    for _ in range(n):
+        cm = hub.stream(TranscribeOptions(), 16000, emit)
+        held.append(await cm.__aenter__())
+        held[-1].cm = cm
+    return held
+
+
+async def _close(held: list) -> None:
+    for s in held:
+        s.abort()
+        await s.cm.__aexit__(None, None, None)
+
+
+def test_a_cold_lane_is_probed_when_streams_come_not_calibrated_at_start_up():
+    """No live batch has run: the first stream is admitted by the guard for young streams and
+    the lane is probed with one batch of PROBE_SIZE re-decodes of PROBE_AUDIO_S (through the
+    live lane, as a stream's are), once per PROBE_EVERY_S while no figure has come; once the
+    lane has a figure, admission reads it and probes no more."""
+    from pipeline.config import Settings
+    from pipeline.serving.live import LiveHub, LiveLimits
+    from tests.test_stream import health
+
+    clock = Clock()
+    profile = BatchProfile(max_batch=64, clock=clock)
+    lane = _ProbedLane()
+    hub = LiveHub(Settings(), lane.decode_live, health(), limits=LiveLimits(),
+                  capacity=LocalLaneCapacity(profile), clock=clock)
+    probe = [int(LiveHub.PROBE_AUDIO_S * 16000)] * LiveHub.PROBE_SIZE
+
+    async def go():
+        held = await _open(hub, 2)
+        assert lane.sizes == probe  # the first admission probed; the second, 0 s later, did not
+        clock.t += LiveHub.PROBE_EVERY_S
+        held += await _open(hub, 1)
+        assert lane.sizes == probe * 2  # still no figure: probed again
+        profile.batch(LiveHub.PROBE_SIZE, 0.16)  # the worker timed the probe's batch: 100/s
+        clock.t += LiveHub.PROBE_EVERY_S
+        held += await _open(hub, 20)  # 0.8 x 100 / 1.74 = 45 fit: the 20 at once, no probe
+        assert lane.sizes == probe * 2
+        await _close(held)
+
+    asyncio.run(go())
 
 
 # ---------------------------------------------------------------------------- gathered batches

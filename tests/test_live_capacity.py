@@ -18,7 +18,7 @@ from pipeline.domain.types import Lane, TranscribeOptions
 from pipeline.model.engine import EngineOutput
 from pipeline.serving.live import LaneLoad, LiveLimits
 from pipeline.serving.scheduler import LIVE_FINAL_RANK, LIVE_RANK, Scheduler, WorkItem
-from tests.test_stream import FRAME, RATE, fake_hub, speech  # noqa: F401 (the fixture)
+from tests.test_stream import FRAME, RATE, FakeService, fake_hub, speech  # noqa: F401 (the fixture)
 
 
 class Clock:
@@ -165,16 +165,20 @@ def test_no_partial_when_nothing_was_voiced_since_the_last_one():
 
 class _RunningLane:
     """decode_live whose futures start running at once (as a worker's batch does): finals are
-    answered at once, partials only when the test says so; records what was submitted."""
+    answered at once, partials only when the test says so; records what was submitted. A final
+    is told from a partial by its options (the session asks finals with word timestamps, its
+    partials without); ``urgent`` records which were queued as finals are (final=True)."""
 
     def __init__(self):
-        self.calls: list[tuple[bool, Future]] = []
+        self.calls: list[tuple[bool, Future]] = []  # (a final, its future)
+        self.urgent: list[bool] = []
 
     def decode_live(self, wave, options, final=False):
         f: Future = Future()
         f.set_running_or_notify_cancel()
-        self.calls.append((final, f))
-        if final:
+        self.calls.append((options.word_timestamps, f))
+        self.urgent.append(final)
+        if options.word_timestamps:
             f.set_result(EngineOutput((), "<|en|><|NEUTRAL|><|Speech|><|withitn|>words"))
         return f
 
@@ -191,7 +195,7 @@ def test_a_final_is_queued_without_waiting_for_its_utterances_running_partial(sp
 
     async def go():
         first = speech.pcm[:int((speech.spans[0][1] + 1.0) * RATE) * 2]  # a sentence, a pause
-        async with hub.stream(TranscribeOptions(), RATE, emit) as session:
+        async with hub.stream(TranscribeOptions(word_timestamps=True), RATE, emit) as session:
             for i in range(0, len(first), FRAME):
                 await session.feed(first[i:i + FRAME])
                 await asyncio.sleep(0)  # the driver's turn
@@ -209,6 +213,49 @@ def test_a_final_is_queued_without_waiting_for_its_utterances_running_partial(sp
     assert [c.final for c in captions] == [True] and captions[0].reason == "pause"
     kinds = [final for final, _ in lane.calls]
     assert kinds.index(True) > 0 and kinds.count(True) == 1
+    assert lane.urgent[kinds.index(True)]  # the final is queued ahead of partials
+
+
+def test_an_utterances_first_partial_is_queued_as_a_final_is_and_the_later_ones_are_not(speech):
+    """What a person waits for is the caption appearing: an utterance's first partial goes
+    ahead of the partials of other streams' utterances (final=True: the live lane's top rank,
+    and through Redis a request of the final kind), the partials refining it do not; after a
+    final, the next utterance's first partial is urgent again."""
+    service = FakeService(delay=0.0)
+    asked: list[tuple[bool, bool]] = []  # (a final, queued as one)
+    decode = service.decode_live
+
+    def recording(wave, options, final=False):
+        asked.append((options.word_timestamps, final))
+        return decode(wave, options, final=final)
+
+    service.decode_live = recording
+    hub = fake_hub(service, LiveLimits(partial_interval_s=0.1))
+
+    async def go():
+        async def emit(caption):
+            pass
+
+        async with hub.stream(TranscribeOptions(word_timestamps=True), RATE, emit) as session:
+            t0 = time.monotonic()
+            for i in range(0, len(speech.pcm), FRAME):
+                await session.feed(speech.pcm[i:i + FRAME])
+                await asyncio.sleep(max(0.0, t0 + (i + FRAME) / (2 * RATE) / 4 - time.monotonic()))
+            await session.end()
+
+    asyncio.run(go())
+    finals = [k for k, (final, _) in enumerate(asked) if final]
+    assert len(finals) == len(speech.spans)  # one final per sentence
+    assert all(asked[k][1] for k in finals)  # finals are urgent
+    runs, run = [], []  # each utterance's partials, in the order asked
+    for final, urgent in asked:
+        if final:
+            runs.append(run)
+            run = []
+        else:
+            run.append(urgent)
+    assert len(runs) == len(speech.spans) and all(len(r) >= 2 for r in runs)
+    assert all(r == [True] + [False] * (len(r) - 1) for r in runs)
 
 
 # ---------------------------------------------------------------------------- the scorer

@@ -339,3 +339,74 @@ def test_api_processes_cannot_together_over_admit(broker, redis_url):
         assert a.others() == 0.0
     finally:
         server.stop()
+
+
+def test_a_cold_lane_is_probed_through_the_broker_and_admission_then_reads_the_workers_report(
+        broker, redis_url):
+    """The distributed topology: no worker reports a live batch yet, so an api process's first
+    admission sends the probe's re-decodes through Redis (they reach a worker's scheduler as
+    any stream's do); once the worker has timed that batch, its next beat reports the figure,
+    the api process admits from it, and probes no more."""
+    from pipeline.config import Settings
+    from pipeline.serving.broker import live_decode_via
+    from pipeline.serving.live import LiveHub, LiveLimits
+    from pipeline.serving.live_redis import ClusterCapacity
+    from tests.test_stream import health
+
+    class Clock:
+        t = 1000.0
+
+        def __call__(self):
+            return self.t
+
+    clock = Clock()
+    server, scheduler = worker(broker, "w")
+    asked = []
+
+    def decode(wave, options, final=False):
+        asked.append(int(wave.shape[-1]))
+        return live_decode_via(broker, lambda: None, wave, options, final=final)
+
+    cap = ClusterCapacity(redis.Redis.from_url(redis_url), broker.prefix)
+    hub = LiveHub(Settings(), decode, health(), limits=LiveLimits(), capacity=cap, clock=clock)
+    probe = [int(LiveHub.PROBE_AUDIO_S * 16000)] * LiveHub.PROBE_SIZE
+
+    async def go():
+        async def emit(caption):
+            pass
+
+        held = []
+
+        async def open_one():
+            cm = hub.stream(TranscribeOptions(), 16000, emit)
+            held.append(await cm.__aenter__())
+            held[-1].cm = cm
+
+        await open_one()
+        assert asked == probe
+        got = []
+        deadline = time.monotonic() + 10
+        while len(got) < LiveHub.PROBE_SIZE:  # the probe's re-decodes reach the worker
+            assert time.monotonic() < deadline, "the probe did not reach the worker"
+            for item in await asyncio.to_thread(scheduler.next_batch, 0.05):
+                assert item.audio.shape[-1] == probe[0]
+                answer(item, "<|en|><|NEUTRAL|><|Speech|><|withitn|>")
+                got.append(item)
+        scheduler.live_batches.batch(LiveHub.PROBE_SIZE, 0.16)  # the worker timed it: 100/s
+        deadline = time.monotonic() + 10
+        while cap.rate(0.15) is None:  # the worker's next beat carries its report
+            assert time.monotonic() < deadline
+            await asyncio.sleep(0.02)
+        clock.t += LiveHub.PROBE_EVERY_S
+        for _ in range(10):
+            await open_one()
+        assert asked == probe  # admitted from the report, not probed again
+        for s in held:
+            s.abort()
+            await s.cm.__aexit__(None, None, None)
+
+    try:
+        asyncio.run(go())
+    finally:
+        cap.stop()
+        server.stop()

@@ -107,12 +107,14 @@ class BatchProfile:
     WEIGHT_NEW = 0.2  # a batch's weight in its size's average
     AGE_HALF_LIFE_S = 2.0  # the queue's age is a recent figure: it falls back when batches wait less
     SIZES_KEPT = 16  # batch sizes remembered (the most recent)
+    FRESH_S = 10.0  # a size not run within this of the lane's latest batch no longer counts
 
     def __init__(self, max_batch: int = 64, lanes: int = 1, clock: Callable[[], float] = time.monotonic):
         self.max_batch = max_batch  # the scheduler's
         self.lanes = lanes  # workers batching from it (one per device)
         self.clock = clock
         self._times: dict[int, float] = {}  # size -> seconds (average)
+        self._seen: dict[int, float] = {}  # size -> when a batch of it last ran (the clock's)
         self._age, self._age_at = 0.0, clock()
         self.sizes: Counter = Counter()  # batches run, by size (logged, then cleared)
         self._lock = threading.Lock()
@@ -126,7 +128,9 @@ class BatchProfile:
             old = self._times.pop(size, None)  # re-inserted: the dict keeps the recent sizes last
             self._times[size] = seconds if old is None else \
                 (1 - self.WEIGHT_NEW) * old + self.WEIGHT_NEW * seconds
+            self._seen[size] = self.clock()
             while len(self._times) > self.SIZES_KEPT:
+                del self._seen[next(iter(self._times))]
                 del self._times[next(iter(self._times))]
             age = self._age_now()
             self._age = waited_s if waited_s > age else 0.8 * age + 0.2 * waited_s
@@ -142,9 +146,16 @@ class BatchProfile:
             return self._age_now()
 
     def points(self) -> list[tuple[int, float]]:
-        """(batch size, seconds) as measured, one per size."""
+        """(batch size, seconds) as measured, one per size run within ``FRESH_S`` of the lane's
+        latest batch: what the lane costs now, under the load the machine has now (a CPU shared
+        with the speech detector, the event loop and other processes runs a batch slower than
+        it did idle, and a size seen only then would keep the idle figure). A lane gone quiet
+        keeps the figures of its last busy seconds."""
         with self._lock:
-            return list(self._times.items())
+            if not self._seen:
+                return []
+            latest = max(self._seen.values())
+            return [(b, t) for b, t in self._times.items() if latest - self._seen[b] <= self.FRESH_S]
 
     def rate(self, budget_s: float) -> float | None:
         """Re-decodes per second this lane (``lanes`` workers) can run in batches of at most half

@@ -12,7 +12,9 @@ its protocol (pipeline/web/routes/stream.py serves the native one and FunASR's):
   are cut where the offline splitter cuts a recording.
 * **decodes**: one driver task per stream runs its decodes one at a time through
   ``WorkerPool.decode_live`` (the live lane of the dynamic batcher, above every job lane, batched with
-  whatever the workers run; nothing is stored). Finals go first, in order, and are never dropped.
+  whatever the workers run; nothing is stored). Finals go first, in order, and are never dropped;
+  an utterance's first partial is queued as a final is (the caption appearing is what a person
+  waits for; the partials after it only refine it).
   Otherwise a partial of the utterance in progress starts once ``partial_interval_s`` has passed
   since the previous one started and new speech arrived: a stream whose decodes take longer than
   its audio skips the partials in between (each partial decodes the latest audio), and a partial
@@ -511,7 +513,10 @@ class LiveSession:
         start, end, generation = self.endpointer.start, self.buffer.end, self._generation
         self._partial_started = asyncio.get_running_loop().time()
         self._partial_upto = end
-        out = await self._decode(start, end, self.partial_options, "partial")
+        # the utterance's first caption is as urgent as a final (what a person waits for is the
+        # caption appearing; the partials after it only refine it): it goes ahead of partials
+        out = await self._decode(start, end, self.partial_options, "partial",
+                                 urgent=self._last_partial is None)
         if out is None or generation != self._generation:
             self.stats.partials_dropped += 1
             self.hub.metrics.partials_dropped.inc()
@@ -537,11 +542,14 @@ class LiveSession:
         self.stats.finals += 1
         self.hub.metrics.captions.labels("final").inc()
 
-    async def _decode(self, start: int, end: int, options: TranscribeOptions, kind: str):
-        """The engine's output for ``[start, end)``; None when the decode was withdrawn."""
+    async def _decode(self, start: int, end: int, options: TranscribeOptions, kind: str,
+                      urgent: bool = False):
+        """The engine's output for ``[start, end)``; None when the decode was withdrawn.
+        ``urgent`` (an utterance's first partial) is queued as a final is."""
         wave = torch.from_numpy(self.buffer.view(start, end))
-        # NotReady: the stream ends; a final goes ahead of every partial (final=True)
-        future = self.hub.decode(wave, options, final=True) if kind == "final" \
+        # NotReady: the stream ends; a final (and an utterance's first partial) goes ahead of
+        # every other partial (final=True)
+        future = self.hub.decode(wave, options, final=True) if kind == "final" or urgent \
             else self.hub.decode(wave, options)
         t0 = time.monotonic()
         self.hub.admission.decoded()
@@ -846,14 +854,18 @@ class LiveHub:
                  speech_device: str = "cpu", limits: LiveLimits | None = None,
                  scorer: StreamScorer | None = None,
                  busy_seconds: Callable[[], float] | None = None,
-                 capacity: LaneCapacity | None = None):
+                 capacity: LaneCapacity | None = None,
+                 clock: Callable[[], float] = time.monotonic):
         """``busy_seconds``: the seconds the model has computed so far (this process's workers, or
         in an api process of the distributed topology the worker processes' reports), where the
         lane's busy share is read; None: the share of time a re-decode of its streams is in hand.
         ``capacity``: what the lane has left (:class:`LaneCapacity`); admission refuses a stream
         once the open ones would ask more than ``capacity_share`` of it. None, or not measured
-        yet: the busy share and the guard for young streams hold admission (:class:`LaneLoad`)."""
+        yet: the busy share and the guard for young streams hold admission (:class:`LaneLoad`),
+        and the lane is probed (:meth:`_probe`). ``clock``: the probe's (a test's fake one)."""
         self.settings = settings
+        self.clock = clock
+        self._probed_at = -math.inf
         self.decode = decode  # the live lane (None: this process holds no model)
         self.health = health  # .not_serving(): why the model cannot serve now, or None
         self.limits = limits or LiveLimits.from_settings(settings)
@@ -920,6 +932,34 @@ class LiveHub:
     def _rate(self) -> float | None:
         return None if self.capacity is None else self.capacity.rate(self.limits.latency_budget_s)
 
+    PROBE_SIZE = 16  # re-decodes in a cold lane's probe (one batch where the lane batches them:
+    # the sizes a lane runs under many streams; on a CPU a batch of 4 costs more a re-decode)
+    PROBE_AUDIO_S = 2.0  # each as long as an utterance in progress
+    PROBE_EVERY_S = 5.0  # a probe whose figure has not come (a worker's next report) is sent again
+
+    def _probe(self) -> None:
+        """The lane has no figure yet (no live batch since the process started, or none that
+        the workers report): time one batch of ``PROBE_SIZE`` re-decodes of ``PROBE_AUDIO_S``
+        through the live lane, as any stream's go (queue, batch, reply; in the distributed
+        topology through the broker to a worker, whose next report carries it). Its figure is
+        the lane's under the load the machine has when streams come -- not an idle lane's at
+        start-up -- and the streams' own batches replace it from their first re-decode
+        (:meth:`BatchProfile.points`). Until it comes the guard for young streams admits."""
+        now = self.clock()
+        if self.decode is None or self.capacity is None or now - self._probed_at < self.PROBE_EVERY_S:
+            return
+        self._probed_at = now
+        n = int(self.PROBE_AUDIO_S * SAMPLE_RATE_HZ)
+        wave = torch.randn(n, generator=torch.Generator().manual_seed(38)) * 0.05
+        for _ in range(self.PROBE_SIZE):
+            try:
+                self.decode(wave, TranscribeOptions())  # its answer is not read: the worker timed the batch
+            except SenseVoiceError as e:
+                logger.info("live lane probe not sent: %s", e)
+                return
+        logger.info("live lane has no measured capacity yet: probing it with %d re-decodes of "
+                    "%g s", self.PROBE_SIZE, self.PROBE_AUDIO_S)
+
     def stream_loads(self) -> list[StreamLoad]:
         """The streams holding a slot, as admission weighs them (age, recent speech)."""
         try:
@@ -936,6 +976,7 @@ class LiveHub:
         before that, the busy share and the guard for young streams (:meth:`LaneLoad.refusal`)."""
         rate = self._rate()
         if rate is None:
+            self._probe()
             return self.load.refusal(self.open - len(self._yielding))
         latency = self.load.latency()
         if latency > self.limits.latency_budget_s:

@@ -164,24 +164,6 @@ class Worker(threading.Thread):
             logger.info("live lane: %d batches in the last %.0f s, by size %s", sum(sizes.values()),
                         LIVE_SIZES_LOG_S, dict(sorted(sizes.items())))
 
-    def calibrate_live(self, sizes: Sequence[int] = (1, 4, 16), seconds: float = 3.0) -> None:
-        """Time a few batches of utterance-sized re-decodes once, before serving: live
-        admission's first figure (the lane's own batches refine it from the first stream on).
-        Called by the owner after the engine's warm-up, on its thread."""
-        from pipeline.domain.types import TranscribeOptions
-
-        wave = torch.randn(int(seconds * SAMPLE_RATE_HZ), generator=torch.Generator().manual_seed(0)) * 0.05
-        for size in sorted({min(s, self.scheduler.max_batch) for s in sizes}):
-            batch = ([wave] * size, [TranscribeOptions()] * size)
-            self.engine.transcribe(*batch)  # the first of a size may set things up: not timed
-            times = []
-            for _ in range(3):  # the quickest of three: a start-up elsewhere is not the lane's
-                t0 = time.monotonic()
-                self.engine.transcribe(*batch)
-                times.append(time.monotonic() - t0)
-            self.scheduler.live_batches.batch(size, min(times))
-        self.scheduler.live_batches.take_sizes()
-
     def _loop(self) -> None:
         while not self._stop_event.is_set() and self.fatal is None:
             self._loop_beat = time.monotonic()

@@ -96,8 +96,6 @@ class WorkerPool:
                                        queue_timeout_s=s.limits.queue_timeout_s, metrics=self.metrics,
                                        cpu_threads=s.engine.cpu_threads, background_work=self.background_work,
                                        delete_audio_when_done=s.limits.delete_audio_when_done))
-            if s.live.max_streams > 0:  # live admission's first measure of the lane's batches
-                self.workers[-1].calibrate_live()
         self.scheduler.live_batches.lanes = len(self.workers)
 
     def start(self) -> None:

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field, fields, is_dataclass
 import orjson
 
 from pipeline.domain.hotwords import Hotword, parse_hotwords
+from pipeline.domain.redact_kinds import parse_redact
 from pipeline.domain.tags import AUTO_LANGUAGE, LANGUAGES, NO_SPEECH, REQUEST_LANGUAGES
 
 ALLOWED_LANGUAGES = tuple(code for code in LANGUAGES if code != NO_SPEECH)  # what an allow-list may name
@@ -69,8 +70,6 @@ class TranscribeOptions:
             object.__setattr__(self, "hotwords", ())
 
         if self.redact:
-            from pipeline.domain.redaction import parse_redact
-
             object.__setattr__(self, "redact", parse_redact(self.redact))
         elif self.redact != ():
             object.__setattr__(self, "redact", ())

@@ -13,11 +13,13 @@ import functools
 import json
 import sqlite3
 from collections.abc import Sequence
+import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
 from pipeline.domain.errors import SenseVoiceError, StorageError, StorageFull
 from pipeline.domain.hotwords import dump_hotwords
+from pipeline.domain.redaction import redact_rich
 from pipeline.domain.richtext import parse_rich_text
 from pipeline.domain.types import Segment, TranscribeOptions, Transcript, Word
 
@@ -71,6 +73,13 @@ def load_piece(job_id: str, idx: int, start_s: float, end_s: float, speaker: str
     return SegmentResult(job_id, idx, start_s, end_s, speaker, raw_text, ws,
                          avg_logprob=scores.get("avg_logprob"),
                          tag_probs=tuple((str(t), float(p)) for t, p in scores.get("tag_probs") or ()))
+
+
+def redacted_piece(p: SegmentResult, kinds: Sequence[str]) -> SegmentResult:
+    """``p`` with ``kinds`` of personal data masked in its text and words (pipeline/domain/
+    redaction.py); the worker applies it before a piece is stored or joins a transcript."""
+    r = redact_rich(p.raw_text, p.words, kinds, span=(round(p.start_s, 3), round(p.end_s, 3)))
+    return dataclasses.replace(p, raw_text=r.raw_text, words=r.words)
 
 
 def transcript_from_pieces(pieces: Sequence[SegmentResult]) -> Transcript:

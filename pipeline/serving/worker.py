@@ -27,7 +27,7 @@ from pipeline.model.protocol import Engine
 from pipeline.domain.errors import (AudioLost, BrokerUnavailable, DeviceFailed, InferenceFailed, JobFailed,
                                     NotReady, OutOfDeviceMemory, QueueTimeout, WorkerFailed)
 from pipeline.serving.ports import WorkerSink
-from pipeline.serving.records import SegmentResult, transcript_from_pieces
+from pipeline.serving.records import SegmentResult, redacted_piece, transcript_from_pieces
 from pipeline.serving.metrics import Metrics
 from pipeline.domain.tags import SAMPLE_RATE_HZ
 from pipeline.serving.scheduler import Scheduler, WorkItem
@@ -373,9 +373,11 @@ def _piece(item: WorkItem, wave: torch.Tensor, out) -> SegmentResult:
     start = item.start_s
     words = tuple(replace(w, start=round(w.start + start, 3), end=round(w.end + start, 3))
                   for w in out.words)
-    return SegmentResult(item.job_id, item.piece, start, start + wave.shape[0] / SAMPLE_RATE_HZ,
-                         item.speaker, out.raw_text, words, pieces=item.pieces,
-                         avg_logprob=out.avg_logprob, tag_probs=out.tag_probs)
+    piece = SegmentResult(item.job_id, item.piece, start, start + wave.shape[0] / SAMPLE_RATE_HZ,
+                          item.speaker, out.raw_text, words, pieces=item.pieces,
+                          avg_logprob=out.avg_logprob, tag_probs=out.tag_probs)
+    # masked before anything is stored: the unredacted text of such a job is never kept
+    return redacted_piece(piece, item.options.redact) if item.options.redact else piece
 
 
 def _recording_seconds(store, job_id: str, pieces: Sequence[SegmentResult]) -> float:

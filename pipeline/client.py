@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import dataclasses
 import email.utils
+import json
 import os
 import re
 import itertools
@@ -118,8 +119,8 @@ def _form(options: Any) -> dict[str, str]:
         options = dataclasses.asdict(options)
     if not isinstance(options, Mapping):
         raise TypeError(f"options must be a TranscribeOptions or a mapping, not {type(options).__name__}")
-    return {k: _field(v) for k, v in options.items()
-            if v is not None and not (isinstance(v, (tuple, list)) and not v)}
+    return {k: (json.dumps(list(v), ensure_ascii=False) if k == "hotwords" else _field(v))  # a JSON list
+            for k, v in options.items() if v is not None and not (isinstance(v, (tuple, list)) and not v)}
 
 
 def _field(value: Any) -> str:

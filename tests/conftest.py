@@ -75,6 +75,15 @@ def pytest_configure(config):
     config.addinivalue_line("markers", f"serial: {SERIAL}")
 
 
+def pytest_ignore_collect(collection_path, config):
+    """``-m serial`` alone (make test's second run) collects only SERIAL_FILES: the other files'
+    imports would cost the run ~20 s for nothing (the marker comes from SERIAL_FILES only)."""
+    if (config.getoption("markexpr", "") == "serial" and collection_path.suffix == ".py"
+            and collection_path.name.startswith("test_") and collection_path.stem not in SERIAL_FILES):
+        return True
+    return None
+
+
 def tier_of(item) -> str:
     if item.get_closest_marker("browser") or "browser" in getattr(item, "fixturenames", ()):
         return "browser"
@@ -87,8 +96,11 @@ def pytest_collection_modifyitems(config, items):
         tier = tier_of(item)
         if not item.get_closest_marker(tier):
             item.add_marker(getattr(pytest.mark, tier))
-        if Path(str(item.fspath)).stem in SERIAL_FILES and not item.get_closest_marker("serial"):
-            item.add_marker(pytest.mark.serial)
+        if Path(str(item.fspath)).stem in SERIAL_FILES:
+            if not item.get_closest_marker("serial"):
+                item.add_marker(pytest.mark.serial)
+        elif item.get_closest_marker("serial"):
+            raise pytest.UsageError(f"{item.nodeid}: a serial test's file goes in SERIAL_FILES (tests/conftest.py)")
     if os.environ.get("PYTEST_XDIST_WORKER"):  # make test passes --no-loadscope-reorder: this order holds
         items[:] = _longest_first(items)
     import torch

@@ -89,7 +89,7 @@ def _frames(*symbols: int, margin: float = 8.0) -> np.ndarray:
     return x
 
 
-def _decode(matrices: list[np.ndarray], tables: list[hw.TermTable | None]) -> list[list[int]]:
+def _decode(matrices: list[np.ndarray], tables: list[hw.TermTable | None], device: str = "cpu") -> list[list[int]]:
     """Greedy CTC on the matrices, with each row's table (None: no hotwords), through the
     search and the host rewrite the engine uses; the text tokens of each row."""
     t_len = max(m.shape[0] for m in matrices)
@@ -106,7 +106,11 @@ def _decode(matrices: list[np.ndarray], tables: list[hw.TermTable | None]) -> li
     logp = np.zeros(ids.shape, dtype=np.float32)
     rows = [i for i, t in enumerate(tables) if t is not None]
     if rows:  # identity projection: the hidden state is the logits
-        found = hw.search(logits, ids, lengths, torch.eye(V), torch.zeros(V), rows, [tables[i] for i in rows])
+        dev = torch.device(device)
+        found = hw.search(logits.to(dev), ids.to(dev), lengths.to(dev), torch.eye(V, device=dev),
+                          torch.zeros(V, device=dev), rows, [tables[i] for i in rows])
+        if dev.type == "cuda":
+            torch.cuda.synchronize()
         hw.rewrite(host, runs, logp, lengths.tolist(), found)
     return [[int(v) for v in row[hw.FIRST_FRAME:] if v >= 0] for row in host]
 
@@ -158,6 +162,15 @@ def test_each_row_of_a_batch_has_its_own_list_and_rows_without_any_are_untouched
     x[10, 6] = -1.5
     got = _decode([x, x, x, x[:9]], [None, _table(([5], 2.0)), _table(([6], 2.0)), _table(([5], 2.0))])
     assert got == [[1, 2, 3], [1, 5, 3], [1, 2, 6], [1, 5]]
+
+
+@pytest.mark.requires_cuda
+def test_the_search_on_the_gpu_decides_as_on_the_cpu():
+    x = _frames(0, 1, 0, 2, 2, 0, 3, 0, 4, 0, 6, 0)
+    x[7:9, 5] = -1.0
+    x[14, 7] = -3.0  # 7 close to 6 where 6 is said
+    cases = ([x, x, x[:9]], [None, _table(([5], 2.0), ([4, 7], 2.0)), _table(([5], 0.5))])
+    assert _decode(*cases, device="cuda") == _decode(*cases) == [[1, 2, 3, 4, 6], [1, 5, 3, 4, 7], [1, 2]]
 
 
 def test_two_terms_never_write_over_the_same_frames():

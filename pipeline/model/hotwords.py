@@ -187,7 +187,13 @@ def _stack(tables: Sequence[TermTable], device: torch.device):
     for k, t in enumerate(tables):
         n, m = t.tokens.shape
         tokens[k, :n, :m], skip[k, :n, :m], last[k, :n], bonus[k, :n] = t.tokens, t.skip, t.last, t.bonus
-    return tuple(torch.from_numpy(a).to(device, non_blocking=True) for a in (tokens, skip, last, bonus))
+    return tuple(_put(a, device) for a in (tokens, skip, last, bonus))
+
+
+def _put(a: np.ndarray, device: torch.device) -> torch.Tensor:
+    """Host -> device without waiting for the device's queued work (a pageable copy would)."""
+    t = torch.from_numpy(a)
+    return t.pin_memory().to(device, non_blocking=True) if device.type == "cuda" else t
 
 
 STATE_BUDGET_BYTES = 1 << 30  # the search's scores per chunk of rows (a 1,000-term list of long terms)
@@ -201,7 +207,7 @@ def search(hidden: torch.Tensor, ids: torch.Tensor, lengths: torch.Tensor, lo_w:
     ``lo_b`` the CTC projection. The scores are logits relative to each frame's argmax logit.
     Rows go through in chunks that keep the scores under ``STATE_BUDGET_BYTES``."""
     dev = hidden.device
-    index = torch.tensor(rows, device=dev)
+    index = _put(np.asarray(rows, dtype=np.int64), dev)
     g = ids.index_select(0, index)  # [R, T]
     n = lengths.index_select(0, index)
     tokens, skip, last, bonus = _stack(tables, dev)
@@ -221,7 +227,9 @@ def search(hidden: torch.Tensor, ids: torch.Tensor, lengths: torch.Tensor, lo_w:
 
 
 def _search_rows(h, g, n, tokens, skip, last, bonus, w, b):
-    """The Viterbi search of one chunk of rows: (gain, term, end [R, M], history [R, M, T, S])."""
+    """The Viterbi search of one chunk of rows: (gain, term, end [R, M], history [R, M, T, S]).
+    The history holds two leading columns of -inf so that a step's predecessors (the same state,
+    the one before, the one two before) are views of the previous frame: six kernels a frame."""
     dev = h.device
     r, j, s = tokens.shape
     t_len = h.shape[1]
@@ -230,26 +238,18 @@ def _search_rows(h, g, n, tokens, skip, last, bonus, w, b):
     emit = torch.baddbmm(b[slots][:, None, :], h, w[slots].transpose(1, 2)) - best[..., None]
     frames = torch.arange(t_len, device=dev)
     invalid = (tokens < 0).view(r, 1, j * s) | (frames[None, :, None] >= n[:, None, None])
-    emit = emit.masked_fill(invalid, NEG).view(r, t_len, j, s)
-    no_skip = ~skip
-    score = torch.full((r, j, s), NEG, device=dev)
-    history = torch.full((t_len, r, j, s), NEG, device=dev)
-    best_end = torch.full((r, j), NEG, device=dev)
-    end = torch.zeros((r, j), dtype=torch.long, device=dev)
-    last_idx = last[..., None]
-    zero = torch.zeros((), device=dev)
-    pad = torch.nn.functional.pad
+    emit = emit.masked_fill(invalid, NEG).view(r, t_len, j, s).transpose(0, 1).contiguous()  # [T, R, J, S]
+    skip_bias = torch.zeros((r, j, s), device=dev).masked_fill(~skip, NEG)
+    history = torch.full((t_len, r, j, s + 2), NEG, device=dev)
     for t in range(FIRST_FRAME, t_len):
-        prev1 = pad(score, (1, 0), value=NEG)[..., :s]
-        prev2 = pad(score, (2, 0), value=NEG)[..., :s].masked_fill(no_skip, NEG)
-        came = torch.maximum(torch.maximum(score, prev1), prev2)
-        came[..., 0] = torch.maximum(came[..., 0], zero)  # the term may start here
-        score = came + emit[:, t]
-        history[t] = score
-        done = score.gather(2, last_idx)[..., 0]
-        better = done > best_end
-        best_end = torch.where(better, done, best_end)
-        end = torch.where(better, t, end)
+        prev = history[t - 1]
+        came = torch.maximum(prev[..., 2:], prev[..., 1:-1])
+        came = torch.maximum(came, prev[..., :-2] + skip_bias)
+        came[..., 0].clamp_(min=0.0)  # the term may start here
+        history[t, ..., 2:] = came.add_(emit[t])
+    history = history[..., 2:]
+    done = history.gather(3, last[None, :, :, None].expand(t_len, r, j, 1))[..., 0]  # [T, R, J]
+    best_end, end = done.max(0)
     gain = best_end + bonus
     m = min(TOP_TERMS, j)
     top_gain, top_term = gain.topk(m, dim=1)  # [R, M]

@@ -299,34 +299,43 @@ class StreamScorer:
             request.future.set_exception(e)
 
     def _score(self, pieces: list[_Piece]) -> None:
-        """Step through the pieces' windows: step t scores window t of every piece that has
-        one, in groups of at most ``max_rows``, each row with its stream's state."""
-        steps = max((len(p.rows) for p in pieces), default=0)
-        if not steps:
+        """Step through the pieces' windows: step t scores window t of every piece that has one,
+        in groups of at most ``max_rows``, each row with its stream's state. Vectorised across
+        the streams: the pieces are taken longest first, so the ones with a window t are a
+        prefix -- one slice of the round's windows (stacked once) and of its states (gathered
+        once, handed back once), where each step used to stack its rows and concatenate and
+        copy out every stream's state."""
+        order = sorted((p for p in pieces if len(p.rows)), key=lambda p: -len(p.rows))
+        if not order:
             return
         dev = self.device
         on_gpu = dev.type == "cuda"
-        scores = torch.zeros(len(pieces), steps, device=dev)  # the round's scores, on the device
-        slot = {id(p): k for k, p in enumerate(pieces)}
+        lengths = [len(p.rows) for p in order]
+        steps, n = lengths[0], len(order)
+        windows = np.zeros((steps, n, CONTEXT + WINDOW), dtype=np.float32)
+        for k, p in enumerate(order):
+            windows[:lengths[k], k] = p.rows
+        x = torch.from_numpy(windows)
+        if on_gpu:  # asynchronous copies: the host never waits for the step
+            x = x.pin_memory().to(dev, non_blocking=True)
         with torch.inference_mode():
+            state = torch.cat([p.request.audio.state.to(dev, non_blocking=on_gpu) for p in order], dim=1)
+            scores = torch.zeros(steps, n, device=dev)  # the round's scores, on the device
+            m = n
             for t in range(steps):
-                active = [p for p in pieces if len(p.rows) > t]
-                for g in range(0, len(active), self.max_rows):
-                    group = active[g:g + self.max_rows]
-                    x = torch.from_numpy(np.stack([p.rows[t] for p in group]))
-                    if on_gpu:  # asynchronous copies: the host never waits for the step
-                        x = x.pin_memory().to(dev, non_blocking=True)
-                    state = torch.cat([p.request.audio.state.to(dev, non_blocking=on_gpu) for p in group], dim=1)
-                    out, state = self._net(x, state)
+                while lengths[m - 1] <= t:  # the pieces with a window t: the first m
+                    m -= 1
+                for g in range(0, m, self.max_rows):
+                    h = min(g + self.max_rows, m)
+                    out, state[:, g:h] = self._net(x[t, g:h], state[:, g:h].contiguous())
+                    scores[t, g:h] = out[:, 0]
                     self.calls += 1
-                    self.rows += len(group)
-                    rows = torch.tensor([slot[id(p)] for p in group])
-                    scores[rows.to(dev, non_blocking=on_gpu), t] = out[:, 0]
-                    for j, p in enumerate(group):  # the stream's state stays on the device
-                        p.request.audio.state = state[:, j:j + 1].clone()
+                    self.rows += h - g
+            for k, p in enumerate(order):  # each stream's state stays on the device
+                p.request.audio.state = state[:, k:k + 1].clone()
             host = scores.cpu().numpy()  # the one transfer of the round
-        for k, p in enumerate(pieces):
-            p.probs[:] = host[k, : len(p.rows)]
+        for k, p in enumerate(order):
+            p.probs[:] = host[:lengths[k], k]
 
 
 # ---------------------------------------------------------------------------- endpointing

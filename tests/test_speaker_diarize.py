@@ -135,7 +135,9 @@ def test_a_lone_window_of_another_label_is_smoothed():
     (dict(min_speakers=0, diarize=True), "min_speakers=0"),
     (dict(min_speakers=4, max_speakers=2), "min_speakers=4"),
     (dict(speakers=5, max_speakers=3), "outside"),
-    (dict(speakers="2"), "whole number"),
+    (dict(speakers="two"), "whole number"),
+    (dict(speakers="-1"), "whole number"),
+    (dict(speakers="50"), "speakers=50"),
     (dict(speakers=True), "whole number"),
     (dict(speakers=2.5), "whole number"),
 ])
@@ -147,6 +149,10 @@ def test_bad_speaker_options_are_invalid(kw, message):
 def test_speaker_options_round_trip_and_zero_is_off():
     assert not TranscribeOptions(speakers=0).wants_speakers
     assert TranscribeOptions(speakers=0).speakers is None
+    assert TranscribeOptions(speakers="2") == TranscribeOptions(speakers=2)  # a form's text
+    assert TranscribeOptions(speakers="", min_speakers=" ") == TranscribeOptions()
+    with pytest.raises(InvalidOption, match="speakers=0"):
+        TranscribeOptions(speakers="0", diarize=True)
     for o in (TranscribeOptions(speakers=2), TranscribeOptions(diarize=True, min_speakers=2, max_speakers=4)):
         assert o.wants_speakers
         assert load_options(dump_options(o)) == o

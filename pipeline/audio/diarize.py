@@ -16,7 +16,8 @@
 4. **Turns**: a window flanked by two windows of one other label takes theirs; between two windows
    of different labels the change is put in the middle of their overlap, then moved to the
    quietest point within :data:`REFINE_S` of it (a pause between two people wins), so a turn's
-   edge is not bound to the 0.75 s grid.
+   edge is not bound to the 0.75 s grid. A turn shorter than :data:`MIN_TURN_S` that touches
+   another joins the longer neighbour (a window over a pause is no turn of its own).
 
 numpy (and torch's ``eigh``; no scipy/sklearn in the requirements); deterministic (a fixed seed for k-means).
 """
@@ -38,6 +39,7 @@ logger = logging.getLogger("sensevoice.diarize")
 
 WINDOW_S = 1.5  # s, one embedding window (FunASR's seg_dur)
 SHIFT_S = 0.75  # s, window hop (FunASR's seg_shift)
+MIN_TURN_S = 1.0  # s, a shorter turn touching another joins it
 REFINE_S = 0.5  # s, a turn change moves to the quietest point at most this far away
 AGGLOMERATIVE_MAX = 40  # windows: at most this many are clustered agglomeratively
 SPECTRAL_MAX = 600  # windows: more are clustered on an even subsample of this many
@@ -262,10 +264,38 @@ def turns(wave: np.ndarray, spans: Sequence[Span], wins: Sequence[tuple[int, int
             out.append(Turn(start, cut, current))
             start, current = cut, int(labels[b])
         out.append(Turn(start, span.end, current))
+    out = _absorb_short([t for t in out if t.end > t.start], round(MIN_TURN_S * SAMPLE_RATE_HZ))
     order: dict[int, int] = {}
     for t in out:
         order.setdefault(t.speaker, len(order))
-    return [Turn(t.start, t.end, order[t.speaker]) for t in out if t.end > t.start]
+    return [Turn(t.start, t.end, order[t.speaker]) for t in out]
+
+
+def _absorb_short(found: list[Turn], shortest: int) -> list[Turn]:
+    """A turn shorter than ``shortest`` between (or beside) turns it touches joins the longer of
+    them (a window over a pause or a cough is no turn); a lone short span stays."""
+    out = list(found)
+    while True:
+        short = [i for i, t in enumerate(out) if t.end - t.start < shortest and (
+            (i > 0 and out[i - 1].end == t.start) or (i + 1 < len(out) and out[i + 1].start == t.end))]
+        if not short:
+            return out
+        i = min(short, key=lambda j: out[j].end - out[j].start)
+        t = out[i]
+        left = out[i - 1] if i > 0 and out[i - 1].end == t.start else None
+        right = out[i + 1] if i + 1 < len(out) and out[i + 1].start == t.end else None
+        if right is None or (left is not None and left.end - left.start >= right.end - right.start):
+            out[i - 1:i + 1] = [Turn(left.start, t.end, left.speaker)]
+        else:
+            out[i:i + 2] = [Turn(t.start, right.end, right.speaker)]
+        if len(out) > 1:  # neighbours of one speaker that now touch are one turn
+            merged = [out[0]]
+            for u in out[1:]:
+                if merged[-1].end == u.start and merged[-1].speaker == u.speaker:
+                    merged[-1] = Turn(merged[-1].start, u.end, u.speaker)
+                else:
+                    merged.append(u)
+            out = merged
 
 
 def diarize(wave: np.ndarray, spans: Sequence[Span], embed: Callable[[np.ndarray], np.ndarray],

@@ -45,7 +45,8 @@ class TranscribeOptions:
     # accepted and normalised. Per job: the engine decodes each row of a batch with its own list
     hotwords: tuple[Hotword, ...] = ()
     # speakers on a mono recording (pipeline/audio/diarize.py): on when ``diarize`` is set or a
-    # count or a bound is given; ``speakers`` the count (None: found, within min/max); 0 = off
+    # count or a bound is given; ``speakers`` the count (None: found, within min/max); 0 = off.
+    # A form's text ("2", "") is accepted and normalised
     diarize: bool = False
     speakers: int | None = None
     min_speakers: int | None = None
@@ -94,6 +95,12 @@ def _check_speakers(o: "TranscribeOptions", invalid: type[Exception]) -> None:
     for speakers (``diarize`` or a bound); min <= speakers <= max."""
     for name in ("speakers", "min_speakers", "max_speakers"):
         v = getattr(o, name)
+        if isinstance(v, str):  # a form's text: "" is none, else a whole number
+            text = v.strip()
+            if text and not (text.isascii() and text.isdigit() and len(text) <= 3):
+                raise invalid(f"{name} must be a whole number, got {v[:20]!r}")
+            v = int(text) if text else None
+            object.__setattr__(o, name, v)
         if v is None:
             continue
         if isinstance(v, bool) or not isinstance(v, int):

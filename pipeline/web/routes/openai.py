@@ -18,8 +18,9 @@ interactive lane); the handler waits for it on the event loop, holding no thread
   punctuation: ``"Kubernetes, New York:3"``; :func:`pipeline.domain.hotwords.hotwords_from_prompt`);
   prose is ignored, as are ``temperature`` and OpenAI's other fields: SenseVoice takes no text
   prompt. ``stream=true`` is refused (400). SenseVoice's own extras:
-  ``split_channels`` (a stereo call, one speaker per channel) and ``use_itn``, which the OpenAI
-  client sends with ``extra_body``.
+  ``split_channels`` (a stereo call, one speaker per channel), ``use_itn`` and, on a mono
+  recording, ``speakers`` (the count, 1-16) or ``diarize=true`` (the count found) to label each
+  segment ``Speaker 1``, ``Speaker 2``, ..., which the OpenAI client sends with ``extra_body``.
 * **Answers**: ``json`` ``{"text", "usage"}``; ``text`` the text (``text/plain``); ``srt`` and
   ``vtt`` subtitles cut at the word times (pipeline/domain/exports.py: 2 lines of 42 characters,
   7 s at most; no tags); ``verbose_json`` ``{"task": "transcribe", "language" (a name, e.g.
@@ -30,7 +31,7 @@ interactive lane); the handler waits for it on the event loop, holding no thread
   segment, else 0; ``compression_ratio`` as Whisper computes it) and what SenseVoice knows:
   ``language`` (its code), ``emotion``, ``events``, the tags' probabilities
   (``language_probability``, ``emotion_probability``, ``event_probability``) where computed and,
-  for split calls, ``speaker``. Words are those of the CTC alignment, punctuation left out, each
+  for split calls and speakers asked for, ``speaker``. Words are those of the CTC alignment, punctuation left out, each
   with Whisper's ``probability`` where computed. Word times are computed for word granularity
   and for srt/vtt.
 * **Errors** in OpenAI's shape, ``{"error": {"message", "type", "param", "code"}}``, with the
@@ -282,7 +283,9 @@ def build_openai_router(settings, intake: Intake, view: JobView) -> APIRouter:
             granularities_plain: list[str] = Form([], alias="timestamp_granularities"),
             stream: str | None = Form(None),
             split_channels: bool = Form(False),
-            use_itn: bool = Form(True)):
+            use_itn: bool = Form(True),
+            speakers: str = Form(""),  # the count on a mono recording (1-16); "" or 0: off
+            diarize: bool = Form(False)):  # speakers labelled, their count found
         """Transcribe one file and answer when it is done (OpenAI's API; see the module
         docstring for the fields and answers)."""
         _model(model)
@@ -297,6 +300,7 @@ def build_openai_router(settings, intake: Intake, view: JobView) -> APIRouter:
         options = TranscribeOptions(
             language=prompt_language, languages=allowed, use_itn=use_itn,
             split_channels=split_channels, hotwords=hotwords_from_prompt(prompt),
+            speakers=speakers, diarize=diarize,
             word_timestamps="word" in asked or response_format in ("srt", "vtt"))
         job = await submit_upload(request, intake, file, options, Lane.INTERACTIVE)
         waited = settings.limits.request_wait_s

@@ -279,8 +279,9 @@ def _reason(e: Exception) -> str:
 
 
 class LocalBackend:
-    """The model in this process, fed directly (:class:`~pipeline.serving.direct.DirectRun`): no
-    job store, no spooled upload, no fsync per file; the output folder is the record."""
+    """The model in this process, fed directly (:class:`~pipeline.serving.direct.DirectRun`, from
+    ``build_runtime(settings, "local")``): no job store, no spooled upload, no fsync per file; the
+    output folder is the record."""
 
     def __init__(self, settings, options, formats: Sequence[str]):
         self.settings, self.options, self.formats = settings, options, formats
@@ -288,11 +289,10 @@ class LocalBackend:
 
     def __enter__(self) -> "LocalBackend":
         from pipeline.domain.errors import SenseVoiceError
-        from pipeline.serving.direct import DirectRun
+        from pipeline.serving.runtime import build_runtime
 
         try:  # the model is found first: a missing one is one line, before anything loads
-            self.run = DirectRun(self.settings)
-            self.run.pool.resolve()
+            self.run = build_runtime(self.settings, "local", resolve=True)
             with contextlib.redirect_stdout(sys.stderr):  # funasr prints its version: not ours
                 self.run.start()
         except SenseVoiceError as e:

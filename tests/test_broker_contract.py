@@ -503,10 +503,10 @@ def test_the_other_adapters_have_the_ports_they_declare():
     """The sibling web process's broker and the batch CLI's sink implement only some ports (the
     sibling claims nothing and serves no live lane; the CLI's run keeps no records)."""
     from pipeline.serving.broker_sibling import SiblingBroker
-    from pipeline.serving.direct import DirectRun
+    from pipeline.serving.direct import LocalSink
 
     declared = {SiblingBroker: (ports.JobStore, ports.Uploads, ports.LiveLane, ports.ClusterState),
-                DirectRun: (ports.WorkerSink, ports.WorkSource)}
+                LocalSink: (ports.WorkerSink, ports.WorkSource)}
     for cls, its_ports in declared.items():
         instance_attrs = {"feed"}  # set by the store's __init__
         for port in its_ports:

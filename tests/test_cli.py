@@ -98,9 +98,9 @@ def test_local_mode_takes_a_wavs_samples_as_they_are_and_gives_the_decoded_files
         demo_dir, tmp_path, clip_factory):
     """A short mono 16 kHz 16-bit WAV is queued as its int16 samples (no float copy per file),
     the same recording as FLAC decoded to floats: the same transcript either way."""
-    from pipeline.serving.direct import DirectRun
+    from pipeline.serving.runtime import build_runtime
 
-    run = DirectRun(make_settings(demo_dir, tmp_path / "d"))
+    run = build_runtime(make_settings(demo_dir, tmp_path / "d"), "local")
     wav, flac = clip_factory("wav", 16000, 1).read_bytes(), clip_factory("flac", 16000, 1).read_bytes()
     opts = TranscribeOptions("en")
     assert run._short_pcm16(wav, opts).dtype == torch.int16 and run._short_pcm16(flac, opts) is None

@@ -1,6 +1,7 @@
 """The house's rules, read from the source (docs/ARCHITECTURE.md): data flows down the floors
 (web -> serving -> model/audio -> domain), no import circle, no module that needs more than eight
-other modules of the project to run, and the environment read in one place (config)."""
+other modules of the project (to run, and counting the modules whose types it names), and the
+environment read in one place (config)."""
 
 from __future__ import annotations
 
@@ -67,9 +68,44 @@ def test_a_module_imported_from_its_package_is_seen():
     assert "pipeline.serving.metrics" in _imports(tree, type_checking=True)
 
 
+# The composition root (build_runtime, issue 37: the one place that makes the parts) needs each part
+# it makes; it is held to its figure in OVER_THE_BOUND instead of to eight.
+COMPOSITION_ROOT = "pipeline.serving.runtime"
+# Modules that need more than eight others once the imports for annotations (``if TYPE_CHECKING:``)
+# count too -- a type a module names is a module it needs (issue 37). Besides the composition root,
+# these are still to be split. None of them may need more, no other module may join them, and one
+# that needs fewer is lowered here (the list only shrinks).
+OVER_THE_BOUND = {
+    COMPOSITION_ROOT: 18,
+    "pipeline.web.api_face": 10,
+    "pipeline.web.routes.jobs": 10,
+    "pipeline.web.middleware": 9,
+    "pipeline.web.routes.openai": 10,
+    "pipeline.serving.broker_sqlite": 9,
+}
+
+
 def test_no_module_needs_more_than_eight_others():
-    over = {m: len(d) for m, d in modules().items() if len(d) > MAX_IMPORTS}
+    """At run time no module but the composition root needs more than eight others."""
+    over = {m: len(d) for m, d in modules().items() if len(d) > MAX_IMPORTS and m != COMPOSITION_ROOT}
     assert over == {}, over
+
+
+def test_no_module_needs_more_than_eight_others_counting_the_annotations():
+    counts = {m: len(d) for m, d in modules(type_checking=True).items()}
+    over = {m: n for m, n in counts.items() if n > max(MAX_IMPORTS, OVER_THE_BOUND.get(m, 0))}
+    assert over == {}, over
+    lower = {m: (n, counts.get(m, 0)) for m, n in OVER_THE_BOUND.items() if counts.get(m, 0) < n}
+    assert lower == {}, f"needs fewer now: lower its figure in OVER_THE_BOUND (or drop it): {lower}"
+
+
+def test_an_import_for_annotations_counts():
+    """A module that names nine modules' types, eight of them under TYPE_CHECKING, needs nine."""
+    source = "from pipeline.domain import types\nif TYPE_CHECKING:\n" + "".join(
+        f"    from pipeline.serving import {m}\n" for m in ("intake", "job_view", "long_audio", "metrics",
+                                                          "ports", "scheduler", "worker", "health"))
+    tree = ast.parse(source)
+    assert len(_imports(tree)) == 1 and len(_imports(tree, type_checking=True)) == 9
 
 
 def test_no_import_circle():
@@ -127,3 +163,35 @@ def test_the_project_environment_is_read_in_config_only():
                         isinstance(arg, ast.Name):  # a project constant naming a variable
                     readers.append(f"{rel}: {ast.unparse(node)}")
     assert readers == [], readers
+
+
+# The parts only the composition root makes (issue 37: build_runtime(settings, role) is the one place
+# that wires them, the batch CLI's local mode included).
+WIRED_PARTS = {"WorkerPool", "Scheduler", "Decoder", "UploadDecoder", "Intake", "LongAudio", "JobView", "DirectRun"}
+
+
+def constructions(tree: ast.AST, parts: set[str] = WIRED_PARTS) -> set[str]:
+    """The parts a module's code calls the constructor of (``Scheduler(...)``, ``x.Scheduler(...)``)."""
+    out = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call):
+            name = node.func.id if isinstance(node.func, ast.Name) else \
+                node.func.attr if isinstance(node.func, ast.Attribute) else None
+            if name in parts:
+                out.add(name)
+    return out
+
+
+def test_only_the_composition_root_makes_the_parts():
+    makers = {}
+    for path in [*PACKAGE.rglob("*.py"), PACKAGE.parent / "app_sensevoice.py"]:
+        rel = path.relative_to(PACKAGE.parent).as_posix()
+        if rel != "pipeline/serving/runtime.py" and (made := constructions(ast.parse(path.read_text()))):
+            makers[rel] = sorted(made)
+    assert makers == {}
+
+
+def test_the_check_sees_a_part_made_elsewhere():
+    tree = ast.parse("from pipeline.serving import scheduler\n"
+                     "def f(s):\n    return WorkerPool(s), scheduler.Scheduler(8), Decoder.limits(s)\n")
+    assert constructions(tree) == {"WorkerPool", "Scheduler"}

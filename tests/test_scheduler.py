@@ -334,7 +334,7 @@ def test_a_worker_without_background_work_never_starts_the_engines(tmp_path):
     """Issue 42: the batch CLI's workers start no compile or graph capture (a compile cannot be
     cancelled: the CLI's exit waited for it, or before close() aborted); a server's do."""
     from pipeline.config import Settings
-    from pipeline.serving.direct import DirectRun
+    from pipeline.serving.runtime import build_runtime
 
     for background, expect_steps in ((False, False), (True, True)):
         engine = _CompilingEngine()
@@ -346,5 +346,5 @@ def test_a_worker_without_background_work_never_starts_the_engines(tmp_path):
         worker.join(10)
         assert (engine.steps > 0) is expect_steps, (background, engine.steps)
     # the CLI's local mode: off unless asked for; a server's pool: on unless turned off
-    assert DirectRun(Settings(device="cpu", demo=True)).pool.background_work is False
-    assert DirectRun(Settings(device="cpu", demo=True, background_compile=True)).pool.background_work is True
+    assert build_runtime(Settings(device="cpu", demo=True), "local").pool.background_work is False
+    assert build_runtime(Settings(device="cpu", demo=True, background_compile=True), "local").pool.background_work is True

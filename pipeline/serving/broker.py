@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 from pipeline.domain.errors import NotReady
 from pipeline.domain.types import Job, Lane, TranscribeOptions
 from pipeline.serving import broker_sqlite
-from pipeline.serving.ports import Broker, LiveLane, LiveServing
+from pipeline.serving.ports import Broker, LiveServing, LiveSubmit
 from pipeline.serving.scheduler import NoLiveServer, Scheduler, WorkItem
 
 if TYPE_CHECKING:
@@ -125,7 +125,7 @@ def connect_broker(settings, queue: Scheduler) -> Broker:
                        live_lost_after_s=settings.broker.live_lost_after_s)
 
 
-def live_decode_via(lane: LiveLane, not_serving: Callable[[], str | None], wave: torch.Tensor,
+def live_decode_via(lane: LiveSubmit, not_serving: Callable[[], str | None], wave: torch.Tensor,
                     options: TranscribeOptions, final: bool = False) -> Future:
     """One re-decode of a live stream's utterance (16 kHz mono) through the live lane, answered by
     whichever worker takes it (an api-only process's live captions); NotReady while this process

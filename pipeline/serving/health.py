@@ -14,7 +14,7 @@ from collections.abc import Callable
 
 from pipeline.config import Settings
 from pipeline.domain.errors import NotReady, SenseVoiceError
-from pipeline.serving.ports import ClusterState
+from pipeline.serving.ports import WorkerWatch
 from pipeline.serving.worker_pool import WorkerPool
 
 logger = logging.getLogger("sensevoice.health")
@@ -26,7 +26,7 @@ FATAL_EXIT_CODE = 3  # process exit status after a fatal device error or a hung 
 
 
 class Health:
-    def __init__(self, settings: Settings, broker: ClusterState, pool: WorkerPool | None,
+    def __init__(self, settings: Settings, broker: WorkerWatch, pool: WorkerPool | None,
                  on_change: Callable[[], None] = lambda: None):
         self.settings = settings
         self.broker = broker

@@ -1,7 +1,9 @@
-"""The api side's way in: an upload is checked (queue, backlog, GPU memory), decoded (PyAV, in a
-process pool) and resampled once, stored durably in the broker and queued -- before the submit
-answers. Long recordings go through :class:`~pipeline.serving.long_audio.LongAudio`. It uses the
-ports of :class:`~pipeline.serving.ports.Admission` (JobWrites, WorkQueue, Uploads)."""
+"""The api side's way in: an upload is checked (queue, backlog, GPU memory), decoded once
+(:class:`~pipeline.serving.upload_decode.UploadDecoder`), stored durably in the broker and queued --
+before the submit answers. Long recordings go through
+:class:`~pipeline.serving.long_audio.LongAudio`. It uses the ports of
+:class:`~pipeline.serving.ports.Admission` (a job's record, the queue's way in and its places, the
+stored upload); the composition root gives it its decoder and its long audio."""
 
 from __future__ import annotations
 
@@ -11,26 +13,23 @@ import threading
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-import torch
-
-from pipeline.audio.decode import Resampler
-from pipeline.audio.decoder_pool import Decoder
-from pipeline.audio.wav import Pcm16Layout
 from pipeline.domain.errors import MemoryPressure, NotReady, SenseVoiceError
-from pipeline.domain.tags import SAMPLE_RATE_HZ
 from pipeline.domain.types import Job, JobState, Lane, TranscribeOptions
-from pipeline.serving.long_audio import LongAudio
 from pipeline.serving.scheduler import WorkItem
+from pipeline.serving.upload_decode import SpooledUpload, frames, wave_seconds
 
 if TYPE_CHECKING:
+    import torch
+
     from pipeline.config import Settings
-    from pipeline.serving.ports import Admission, FreeMemory
     from pipeline.serving.job_view import JobView
-    from pipeline.serving.metrics import Metrics
+    from pipeline.serving.long_audio import LongAudio
+    from pipeline.serving.ports import Admission, FreeMemory
+    from pipeline.serving.upload_decode import UploadDecoder
 
 logger = logging.getLogger("sensevoice.intake")
 
@@ -41,22 +40,17 @@ def new_job_id() -> str:
 
 
 class Intake:
-    def __init__(self, settings: Settings, broker: Admission, view: JobView, metrics: Metrics,
-                 device: str, free_memory: FreeMemory, failed: Callable[[], str | None],
-                 speech_device: str = "cpu"):
+    def __init__(self, settings: Settings, broker: Admission, view: JobView, uploads: UploadDecoder,
+                 long_audio: LongAudio, free_memory: FreeMemory, failed: Callable[[], str | None],
+                 rejected: Callable[[str], None] = lambda code: None):
         self.settings = settings
         self.broker = broker
         self.view = view
-        self.metrics = metrics
+        self.uploads = uploads  # upload bytes -> 16 kHz waves (the decoder pool, the resampler)
+        self.long_audio = long_audio
         self.free_memory = free_memory  # the free GPU memory shares admission looks at
         self.failed = failed  # why the service cannot take work at all, or None
-        self.resampler = Resampler(device)
-        limits = settings.limits  # (machine-derived defaults already resolved by Settings)
-        self._decode_slots = threading.BoundedSemaphore(limits.decode_concurrency)
-        self.decoder = Decoder(limits.decode_processes,
-                               timeout_s=settings.limits.decode_timeout_s, **Decoder.limits(settings))
-        self.long_audio = LongAudio(settings, broker, view, self.decode, speech_device,
-                                    on_failed=lambda job, code: metrics.request_failure(job.lane, code))
+        self.rejected = rejected  # (error code): a submit refused (metrics)
         self._owned_files: dict[str, list[Path]] = {}  # job id -> intermediate copies to delete with it
         self._owned_lock = threading.Lock()
 
@@ -67,7 +61,7 @@ class Intake:
         try:
             return self._submit(data, filename, options, lane)
         except SenseVoiceError as e:
-            self.metrics.rejected(e.code)
+            self.rejected(e.code)
             raise
 
     def _submit(self, data: bytes, filename: str, options: TranscribeOptions, lane: Lane) -> Job:
@@ -77,7 +71,9 @@ class Intake:
         self.broker.check_capacity()  # cheap early answers before decoding
         self.long_audio.check(options)
         self._check_memory()
-        layout = self._pcm16_layout(data)
+        # a mono 16 kHz 16-bit PCM WAV, where the broker reads a job's audio from its stored upload:
+        # never converted (to float, to the GPU) here; anything else is decoded
+        layout = self.uploads.pcm16_layout(data) if self.broker.spools_pcm16 else None
         wave = self.decode(data, options) if layout is None else None
         job = Job(id=new_job_id(), state=JobState.QUEUED, options=options, lane=lane,
                   created_at=time.time(), audio_seconds=layout.seconds if wave is None else wave_seconds(wave),
@@ -106,16 +102,18 @@ class Intake:
             raise MemoryPressure(
                 f"the GPU is short of memory ({max(ratios):.0%} free); try again in a few seconds")
 
-    def _pcm16_layout(self, data: bytes) -> Pcm16Layout | None:
-        """A mono 16 kHz 16-bit PCM WAV's samples in the upload, when the broker reads a job's
-        audio from its stored upload: such an upload is never converted (to float, to the GPU)
-        here; anything else is decoded (None)."""
-        return self.decoder.pcm16_layout(data) if self.broker.spools_pcm16 else None
-
     def decode(self, data: bytes, options: TranscribeOptions) -> torch.Tensor:
         """Upload bytes -> 16 kHz wave on the device: [n] mono, or [channels, n] for split calls."""
-        with self._decode_slots:
-            return decode_upload(self.decoder, self.resampler, data, options, self.settings.limits)
+        return self.uploads.decode(data, options)
+
+    @property
+    def decoder(self):
+        """The decoder pool (PyAV in processes) the uploads are decoded in."""
+        return self.uploads.decoder
+
+    @property
+    def resampler(self):
+        return self.uploads.resampler
 
     # ------------------------------------------------------------------ files tied to jobs
     def own_file(self, job_id: str, path: str | Path) -> None:
@@ -146,53 +144,15 @@ class Intake:
             if self.long_audio.is_long(job.audio_seconds, job.options):
                 self.long_audio.recover(job)
                 continue
-            n = int(job.audio_seconds * SAMPLE_RATE_HZ)
-            audio = SpooledUpload(self, job.id)
-            self.broker.put(WorkItem(job.id, job.lane, job.options, n, audio=audio), force=True)
+            audio = SpooledUpload(self.broker, self.uploads, job.id)
+            self.broker.put(WorkItem(job.id, job.lane, job.options, frames(job.audio_seconds), audio=audio),
+                            force=True)
         if jobs:
             logger.info("recovered %d queued jobs from the store", len(jobs))
 
     def close(self) -> None:
         self.long_audio.stop()
-        self.decoder.close()
-
-
-def wave_seconds(wave: torch.Tensor) -> float:
-    """Seconds of a decoded wave (``[n]`` or ``[channels, n]`` at ``SAMPLE_RATE_HZ``)."""
-    return wave.shape[-1] / SAMPLE_RATE_HZ
-
-
-def decode_upload(decoder: Decoder, resampler: Resampler, data: bytes, options: TranscribeOptions,
-                  limits) -> torch.Tensor:
-    """Upload bytes -> 16 kHz wave on the resampler's device: ``[n]`` mono, or ``[channels, n]``
-    for split calls (a mono file stays ``[n]``), within ``limits`` (max audio seconds, bytes)."""
-    caps = {"max_seconds": limits.max_audio_seconds, "max_bytes": limits.max_upload_bytes}
-    if options.split_channels:  # [2, n]: one speaker per channel
-        left = decoder(data, channel=0, **caps)
-        wave = resampler(left)
-        if left.channels > 1:
-            right = resampler(decoder(data, channel=1, **caps))
-            n = min(wave.shape[-1], right.shape[-1])
-            wave = torch.stack([wave[:n], right[:n]])
-    else:
-        wave = resampler(decoder(data, **caps))
-    if wave.is_cuda:
-        torch.cuda.current_stream(wave.device).synchronize()  # ready before other threads read it
-    return wave
-
-
-@dataclass(frozen=True)
-class SpooledUpload:
-    """A recovered job's audio: its spooled upload, decoded and resampled when a worker takes it
-    (waiting jobs hold no decoded audio)."""
-
-    intake: Intake
-    job_id: str
-
-    def load(self) -> torch.Tensor:
-        i = self.intake
-        return i.resampler(i.decoder(i.broker.load_upload(self.job_id),
-                                     max_seconds=i.settings.limits.max_audio_seconds))
+        self.uploads.close()
 
 
 def display_name(name: str, limit: int = 200) -> str:

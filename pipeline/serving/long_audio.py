@@ -3,7 +3,8 @@ workers batch like any job. Where this process recovers its queue (``WorkQueue.r
 the embedded topology) a long upload is accepted at once (counted in the backlog, its decoded audio
 left on disk) and split in the background; else it is split before the submit answers, so that no
 accepted job depends on this process staying up. It uses the ports of
-:class:`~pipeline.serving.ports.Admission` (JobWrites, WorkQueue, Uploads)."""
+:class:`~pipeline.serving.ports.LongJobs` (a job's record and outcome, the queue's way in, the stored
+upload); the composition root gives it its backlog, its wave spool and its segmenter."""
 
 from __future__ import annotations
 
@@ -16,41 +17,38 @@ from typing import TYPE_CHECKING
 import torch
 
 from pipeline.domain.errors import SegmentationFailed, SenseVoiceError
-from pipeline.domain.tags import SAMPLE_RATE_HZ
-from pipeline.domain.types import Job, Lane, TranscribeOptions, Transcript
-from pipeline.serving.admission import Backlog
-from pipeline.serving.broker_sqlite import WaveSpool
-from pipeline.serving.scheduler import WorkItem
+from pipeline.domain.types import Job, TranscribeOptions, Transcript
+from pipeline.serving.speech_split import SegmenterLoader, split_pieces
 
 if TYPE_CHECKING:
-    from pipeline.config import Settings
-    from pipeline.serving.ports import Admission
+    from pipeline.serving.admission import Backlog
+    from pipeline.serving.broker_sqlite import WaveSpool
     from pipeline.serving.job_view import JobView
+    from pipeline.serving.ports import LongJobs
+    from pipeline.serving.scheduler import WorkItem
 
 logger = logging.getLogger("sensevoice.long_audio")
 
-CHANNEL_NAMES = ("left", "right")  # speaker labels of a split stereo call (e.g. agent, customer)
-
 
 class LongAudio:
-    def __init__(self, settings: Settings, broker: Admission, view: JobView,
-                 decode: Callable[[bytes, TranscribeOptions], torch.Tensor], speech_device: str,
+    def __init__(self, broker: LongJobs, view: JobView, decode: Callable[[bytes, TranscribeOptions], torch.Tensor],
+                 *, threshold_s: float, backlog: Backlog, waves: WaveSpool, load_segmenter: SegmenterLoader,
                  on_failed: Callable[[Job, str], None] = lambda job, code: None):
-        self.settings = settings
+        self.threshold_s = threshold_s  # longer than this (s): split by speech detection
         self.on_failed = on_failed  # (job, error code): a job this class failed (metrics)
         self.broker = broker
         self.view = view
         self.decode = decode
-        self.speech_device = speech_device
-        self.backlog = Backlog(settings.limits.segment_backlog_jobs, settings.limits.segment_backlog_hours * 3600)
-        self.waves = WaveSpool(settings.server.data_dir / "waves")
+        self.backlog = backlog  # the long jobs accepted and not yet split (seats, hours)
+        self.waves = waves  # their decoded audio on disk until split
+        self._load_segmenter = load_segmenter
         self._pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="sensevoice-vad")
         self._segmenter = None  # silero-vad, loaded on the first long recording
         self._segmenter_lock = threading.Lock()
         view.on_finished.append(self._finished)
 
     def is_long(self, seconds: float, options: TranscribeOptions) -> bool:
-        return seconds > self.settings.engine.segment_threshold_s or options.split_channels
+        return seconds > self.threshold_s or options.split_channels
 
     def check(self, options: TranscribeOptions) -> None:
         """A cheap early answer (BacklogFull) before a split call is decoded."""
@@ -93,7 +91,7 @@ class LongAudio:
     def segmenter(self):
         with self._segmenter_lock:
             if self._segmenter is None:
-                self._segmenter = load_segmenter(self.settings.engine.max_segment_s, self.speech_device)
+                self._segmenter = self._load_segmenter()
             return self._segmenter
 
     def _finished(self, job_id: str) -> None:
@@ -149,28 +147,3 @@ class LongAudio:
             if self.broker.fail(job.id, SegmentationFailed.code, message) is not False:
                 self.on_failed(job, SegmentationFailed.code)
 
-
-def load_segmenter(max_segment_s: float, device: str):
-    """silero-vad, loaded (on the first long recording: short ones never need it)."""
-    from pipeline.audio.vad import Segmenter
-
-    return Segmenter(max_segment_s=max_segment_s, device=device).load()
-
-
-def split_pieces(job_id: str, lane: Lane, options: TranscribeOptions, wave: torch.Tensor, segmenter,
-                 progress: Callable[[float], None] = lambda f: None) -> list[WorkItem]:
-    """VAD-split a long recording (``[n]``, or ``[channels, n]``: one speaker per channel) into
-    work items in time order; ``progress`` hears the share split so far."""
-    channels = [(None, wave)] if wave.dim() == 1 else \
-        [(name, wave[c]) for c, name in zip(range(wave.shape[0]), CHANNEL_NAMES)]
-    spans = []
-    for k, (speaker, ch) in enumerate(channels):
-        def on_progress(f, k=k):
-            progress((k + f) / len(channels))
-
-        spans += [(span, speaker, ch) for span in segmenter.split(ch, on_progress=on_progress)]
-    spans.sort(key=lambda t: (t[0].start, t[1] or ""))
-    return [WorkItem(job_id, lane, options, span.end - span.start, audio=ch[span.start:span.end],
-                     piece=n, pieces=len(spans), start_s=span.start / SAMPLE_RATE_HZ,
-                     speaker=speaker)
-            for n, (span, speaker, ch) in enumerate(spans)]

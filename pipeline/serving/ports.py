@@ -15,8 +15,8 @@ WorkerSink     what a worker needs to finish work (running, pieces, results)    
 WorkSource     what a worker process's scheduler takes besides its own puts:    worker pool
                the queue's feeder, the live lane's serving end
 LiveLane       a live stream's re-decode, submitted from any web process        runtime (live)
-ClusterState   whether the workers run in other processes; if so, those         health, runtime,
-               workers alive, their free GPU memory and busy time, warnings     admission
+ClusterState   whether the workers run in other processes; if so, those         health, runtime
+               workers alive, their free GPU memory and busy time, warnings
 =============  ===============================================================  ======================
 
 Each topology is one adapter implementing all of them (:class:`Broker`): the embedded one
@@ -27,6 +27,13 @@ that no caller asks "which broker is this": ``JobStore.hears_every_change`` (a w
 or the feed tells it), ``WorkQueue.recovers_here`` (a long upload may be split after its submit
 answered) and ``ClusterState.workers_elsewhere`` (the workers are read through the store's
 reports, or are this process's own).
+
+Each port is composed of smaller ones (``JobLookup``, ``JobRecords``, ``QueueIn``, ``WorkerWatch``
+...), and a part takes the composition it uses: ``Admission`` (the intake), ``LongJobs`` (long
+audio), ``ViewedJobs`` (the job view), ``WorkerSink`` (a worker), ``WorkSource`` (the worker pool),
+``WorkerWatch`` (health), ``LiveSubmit`` (an api process's live captions), ``CallsIndex`` (the calls
+routes). tests/test_ports.py holds every port to twelve members at most and every part to using at
+least 60 % of each port it takes.
 """
 
 from __future__ import annotations
@@ -75,29 +82,52 @@ class CallsIndex(Protocol):
     def rows(self, ids: list[str] | None, search: str = "") -> list[CallRow]: ...
 
 
-@runtime_checkable
-class JobReads(Protocol):
-    """What is known about jobs, and this process's writes as they commit."""
+# -- the job store, in the parts its consumers take
+class JobLookup(Protocol):
+    """A job as stored now, and this process's writes as they commit."""
 
     feed: Feed  # this process's committed writes (subscribe)
     hears_every_change: bool  # the feed hears every write (False: other processes write too; re-read)
 
     def get(self, job_id: str) -> Job: ...
     async def aget(self, job_id: str) -> Job: ...  # get() for the event loop
+
+
+class JobCounts(Protocol):
     def counts(self) -> dict[str, int]: ...  # jobs per state
+
+
+class CallsSource(Protocol):
     def calls(self) -> CallsIndex: ...  # reviews and the calls listing, kept with the jobs
 
 
 @runtime_checkable
-class JobWrites(Protocol):
-    """A job's life: queued -> running -> done | failed, every transition once."""
+class JobReads(JobLookup, JobCounts, CallsSource, Protocol):
+    """What is known about jobs, and this process's writes as they commit."""
+
+
+class JobRecords(Protocol):
+    """A submit's own record."""
 
     def create(self, job: Job, upload: bytes) -> None: ...  # durable before the submit answers
     def discard(self, job_id: str) -> None: ...  # a submit's own clean-up: nothing of it is left
+
+
+class JobOutcomes(Protocol):
+    """A job's way to its end: running, then done or failed, each once."""
+
     def mark_running(self, job_ids: Iterable[str], already_running_ok: bool = False) -> set[str]: ...
     def finish(self, job_id: str, result: Transcript) -> bool: ...  # running -> done, once
     def fail(self, job_id: str, code: str, message: str) -> bool: ...  # queued|running -> failed, once
+
+
+class Retention(Protocol):
     def purge(self, finished_before: float) -> list[str]: ...  # retention: the ids deleted
+
+
+@runtime_checkable
+class JobWrites(JobRecords, JobOutcomes, Retention, Protocol):
+    """A job's life: queued -> running -> done | failed, every transition once."""
 
 
 @runtime_checkable
@@ -105,31 +135,59 @@ class JobStore(JobReads, JobWrites, Protocol):
     """The truth about jobs (its two halves: a part that only reads takes :class:`JobReads`)."""
 
 
-@runtime_checkable
-class Uploads(Protocol):
-    """A job's upload as stored."""
+# -- a job's upload as stored
+class UploadBytes(Protocol):
+    def load_upload(self, job_id: str) -> bytes: ...
+
+
+class UploadFiles(Protocol):
+    def upload_path(self, job_id: str) -> Path | None: ...  # a file on this host, or None (bytes only)
+
+
+class SpooledUploads(Protocol):
+    """A mono 16-bit WAV upload's samples, read from the stored upload when a worker takes them."""
 
     spools_pcm16: bool  # a mono 16-bit WAV upload's job reads its samples from the stored upload
 
-    def load_upload(self, job_id: str) -> bytes: ...
-    def upload_path(self, job_id: str) -> Path | None: ...  # a file on this host, or None (bytes only)
     def spooled_audio(self, job_id: str, layout: Pcm16Layout) -> DeferredAudio: ...  # (spools_pcm16)
 
 
 @runtime_checkable
-class WorkQueue(Protocol):
-    """The lanes (live > interactive > bulk): the api side puts work in, a worker process claims."""
+class Uploads(UploadBytes, UploadFiles, SpooledUploads, Protocol):
+    """A job's upload as stored."""
+
+
+# -- the work queue
+class QueueIn(Protocol):
+    """The api side's way into the lanes (live > interactive > bulk)."""
 
     recovers_here: bool  # recover() in this process queues again what it accepted (a long upload may
     #                      be split after its submit answered); False: split and queue it before
 
     def check_capacity(self) -> None: ...  # QueueFull now, before an upload is decoded
     def put(self, item: WorkItem, force: bool = False) -> None: ...  # force: past the bound
-    def claim(self, consumer: str, max_items: int, block_ms: int = 0) -> list[WorkItem]: ...
+
+
+class QueuePlaces(Protocol):
     def position(self, job_id: str) -> int | None: ...  # 1-based among the unclaimed, or None
+
+
+class QueueDepth(Protocol):
     def queue_depth(self) -> dict[Lane, int]: ...  # waiting + in flight, per lane
     def __len__(self) -> int: ...
+
+
+class Claims(Protocol):
+    def claim(self, consumer: str, max_items: int, block_ms: int = 0) -> list[WorkItem]: ...
+
+
+class QueueRecovery(Protocol):
     def recover(self) -> list[Job]: ...  # after a restart: the accepted jobs to queue again
+
+
+@runtime_checkable
+class WorkQueue(QueueIn, QueuePlaces, QueueDepth, Claims, QueueRecovery, Protocol):
+    """The lanes (live > interactive > bulk): the api side puts work in, a worker process claims."""
 
 
 @runtime_checkable
@@ -159,38 +217,56 @@ class WorkSource(Protocol):
                    ready: Callable[[], str | None]) -> LiveServing: ...  # other processes' streams
 
 
+# -- the live lane
+class LiveSubmit(Protocol):
+    def submit_live(self, item: WorkItem) -> Future: ...  # the reply a future
+
+
 @runtime_checkable
-class LiveLane(Protocol):
+class LiveLane(LiveSubmit, Protocol):
     """A live stream's re-decodes, above every job lane, the reply a future."""
 
-    def submit_live(self, item: WorkItem) -> Future: ...
     def live_lane_stats(self) -> tuple[int, int, int] | None: ...  # (workers, moved, lost) or None
 
 
-@runtime_checkable
-class ClusterState(Protocol):
-    """The workers as this process can know them."""
+# -- the cluster
+class WorkerWatch(Protocol):
+    """Whether the workers run elsewhere, and if so whether they and the store answer (health)."""
 
     workers_elsewhere: bool  # they run in other processes and report through the store (else: ours)
 
     def ping(self) -> bool: ...  # the store answers
     def live_workers(self) -> int: ...  # worker processes that reported within the visibility time-out
+
+
+class ClusterReadings(Protocol):
+    """What the workers of other processes report (admission, metrics, start-up warnings)."""
+
     def free_memory_ratios(self) -> list[float]: ...  # their GPUs' free memory shares
     def busy_seconds_reader(self) -> Callable[[], float] | None: ...  # their model time so far
     def live_capacity_reader(self) -> object | None: ...  # their live lane's room (admission), or None
     def config_warnings(self) -> list[str]: ...  # what in the store's configuration endangers jobs
 
 
-class Admission(JobWrites, WorkQueue, Uploads, Protocol):
-    """The api side's way in (pipeline/serving/intake.py, long_audio.py): a job stored and queued."""
+@runtime_checkable
+class ClusterState(WorkerWatch, ClusterReadings, Protocol):
+    """The workers as this process can know them."""
 
 
-class ViewedJobs(JobReads, Uploads, WorkQueue, Protocol):
+# -- what each part takes (composed from the parts above; tests/test_ports.py: each part uses
+#    at least 60 % of what it takes)
+class Admission(JobRecords, QueueIn, QueuePlaces, QueueRecovery, SpooledUploads, UploadBytes, Protocol):
+    """The api side's way in (pipeline/serving/intake.py): a job stored and queued, its place, and
+    the accepted jobs queued again after a restart."""
+
+
+class LongJobs(JobRecords, JobOutcomes, QueueIn, UploadBytes, Protocol):
+    """A long recording's (pipeline/serving/long_audio.py): stored, its pieces queued, an empty or
+    failed split ended here."""
+
+
+class ViewedJobs(JobLookup, UploadBytes, UploadFiles, QueuePlaces, Protocol):
     """What the job view reads (pipeline/serving/job_view.py): records, uploads, queue places."""
-
-
-class WorkerPorts(WorkerSink, WorkSource, Protocol):
-    """A worker process's (pipeline/serving/worker_pool.py): work in, results out."""
 
 
 @runtime_checkable

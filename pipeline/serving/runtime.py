@@ -8,6 +8,8 @@ alone; no caller wires a broker, a queue, a worker and a model by hand. The part
 * ``worker`` -- the broker, the worker pool (engines, workers, the feeder of a shared broker);
   no job view: a process without subscribers does no notification work.
 * ``all``    -- both, in one process (``make run``: over the embedded broker).
+* ``local``  -- the batch CLI's local mode: the worker pool, its scheduler and the upload decoder
+  fed directly (:class:`~pipeline.serving.direct.DirectRun`); no broker, no store, no job record.
 
 Each face takes only the part it uses: REST, OpenAI and the UI the intake and the view, the live
 captions the live lane (``Runtime.live_decode``: the pool's, or in an api-only process the shared
@@ -22,15 +24,23 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal, overload
 
+from pipeline.audio.decode import Resampler
+from pipeline.audio.decoder_pool import Decoder
 from pipeline.config import Settings
+from pipeline.serving.admission import Backlog, LocalLaneCapacity
 from pipeline.serving.broker import Broker, connect_broker, live_decode_via
+from pipeline.serving.broker_sqlite import WaveSpool
+from pipeline.serving.direct import DirectRun, LocalSink
 from pipeline.serving.health import Health, Janitor
 from pipeline.serving.intake import Intake
 from pipeline.serving.job_view import JobView
+from pipeline.serving.long_audio import LongAudio
 from pipeline.serving.metrics import Metrics
 from pipeline.serving.scheduler import Scheduler
+from pipeline.serving.speech_split import LazySegmenter
+from pipeline.serving.upload_decode import UploadDecoder
 from pipeline.serving.worker_pool import WorkerPool, visible_devices
 
 if TYPE_CHECKING:
@@ -40,6 +50,7 @@ if TYPE_CHECKING:
 logger = logging.getLogger("sensevoice.runtime")
 
 MEMORY_READ_INTERVAL_S = 0.25  # the cluster's free GPU memory is read at most this often
+LOCAL = "local"  # the role of the batch CLI's local mode: no broker, no store (build_runtime)
 
 
 @dataclass
@@ -103,7 +114,7 @@ class Runtime:
         workers' measured batches, or (api role) the worker processes' reports through Redis
         beside the other api processes' demand; None where no live lane is measured."""
         if self.pool is not None:
-            return self.pool.live_capacity()
+            return LocalLaneCapacity(self.pool.scheduler.live_batches)  # its workers' measured batches
         return self.broker.live_capacity_reader()
 
     @property
@@ -174,15 +185,33 @@ class Runtime:
         return len(purged)
 
 
+@overload
+def build_runtime(settings: Settings | None, role: Literal["local"], *, resolve: bool = False,
+                  source: ModelSource | None = None, broker: None = None) -> DirectRun: ...
+
+
+@overload
 def build_runtime(settings: Settings | None = None, role: str | None = None, *, resolve: bool = False,
-                  source: ModelSource | None = None, broker: Broker | None = None) -> Runtime:
+                  source: ModelSource | None = None, broker: Broker | None = None) -> Runtime: ...
+
+
+def build_runtime(settings: Settings | None = None, role: str | None = None, *, resolve: bool = False,
+                  source: ModelSource | None = None, broker: Broker | None = None) -> Runtime | DirectRun:
     """Compose the process that ``settings`` describe (``role`` defaults to ``settings.server.role``).
     Nothing heavy happens here: the model loads in ``Runtime.start``. ``resolve=True`` finds the
     model now (a missing local directory or an unreachable hub raises
     :class:`~pipeline.domain.errors.ModelUnavailable` before a server starts). ``broker``: one
-    made by the caller (a sibling web process's, pipeline/web/siblings.py)."""
+    made by the caller (a sibling web process's, pipeline/web/siblings.py).
+
+    ``role="local"``: the batch CLI's local mode, a :class:`~pipeline.serving.direct.DirectRun`
+    (the worker pool, its scheduler and the upload decoder, fed directly; no broker, no store)."""
     settings = settings or Settings()
     role = role or settings.server.role
+    if role == LOCAL:
+        run = _direct_run(settings, source)
+        if resolve:
+            run.pool.resolve()
+        return run
     serves_api, serves_worker = role in ("all", "api"), role in ("all", "worker")
     # an api-only process holds no model: it resamples on the CPU and needs no GPU
     devices = visible_devices(settings.engine.resolved_device()) if serves_worker else ["cpu"]
@@ -194,7 +223,7 @@ def build_runtime(settings: Settings | None = None, role: str | None = None, *, 
     if broker is None:  # (a sibling web process brings its own; a broker's len() is its queue)
         broker = connect_broker(settings, scheduler)
     metrics = Metrics(devices)
-    pool = WorkerPool(settings, broker, scheduler, metrics, devices, source) if serves_worker else None
+    pool = WorkerPool(settings, broker, broker, scheduler, metrics, devices, source) if serves_worker else None
     if pool is not None and resolve:
         pool.resolve()
     view = JobView(broker) if serves_api else None
@@ -213,13 +242,46 @@ def build_runtime(settings: Settings | None = None, role: str | None = None, *, 
     if pool is not None:
         pool.live_ready = lambda: health.not_serving()
     if serves_api:
-        intake = Intake(settings, broker, view, metrics, device=runtime.devices[0],
-                        free_memory=_free_memory(broker, pool), failed=health.failure,
-                        speech_device=pool.speech_device if pool is not None else "cpu")
+        intake = _intake(settings, broker, view, metrics, runtime.devices[0], _free_memory(broker, pool),
+                         health.failure, pool.speech_device if pool is not None else "cpu")
         metrics.set_backlog_fn(intake.long_audio.backlog.snapshot)
         runtime.intake = intake
         runtime.on_purge += [view.forget, intake.forget]
     return runtime
+
+
+def _direct_run(settings: Settings, source: ModelSource | None) -> DirectRun:
+    """The batch CLI's local mode: the server's worker pool and decoder, no broker, no job record."""
+    e, limits = settings.engine, settings.limits
+    devices = visible_devices(e.resolved_device())
+    # the bound is the caller's (files in flight), not a queue size: nothing is refused
+    scheduler = Scheduler(1 << 30, e.max_batch, e.max_wait_ms / 1e3, e.max_batch_seconds)
+    sink = LocalSink()
+    # no background compile unless asked for: a run ends before it pays, and it cannot be
+    # cancelled (the CLI waited for it at exit; before, it aborted the exit: issue 42)
+    pool = WorkerPool(settings, sink, sink, scheduler, Metrics(devices), devices, source,
+                      background_work=bool(e.background_compile))
+    uploads = UploadDecoder(Decoder(limits.decode_processes, timeout_s=limits.decode_timeout_s,
+                                    **Decoder.limits(settings)),
+                            Resampler(devices[0]), limits, concurrency=None)  # the CLI bounds files in flight
+    return DirectRun(settings, scheduler, pool, uploads, sink, LazySegmenter(e.max_segment_s, pool.speech_device))
+
+
+def _intake(settings: Settings, broker: Broker, view: JobView, metrics: Metrics, device: str,
+            free_memory: Callable[[], list[float]], failed: Callable[[], str | None], speech_device: str) -> Intake:
+    """The api side's way in and its parts: the decoder pool and the resampler, the long audio
+    (its backlog, its wave spool, its segmenter, loaded on the first long recording)."""
+    limits = settings.limits  # (machine-derived defaults already resolved by Settings)
+    uploads = UploadDecoder(Decoder(limits.decode_processes, timeout_s=limits.decode_timeout_s,
+                                    **Decoder.limits(settings)),
+                            Resampler(device), limits, limits.decode_concurrency)
+    long_audio = LongAudio(broker, view, uploads.decode, threshold_s=settings.engine.segment_threshold_s,
+                           backlog=Backlog(limits.segment_backlog_jobs, limits.segment_backlog_hours * 3600),
+                           waves=WaveSpool(settings.server.data_dir / "waves"),
+                           load_segmenter=LazySegmenter(settings.engine.max_segment_s, speech_device),
+                           on_failed=lambda job, code: metrics.request_failure(job.lane, code))
+    return Intake(settings, broker, view, uploads, long_audio, free_memory=free_memory, failed=failed,
+                  rejected=metrics.rejected)
 
 
 def _free_memory(broker: Broker, pool: WorkerPool | None) -> Callable[[], list[float]]:

@@ -33,7 +33,9 @@ from pipeline.domain.tags import SAMPLE_RATE_HZ
 from pipeline.serving.scheduler import Scheduler, WorkItem
 
 if TYPE_CHECKING:
-    from pipeline.domain.types import Transcript
+    from collections.abc import Callable
+
+    from pipeline.domain.types import Job, Transcript
 
 logger = logging.getLogger("sensevoice.worker")
 
@@ -348,7 +350,7 @@ class Worker(threading.Thread):
             done = self.store.segment_count(job_id)  # the pieces themselves only once complete
             if done >= total:
                 pieces = self.store.segments(job_id)
-                seconds = _recording_seconds(self.store, job_id, pieces)
+                seconds = _recording_seconds(self.store.get, job_id, pieces)
                 complete.append((job_id, transcript_from_pieces(pieces), seconds))
         return complete
 
@@ -380,11 +382,11 @@ def _piece(item: WorkItem, wave: torch.Tensor, out) -> SegmentResult:
     return redacted_piece(piece, item.options.redact) if item.options.redact else piece
 
 
-def _recording_seconds(store, job_id: str, pieces: Sequence[SegmentResult]) -> float:
+def _recording_seconds(get: Callable[[str], Job], job_id: str, pieces: Sequence[SegmentResult]) -> float:
     """A long job's audio seconds for the metrics: the job's own figure, else where its last piece
     ends (split channels overlap in time, so never the sum of the pieces)."""
     try:
-        seconds = float(store.get(job_id).audio_seconds)
+        seconds = float(get(job_id).audio_seconds)
     except Exception as e:  # purged meanwhile, a store without get: the pieces still tell
         logger.debug("job %s: audio seconds from its pieces (%s)", job_id, e)
         seconds = 0.0

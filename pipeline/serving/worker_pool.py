@@ -2,8 +2,9 @@
 :class:`~pipeline.serving.worker.Worker` per device, batching from a local
 :class:`~pipeline.serving.scheduler.Scheduler` -- the embedded broker's own queue, or one the
 broker's feeder keeps supplied (``WorkSource.feeder``: Redis). It also serves the live lane
-(re-decodes of live streams, above every job lane). It uses the ports of
-:class:`~pipeline.serving.ports.WorkerPorts` (WorkerSink, for its workers; WorkSource)."""
+(re-decodes of live streams, above every job lane). It takes two ports: the
+:class:`~pipeline.serving.ports.WorkerSink` its workers finish work in, and the
+:class:`~pipeline.serving.ports.WorkSource` (the feeder of a queue elsewhere, the live lane's end)."""
 
 from __future__ import annotations
 
@@ -28,7 +29,7 @@ if TYPE_CHECKING:
     from pipeline.config import Settings
     from pipeline.model.loading import ModelSource
     from pipeline.serving.metrics import Metrics
-    from pipeline.serving.ports import QueueFeeder, WorkerPorts
+    from pipeline.serving.ports import QueueFeeder, WorkerSink, WorkSource
     from pipeline.serving.scheduler import Scheduler
 
 logger = logging.getLogger("sensevoice.workers")
@@ -43,10 +44,12 @@ def visible_devices(device: str) -> list[str]:
 
 
 class WorkerPool:
-    def __init__(self, settings: Settings, broker: WorkerPorts, scheduler: Scheduler, metrics: Metrics,
-                 devices: list[str], source: ModelSource | None = None, background_work: bool = True):
+    def __init__(self, settings: Settings, sink: WorkerSink, work: WorkSource, scheduler: Scheduler,
+                 metrics: Metrics, devices: list[str], source: ModelSource | None = None,
+                 background_work: bool = True):
         self.settings = settings
-        self.broker = broker
+        self.sink = sink  # where its workers finish work
+        self.work = work  # the feeder of a queue elsewhere, the live lane's serving end
         self.scheduler = scheduler  # what the workers batch from
         self.metrics = metrics
         self.source = source
@@ -92,7 +95,7 @@ class WorkerPool:
                 engine.plan_graphs(sizes, s.engine.graph_max_seconds)
             engine.warmup()  # eager: the service is ready now; compiled kernels and graphs follow
             self.startup.update({f"{k}_s[{dev}]": v for k, v in engine.startup_seconds.items()})
-            self.workers.append(Worker(f"sensevoice-worker-{n}", engine, self.scheduler, self.broker,
+            self.workers.append(Worker(f"sensevoice-worker-{n}", engine, self.scheduler, self.sink,
                                        queue_timeout_s=s.limits.queue_timeout_s, metrics=self.metrics,
                                        cpu_threads=s.engine.cpu_threads, background_work=self.background_work,
                                        delete_audio_when_done=s.limits.delete_audio_when_done))
@@ -103,11 +106,11 @@ class WorkerPool:
             w.start()
         consumer = f"{socket.gethostname()}:{os.getpid()}"
         # live re-decodes of streams held by any api process, into the top lane of the scheduler
-        self.live_server = self.broker.serve_live(self.scheduler, consumer,
+        self.live_server = self.work.serve_live(self.scheduler, consumer,
                                                   max_waiting=self.settings.engine.max_batch,
                                                   ready=lambda: self.live_ready())
         self.live_server.start()
-        self.feeder = self.broker.feeder(  # None where the scheduler is the queue itself
+        self.feeder = self.work.feeder(  # None where the scheduler is the queue itself
             self.scheduler, consumer=consumer,
             prefetch=2 * self.settings.engine.max_batch,
             free_memory=lambda: max(self.local_free_ratios(), default=None),
@@ -154,12 +157,6 @@ class WorkerPool:
         """Seconds this process's workers have spent on batches so far, per worker (its change
         over a second is the share of time the model is busy: the live lane's cost model)."""
         return sum(w.busy_s for w in self.workers) / max(len(self.workers), 1)
-
-    def live_capacity(self):
-        """What this pool's live lane has left (issue 38): its workers' measured live batches."""
-        from pipeline.serving.admission import LocalLaneCapacity
-
-        return LocalLaneCapacity(self.scheduler.live_batches)
 
     def decode_live(self, wave: torch.Tensor, options: TranscribeOptions, final: bool = False) -> Future:
         """Queue one re-decode of a live stream's utterance (16 kHz mono) ahead of every job lane

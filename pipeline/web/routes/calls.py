@@ -43,7 +43,7 @@ from pipeline.web.links import job_links, link_key, link_state
 from pipeline.web.views import job_json
 
 if TYPE_CHECKING:
-    from pipeline.serving.ports import JobReads
+    from pipeline.serving.ports import CallsIndex
 
 logger = logging.getLogger("sensevoice.calls")
 
@@ -134,14 +134,13 @@ def review_view(job) -> dict:
         "segments": []}, "model_texts": [s.text for s in segments], "result": body["result"]}
 
 
-def build_calls_router(settings, view, broker: JobReads) -> APIRouter:
+def build_calls_router(settings, view, calls: CallsIndex) -> APIRouter:
     """The routes over the job view (reads) and the store's calls index (reviews, listings)."""
     router = APIRouter()
     token = settings.server.token
     read_or_review = [Depends(require_token_or_link(token, ("read", "review")))]
     review_only = [Depends(require_token_or_link(
         token, ("review",), needs="changing a review needs its review link (links.review of the page's view)"))]
-    calls = broker.calls()
     limits = settings.limits
     exports = ExportSlots(limits.max_exports, limits.max_exports_per_client)
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # bench/cpu_ceilings.sh's section 2 (the embedded server with sibling web processes, no-op engine,
 # bench/load_test.py) for two trees in one call, interleaved: BEFORE (a tree carried in an ignored
-# folder, default .cache/before) and this one, each with --web-processes $PROCS (default 3), REPS
+# folder, default .cache/before) and AFTER (default this tree), each with --web-processes $PROCS (default 3), REPS
 # times in turn (before, after, before, after, ...). Every server pinned to two cores (taskset -c
 # 0,1), the load generator on others, as cpu_ceilings.sh does. Writes $OUT/summary.txt.
 set -uo pipefail
@@ -17,11 +17,12 @@ export PYTHONPATH=/tmp/site
 PIN="taskset -c 0,1" GEN="taskset -c 4-11"
 export SENSEVOICE_DEVICE=cpu SENSEVOICE_MAX_CONNECTIONS_PER_CLIENT=0 SENSEVOICE_MAX_UPLOADS_PER_CLIENT=0 \
   SENSEVOICE_QUEUE_SIZE=4096
-BEFORE=${BEFORE:-.cache/before} PROCS=${PROCS:-3} REPS=${REPS:-2}
-echo "## web processes ($PROCS), no-op engine (load_test, ${SECS:-20} s, 10 s WAV), $BEFORE vs ." | tee "$OUT/summary.txt"
+BEFORE=${BEFORE:-.cache/before} AFTER=${AFTER:-.} PROCS=${PROCS:-3} REPS=${REPS:-2}
+TREES=${TREES:-"$BEFORE $AFTER"}  # (more than two: each in turn)
+echo "## web processes ($PROCS), no-op engine (load_test, ${SECS:-20} s, 10 s WAV), trees: $TREES" | tee "$OUT/summary.txt"
 port=7900
 for rep in $(seq "$REPS"); do
-  for tree in "$BEFORE" .; do
+  for tree in $TREES; do
     port=$((port + 1))
     (cd "$tree" && $PIN python3 bench/noop_server.py --demo --device cpu --api-only --port $port \
        --data-dir "$(mktemp -d)" --web-processes "$PROCS" >"$OUT/server-${port}.log" 2>&1) &

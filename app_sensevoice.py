@@ -141,6 +141,58 @@ def run_per_gpu(argv: list[str], settings, gpus: int) -> int:
     return next((c for c in codes if c not in (0, -signal.SIGTERM)), 0)
 
 
+def announce(settings, source) -> None:
+    """The line that says where the server answers (a wildcard bind is reached as 127.0.0.1 here:
+    its own name is not an allowed Host)."""
+    shown = "127.0.0.1" if settings.server.host in ("", "0.0.0.0", "::") else settings.server.host
+    shown = f"[{shown}]" if ":" in shown else shown
+    print(f"SenseVoice {settings.server.role} on http://{shown}:{settings.server.port}/  "
+          f"(model: {source.name if source else 'none, api role'})", flush=True)
+
+
+def serve_at_once(settings, options: dict) -> int:
+    """One web process: the HTTP server answers within a second (probes, a "starting" page:
+    pipeline/web/early.py) while torch, the runtime and the UI are built in a thread (issue 42).
+    The model is found first, without torch: a missing directory or an unreachable hub still ends
+    the process with status 2 before it listens. A build that fails stops the server with status 2
+    (a configuration the restart cannot fix) or 1."""
+    import uvicorn
+
+    from pipeline.domain.errors import ModelUnavailable, UnsafeDirectory
+    from pipeline.model.loading import resolve_model
+    from pipeline.web.early import EarlyApp
+
+    serves_model = settings.server.role in ("all", "worker")
+    try:
+        source = resolve_model(settings) if serves_model else None
+    except ModelUnavailable as e:
+        print(f"error: {e.message}", file=sys.stderr)
+        return 2
+    status = {"code": 0}
+    server: uvicorn.Server | None = None
+
+    def build():
+        from pipeline.serving.runtime import build_runtime
+
+        return create_app(runtime=build_runtime(settings, source=source))
+
+    def failed(e: BaseException) -> None:
+        known = isinstance(e, (ModelUnavailable, UnsafeDirectory))
+        status["code"] = 2 if known else 1
+        print(f"error: {e.message if known else e!r}", file=sys.stderr, flush=True)
+        if server is not None:
+            server.should_exit = True
+
+    demo = source.is_demo if source is not None else settings.engine.demo  # (as Runtime.is_demo says)
+    model = "demo (hand-set weights, not a real model)" if demo else source.name if source else settings.engine.model
+    probe = {"model": model, "demo": demo}
+    announce(settings, source)
+    server = uvicorn.Server(uvicorn.Config(EarlyApp(build, failed, probe), host=settings.server.host,
+                                           port=settings.server.port, **options))
+    server.run()
+    return status["code"]
+
+
 def main(argv=None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     args = parse_args(argv)
@@ -149,10 +201,9 @@ def main(argv=None) -> int:
         rest = [a for a in (sys.argv[1:] if argv is None else argv) if a != "--supervise"]
         return supervise([sys.executable, __file__, *rest])
     from pipeline.config import Settings
-    from pipeline.web.edge import uvicorn_options
     from pipeline.domain.errors import ModelUnavailable, UnsafeDirectory
-    from pipeline.serving.runtime import build_runtime
-    from pipeline.web.siblings import WebSiblings, run_sibling, share_limits, web_processes
+    from pipeline.web.edge import uvicorn_options
+    from pipeline.web.processes import share_limits, web_processes
 
     overrides = {k: v for k, v in {"model": args.model, "device": args.device, "host": args.host,
                                    "port": args.port, "data_dir": args.data_dir,
@@ -164,6 +215,8 @@ def main(argv=None) -> int:
         overrides["ui"] = False
     overrides.setdefault("exit_on_fatal", True)
     if args.sibling_dir:  # the api role over the owner's store; the UI stays with the owner
+        from pipeline.web.siblings import run_sibling
+
         return run_sibling(Settings(**{**overrides, "role": "api", "ui": False}), args.sibling_dir, args.sibling_fd)
     settings = Settings(**overrides)
     log_settings(settings)
@@ -173,30 +226,27 @@ def main(argv=None) -> int:
             return run_per_gpu(sys.argv[1:] if argv is None else argv, settings, gpus)
     processes = web_processes(settings)
     share_limits(settings, processes)  # each web process counts its share of the per-server limits
-    try:  # the model is found now (an api process holds none): fail fast, before the server starts
-        runtime = build_runtime(settings, resolve=True)
-    except (ModelUnavailable, UnsafeDirectory) as e:
-        print(f"error: {e.message}", file=sys.stderr)
-        return 2
-    source = runtime.source
-    import uvicorn
-
     if settings.server.gil_switch_ms > 0:  # process-wide: set by the entry point, not by create_app
         sys.setswitchinterval(settings.server.gil_switch_ms / 1000)
-    app = create_app(runtime=runtime)
-    # a wildcard bind is reached as 127.0.0.1 here (its own name is not an allowed Host)
-    shown = "127.0.0.1" if settings.server.host in ("", "0.0.0.0", "::") else settings.server.host
-    shown = f"[{shown}]" if ":" in shown else shown
-    print(f"SenseVoice {settings.server.role} on http://{shown}:{settings.server.port}/  "
-          f"(model: {source.name if source else 'none, api role'})", flush=True)
     # uvloop + httptools (requirements) rather than asyncio + h11: polls stay cheap under load
     # and the edge guards (pipeline/web/edge.py): a header deadline, a header size cap, connection
     # counts per client and in all, on top of uvicorn's httptools protocol; X-Forwarded-For only
     # from SENSEVOICE_TRUSTED_PROXIES
     options = dict(log_level="info", loop="uvloop", access_log=settings.server.access_log, **uvicorn_options(settings))
     if processes <= 1:
-        uvicorn.run(app, host=settings.server.host, port=settings.server.port, **options)
-        return 0
+        return serve_at_once(settings, options)
+    import uvicorn
+
+    from pipeline.serving.runtime import build_runtime
+    from pipeline.web.siblings import WebSiblings
+
+    try:  # the model is found now (an api process holds none): fail fast, before the server starts
+        runtime = build_runtime(settings, resolve=True)
+    except (ModelUnavailable, UnsafeDirectory) as e:
+        print(f"error: {e.message}", file=sys.stderr)
+        return 2
+    app = create_app(runtime=runtime)
+    announce(settings, runtime.source)
     # sibling web processes on the same port: uploads and polls on more cores (pipeline/web/siblings.py)
     listener = uvicorn.Config(app, host=settings.server.host, port=settings.server.port).bind_socket()
     siblings = WebSiblings(settings, runtime, processes, sys.argv[1:] if argv is None else list(argv), listener,

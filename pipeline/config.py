@@ -34,8 +34,20 @@ def env_api_token() -> str | None:
     return os.environ.get(ENV_PREFIX + "API_TOKEN") or None
 
 
+GPU_DRIVER_PATHS = ("/proc/driver/nvidia/version", "/dev/nvidiactl", "/dev/nvidia0", "/dev/kfd", "/dev/dxg")
+
+
+def gpu_driver_present() -> bool:
+    """Whether this host may have a GPU torch can use (NVIDIA's driver, ROCm's, WSL's): without
+    one the answer is ``cpu`` with no torch import (2-5 s that the HTTP server need not wait for)."""
+    return any(os.path.exists(p) for p in GPU_DRIVER_PATHS)
+
+
 def default_device() -> str:
-    """``cuda`` when a GPU is visible, else ``cpu``. Imports torch lazily."""
+    """``cuda`` when a GPU is visible, else ``cpu``. Imports torch lazily, and only on a host with
+    a GPU driver."""
+    if not gpu_driver_present():
+        return "cpu"
     import torch
 
     return "cuda" if torch.cuda.is_available() else "cpu"

@@ -785,6 +785,8 @@
           return body && body.error ? body.error : { code: 'status_' + resp.status };
         }, function () { return { code: 'status_' + resp.status }; }).then(function (error) {
           if (state.follow !== f) return;
+          // a server restarting (pipeline/web/early.py) answers 503 "starting": the job is kept, follow again
+          if (resp.status === 503 && error.code === 'starting') { retry(f, got); return; }
           state.follow = null;
           if (resp.status === 404 || resp.status === 410) recentForget(id);
           show({ id: id, stage: 'failed', error: error });

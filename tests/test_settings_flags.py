@@ -151,7 +151,9 @@ def test_an_unknown_keyword_is_still_refused_without_echoing_secrets(monkeypatch
 
 def _run_main(monkeypatch, argv: list[str], through_entry: bool) -> tuple[int, Settings]:
     """The real command line (app_sensevoice.main, or `sensevoice serve`), up to the runtime: the
-    settings it built are caught there and the start stops (as a missing model stops it)."""
+    settings it built are caught there and the start stops (as a missing model stops it). One web
+    process serves before it builds its runtime (pipeline/web/early.py): its settings are caught
+    where that server would start, with the status a missing model gives."""
     import app_sensevoice
     import pipeline.entry
     import pipeline.serving.runtime
@@ -163,7 +165,12 @@ def _run_main(monkeypatch, argv: list[str], through_entry: bool) -> tuple[int, S
         caught.append(settings)
         raise ModelUnavailable("stopped by the test")
 
+    def serve_at_once(settings, options):
+        caught.append(settings)
+        return 2
+
     monkeypatch.setattr(pipeline.serving.runtime, "build_runtime", build_runtime)
+    monkeypatch.setattr(app_sensevoice, "serve_at_once", serve_at_once)
     code = pipeline.entry.main(["serve", *argv]) if through_entry else app_sensevoice.main(argv)
     assert len(caught) == 1
     return code, caught[0]

@@ -7,7 +7,9 @@
   ``agent: [en] [HAPPY] text`` (an untimed segment with nothing to show gives no line).
 * **json**: ``job_meta``'s keys (id, audio_seconds, ...) and ``"result"``: the whole typed result,
   ``dataclasses.asdict(transcript)``, the same shape as a job in the REST API;
-  ``Transcript.from_dict(doc["result"])`` reads it back. ``options`` do not apply.
+  ``Transcript.from_dict(doc["result"])`` reads it back. ``options`` do not apply. A redacted
+  transcript's (its text holds masks such as ``[CARD]``) also has ``"redactions"``: each masked
+  item's kind, start and end, never its value.
 * **srt**: numbered cues, ``HH:MM:SS,mmm --> HH:MM:SS,mmm``, then the cue text; the speaker as
   ``agent: `` before the first line of each cue.
 * **vtt**: ``WEBVTT`` header, ``HH:MM:SS.mmm --> HH:MM:SS.mmm`` cues; the speaker as a voice span
@@ -73,6 +75,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from pipeline.domain.errors import InvalidOption
+from pipeline.domain.redaction import redactions_of
 from pipeline.domain.review import Review, corrected_transcript, result_with_review
 from pipeline.domain.types import Segment, Transcript, Word
 
@@ -269,7 +272,16 @@ def _json(transcript: Transcript, job_meta: dict | None, model: Transcript | Non
     if model is not None:  # reviewed: both texts, the marks, and the review itself
         doc["result"] = result_with_review(model, review)
         doc["review"] = review.to_dict()
+    masked = redaction_list(model if model is not None else transcript)
+    if masked:  # a redacted job's list: kinds and times, never the values
+        doc["redactions"] = masked
     return json.dumps(doc, ensure_ascii=False, indent=2, default=_json_default) + "\n"
+
+
+def redaction_list(transcript: Transcript) -> list[dict]:
+    """What a redacted transcript masks (pipeline/domain/redaction.py): each item's kind, start and
+    end (its words' times, else its segment's), never its value; [] when nothing is masked."""
+    return [r.to_dict() for r in redactions_of(transcript)]
 
 
 def _audio_seconds(job_meta: dict | None) -> float | None:

@@ -11,6 +11,7 @@ from dataclasses import dataclass, replace
 import orjson
 
 from pipeline.config import Settings
+from pipeline.domain.redaction import redactions_of
 from pipeline.domain.review import result_with_review, review_json
 from pipeline.domain.types import Job, JobState
 from pipeline.serving.health import Health
@@ -41,12 +42,17 @@ def job_json(job: Job) -> dict:
                     **({"languages": ",".join(job.options.languages)} if job.options.languages else {}),
                     # the hotwords one a line ("term" or "term:weight"), only when there are some
                     **({"hotwords": "\n".join(h.to_text() for h in job.options.hotwords)}
-                       if job.options.hotwords else {})},
+                       if job.options.hotwords else {}),
+                    # the kinds of personal data masked ("card,phone"), only when asked for
+                    **({"redact": ",".join(job.options.redact)} if job.options.redact else {})},
         "progress": job.meta.get("progress"),
         # the reviewer's text where corrected, the model's kept beside it (pipeline/domain/review.py)
         "result": result_with_review(job.result, job.meta.get("review")) if job.result else None,
         "review": review_json(job.meta.get("review")) if job.result else None,
         "error": {"code": job.error.code, "message": job.error.message} if job.error else None,
+        # what was masked: each item's kind and time, never its value (only when asked for)
+        **({"redactions": [r.to_dict() for r in redactions_of(job.result)] if job.result else None}
+           if job.options.redact else {}),
     }
 
 

@@ -79,6 +79,9 @@ def build_jobs_router(settings, intake: Intake, view: JobView, bodies: PollBodie
             hotwords: str = Form("", description="words or phrases to favour, one a line "
                                  "('term' or 'term:weight', weight 0.1-10, default 2) or a JSON "
                                  "list; at most 1,000 (docs/API.md)"),
+            redact: str = Form("", description="personal data masked before the result is "
+                               "stored: 'pii' (all) or a comma list of card, phone, email, id, "
+                               "digits"),
             wait: str | None = Query(None, description="seconds to wait for the result: 200 with "
                                      "the finished job if it ends in time, else 202")):
         """Submit a recording: 202 with the job's id (poll GET /api/jobs/{id}); with ``?wait=``,
@@ -87,7 +90,7 @@ def build_jobs_router(settings, intake: Intake, view: JobView, bodies: PollBodie
         timeout = wait_seconds(wait, settings.limits.request_wait_s)
         options = TranscribeOptions(language=language, use_itn=use_itn, ban_emo_unk=ban_emo_unk,
                                     split_channels=split_channels, word_timestamps=word_timestamps,
-                                    languages=languages, hotwords=hotwords)
+                                    languages=languages, hotwords=hotwords, redact=redact)
         job = await submit_upload(request, intake, file, options, Lane.BULK)
         headers = {"Location": f"/api/jobs/{job.id}"}
         if timeout is not None:

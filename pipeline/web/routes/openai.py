@@ -20,7 +20,9 @@ interactive lane); the handler waits for it on the event loop, holding no thread
   prompt. ``stream=true`` is refused (400). SenseVoice's own extras:
   ``split_channels`` (a stereo call, one speaker per channel), ``use_itn`` and, on a mono
   recording, ``speakers`` (the count, 1-16) or ``diarize=true`` (the count found) to label each
-  segment ``Speaker 1``, ``Speaker 2``, ..., which the OpenAI client sends with ``extra_body``.
+  segment ``Speaker 1``, ``Speaker 2``, ...; ``redact`` (``pii`` or a comma list of card, phone,
+  email, id, digits: masked before the result is stored, pipeline/domain/redaction.py; verbose_json
+  then lists ``redactions``, kinds and times), which the OpenAI client sends with ``extra_body``.
 * **Answers**: ``json`` ``{"text", "usage"}``; ``text`` the text (``text/plain``); ``srt`` and
   ``vtt`` subtitles cut at the word times (pipeline/domain/exports.py: 2 lines of 42 characters,
   7 s at most; no tags); ``verbose_json`` ``{"task": "transcribe", "language" (a name, e.g.
@@ -207,7 +209,7 @@ def detected_language(job: Job) -> str:
 
 def verbose_json(job: Job, words: bool) -> dict:
     """OpenAI's ``verbose_json``, with each segment's SenseVoice tags (see the module docstring)."""
-    from pipeline.domain.exports import segment_spans
+    from pipeline.domain.exports import redaction_list, segment_spans
 
     result = job.result
     spans = segment_spans(result, job.audio_seconds)
@@ -228,6 +230,8 @@ def verbose_json(job: Job, words: bool) -> dict:
     body = {"task": "transcribe", "language": detected_language(job),
             "duration": round(job.audio_seconds, 3), "text": result.text, "segments": segments,
             "usage": _usage(job)}
+    if job.options.redact:  # what was masked: kinds and times, never the values
+        body["redactions"] = redaction_list(result)
     if words:
         body["words"] = [{"word": w.text, "start": w.start, "end": w.end,
                           **({"probability": w.probability} if w.probability is not None else {})}
@@ -285,7 +289,8 @@ def build_openai_router(settings, intake: Intake, view: JobView) -> APIRouter:
             split_channels: bool = Form(False),
             use_itn: bool = Form(True),
             speakers: str = Form(""),  # the count on a mono recording (1-16); "" or 0: off
-            diarize: bool = Form(False)):  # speakers labelled, their count found
+            diarize: bool = Form(False),  # speakers labelled, their count found
+            redact: str = Form("")):  # personal data masked: "pii" or a comma list of kinds
         """Transcribe one file and answer when it is done (OpenAI's API; see the module
         docstring for the fields and answers)."""
         _model(model)
@@ -300,7 +305,7 @@ def build_openai_router(settings, intake: Intake, view: JobView) -> APIRouter:
         options = TranscribeOptions(
             language=prompt_language, languages=allowed, use_itn=use_itn,
             split_channels=split_channels, hotwords=hotwords_from_prompt(prompt),
-            speakers=speakers, diarize=diarize,
+            speakers=speakers, diarize=diarize, redact=redact,
             word_timestamps="word" in asked or response_format in ("srt", "vtt"))
         job = await submit_upload(request, intake, file, options, Lane.INTERACTIVE)
         waited = settings.limits.request_wait_s

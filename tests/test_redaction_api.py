@@ -1,0 +1,168 @@
+"""Redaction on the faces of the real app (demo model, loopback), over both stores: the REST field on
+jobs and batches, OpenAI's extra form field through the official client; the masked text, words,
+exports, calls table and CSV, the per-job list (kinds and times, never values), and that the
+unredacted text reaches neither store. The engine's output is replaced by a transcript with planted
+personal data (the demo model says nothing of the kind)."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import httpx
+import openai
+import pytest
+
+from pipeline.domain.types import Word
+from pipeline.model.protocol import EngineOutput, Finished
+from tests.conftest import LiveServer, make_settings
+from tests.redis_server import RedisServer
+
+TOKEN = "redact-token"
+PLANTED = ("My card is 4111 1111 1111 1111, call 13800138000 or mail john.smith@example.com. "
+           "The order of 2024-03-15 cost $1,299.99.")
+SECRETS = ("4111", "13800138000", "john.smith", "example.com")
+ORDINARY = ("2024-03-15", "$1,299.99")
+RAW = "<|en|><|NEUTRAL|><|Speech|><|withitn|>" + PLANTED
+
+
+def _output(options) -> EngineOutput:
+    words = ()
+    if options.word_timestamps:  # as the engine makes them: a word a piece, 0.3 s each
+        texts = PLANTED.replace(",", " ,").replace(". ", " . ").split()
+        words = tuple(Word(t, round(0.3 * i, 3), round(0.3 * i + 0.25, 3), 0.9)
+                      for i, t in enumerate(texts))
+    return EngineOutput(token_ids=(1, 2, 3), raw_text=RAW, words=words, avg_logprob=-0.1)
+
+
+@pytest.fixture(scope="module", params=["sqlite", "redis"])
+def server(request, demo_dir, tmp_path_factory):
+    redis = None
+    extra = {}
+    if request.param == "redis":
+        redis = RedisServer(tmp_path_factory.mktemp("redact-redis")).start()
+        extra["broker"] = redis.url
+    live = LiveServer(make_settings(demo_dir, tmp_path_factory.mktemp(f"redact-{request.param}"),
+                                    api_token=TOKEN, ui=False, **extra)).start()
+    for worker in live.runtime.pool.workers:  # the model "says" the planted transcript
+        worker.engine.transcribe_async = lambda waves, options: Finished([_output(o) for o in options])
+    yield live
+    live.stop()
+    if redis is not None:
+        redis.stop()
+
+
+def _headers():
+    return {"Authorization": f"Bearer {TOKEN}"}
+
+
+def _submit(server, clip, **fields) -> httpx.Response:
+    with open(clip, "rb") as f:
+        return httpx.post(server.url + "/api/jobs?wait=60", headers=_headers(), files={"file": f},
+                          data=fields, timeout=90)
+
+
+def _stored(server, job_id) -> str:
+    """Everything the store holds of the job, as text."""
+    job = server.runtime.broker.get(job_id)
+    return json.dumps(job.result.to_dict(), ensure_ascii=False) + job.result.raw_text
+
+
+def test_rest_redact_pii_masks_text_words_exports_and_store(server, speech_clip):
+    r = _submit(server, speech_clip, redact="pii", word_timestamps="true")
+    assert r.status_code == 200, r.text
+    job = r.json()
+    assert job["options"]["redact"] == "card,phone,email,id,digits"
+    text = job["result"]["text"]
+    assert text == ("My card is [CARD], call [PHONE] or mail [EMAIL]. "
+                    "The order of 2024-03-15 cost $1,299.99.")
+    words = [w["text"] for s in job["result"]["segments"] for w in s["words"]]
+    assert "[CARD]" in words and "[PHONE]" in words and "[EMAIL]" in words
+    # the list: kinds and times, never the values
+    assert [d["kind"] for d in job["redactions"]] == ["card", "phone", "email"]
+    card = job["redactions"][0]
+    assert card["start"] == 0.9 and card["end"] == 0.9 + 3 * 0.3 + 0.25
+    body = r.text + _stored(server, job["id"])
+    for secret in SECRETS:
+        assert secret not in body
+    for fmt in ("txt", "json", "srt", "vtt"):
+        out = httpx.get(f"{server.url}/api/jobs/{job['id']}/result?format={fmt}", headers=_headers())
+        assert out.status_code == 200
+        assert "[CARD]" in out.text and not any(s in out.text for s in SECRETS), fmt
+    # the calls table and its CSV: nothing to find, nothing to read
+    found = httpx.post(server.url + "/api/calls", headers=_headers(),
+                       json={"all": True, "query": {"q": "4111"}})
+    assert found.status_code == 200 and all(row["id"] != job["id"] for row in found.json()["rows"])
+    csv = httpx.post(server.url + "/api/calls", headers=_headers(), json={"all": True, "format": "csv"})
+    assert csv.status_code == 200 and job["id"] in csv.text
+    assert not any(s in csv.text for s in SECRETS)
+
+
+def test_without_redact_the_text_is_as_the_model_said_it(server, speech_clip):
+    r = _submit(server, speech_clip)
+    assert r.status_code == 200, r.text
+    assert r.json()["result"]["text"] == PLANTED and "redactions" not in r.json()
+    assert all(s in _stored(server, r.json()["id"]) for s in SECRETS)
+    found = httpx.post(server.url + "/api/calls", headers=_headers(),
+                       json={"all": True, "query": {"q": "4111"}})  # (the search looks in the text)
+    assert any(row["id"] == r.json()["id"] for row in found.json()["rows"])
+
+
+def test_only_the_kinds_asked_for_and_times_of_the_piece_without_words(server, speech_clip):
+    r = _submit(server, speech_clip, redact="card")
+    assert r.status_code == 200, r.text
+    job = r.json()
+    assert job["result"]["text"].startswith("My card is [CARD], call 13800138000")
+    assert job["redactions"] == [{"kind": "card", "start": 0.0,
+                                  "end": job["result"]["segments"][0]["end"]}]
+    for ordinary in ORDINARY:
+        assert ordinary in job["result"]["text"]
+
+
+def test_an_unknown_kind_is_refused_with_its_name(server, speech_clip):
+    r = _submit(server, speech_clip, redact="card,ssn")
+    assert r.status_code == 400
+    assert r.json()["error"]["code"] == "invalid_option" and "'ssn'" in r.json()["error"]["message"]
+
+
+def test_batches_take_redact(server, speech_clip):
+    with open(speech_clip, "rb") as f:
+        data = f.read()
+    r = httpx.post(server.url + "/api/batches", headers=_headers(), timeout=90,
+                   files=[("files", ("a.wav", data)), ("files", ("b.wav", data))],
+                   data={"redact": "phone,email"})
+    assert r.status_code == 200, r.text
+    for entry in r.json()["jobs"]:
+        for _ in range(600):
+            got = httpx.get(f"{server.url}/api/jobs/{entry['id']}", headers=_headers(), timeout=30)
+            if got.json()["status"] in ("done", "failed"):
+                break
+            time.sleep(0.1)
+        text = got.json()["result"]["text"]
+        assert "[PHONE]" in text and "[EMAIL]" in text and "4111 1111" in text
+
+
+def test_openai_client_sends_redact_as_an_extra_field(server, speech_clip):
+    client = openai.OpenAI(api_key=TOKEN, base_url=server.url + "/v1", max_retries=0)
+    with open(speech_clip, "rb") as f:
+        out = client.audio.transcriptions.create(
+            model="sensevoice-small", file=f, response_format="verbose_json",
+            timestamp_granularities=["word"], extra_body={"redact": "pii"})
+    body = out.model_dump()
+    assert "[CARD]" in body["text"] and "[EMAIL]" in body["text"]
+    assert not any(s in json.dumps(body) for s in SECRETS)
+    assert "[PHONE]" in [w["word"] for w in body["words"]]
+    assert [r["kind"] for r in body["redactions"]] == ["card", "phone", "email"]
+    with open(speech_clip, "rb") as f:
+        srt = client.audio.transcriptions.create(model="sensevoice-small", file=f,
+                                                 response_format="srt", extra_body={"redact": "card"})
+    assert "[CARD]" in srt and "13800138000" in srt and "4111" not in srt
+    with open(speech_clip, "rb") as f, pytest.raises(openai.BadRequestError, match="ssn"):
+        client.audio.transcriptions.create(model="sensevoice-small", file=f,
+                                           extra_body={"redact": "ssn"})
+
+
+def test_json_export_lists_what_was_masked(server, speech_clip):
+    job = _submit(server, speech_clip, redact="pii", word_timestamps="true").json()
+    doc = httpx.get(f"{server.url}/api/jobs/{job['id']}/result?format=json", headers=_headers()).json()
+    assert doc["redactions"] == job["redactions"] and len(doc["redactions"]) == 3

@@ -2,6 +2,7 @@
 
     python -m pipeline.cli PATHS... --output-dir DIR [--format txt,json,srt,vtt] [--language auto]
                            [--languages zh,en] [--word-timestamps] [--no-itn] [--split-channels]
+                           [--redact pii|card,phone,...]
                            [--demo | --model DIR|NAME] [--device cuda|cpu]
                            [--server URL [--token TOKEN]] [--jobs N] [--retry-for S] [--quiet]
 
@@ -700,6 +701,17 @@ def _languages(value: str) -> tuple[str, ...]:
     return chosen
 
 
+def _redact(value: str) -> tuple[str, ...]:
+    """``--redact pii`` or ``--redact card,phone``: checked here (an unknown kind is a usage error)."""
+    from pipeline.domain.errors import InvalidOption
+    from pipeline.domain.redact_kinds import parse_redact
+
+    try:
+        return parse_redact(value)
+    except InvalidOption as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
 def parse_args(argv=None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(prog="python -m pipeline.cli", description=__doc__.splitlines()[0],
                                  epilog="Exit status: 0 all done, 1 some file failed, 2 could not "
@@ -713,6 +725,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--languages", type=_languages, default=(), metavar="LIST",
                     help="a language allow-list, e.g. zh,en: each segment's language is "
                          "detected only among these (default: any)")
+    ap.add_argument("--redact", type=_redact, default=(), metavar="KINDS",
+                    help="mask personal data in every output: pii (all) or a comma list of "
+                         "card,phone,email,id,digits (written or spoken; never kept unmasked)")
     ap.add_argument("--word-timestamps", action="store_true",
                     help="per-word times from the CTC alignment (in json; subtitles use them)")
     ap.add_argument("--no-itn", action="store_true", help="no punctuation or digits (inverse "
@@ -772,7 +787,8 @@ def main(argv=None) -> int:
 
     options = TranscribeOptions(language=args.language, use_itn=not args.no_itn,
                                 split_channels=args.split_channels,
-                                word_timestamps=args.word_timestamps, languages=args.languages)
+                                word_timestamps=args.word_timestamps, languages=args.languages,
+                                redact=args.redact)
     plan = make_plan(args.paths, args.output_dir, args.format)
     for link in plan.links_out:
         print(f"skipped: {link}: a link pointing out of the folder walked", file=sys.stderr)

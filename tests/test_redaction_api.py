@@ -166,3 +166,20 @@ def test_json_export_lists_what_was_masked(server, speech_clip):
     job = _submit(server, speech_clip, redact="pii", word_timestamps="true").json()
     doc = httpx.get(f"{server.url}/api/jobs/{job['id']}/result?format=json", headers=_headers()).json()
     assert doc["redactions"] == job["redactions"] and len(doc["redactions"]) == 3
+
+
+def test_cli_redact_through_the_server_and_a_usage_error_for_an_unknown_kind(server, speech_clip,
+                                                                              tmp_path, capsys):
+    from pipeline import cli
+
+    out = tmp_path / "out"
+    code = cli.main([str(speech_clip), "--out", str(out), "--server", server.url, "--token", TOKEN,
+                     "--redact", "pii", "--format", "txt,json", "--quiet"])
+    assert code == 0
+    txt = (out / (speech_clip.stem + ".txt")).read_text()
+    doc = json.loads((out / (speech_clip.stem + ".json")).read_text())
+    assert "[CARD]" in txt and not any(s in txt + json.dumps(doc) for s in SECRETS)
+    assert [r["kind"] for r in doc["redactions"]] == ["card", "phone", "email"]
+    with pytest.raises(SystemExit) as e:
+        cli.main([str(speech_clip), "--out", str(out), "--redact", "card,ssn"])
+    assert e.value.code == 2 and "unknown redact kind 'ssn'" in capsys.readouterr().err

@@ -8,6 +8,7 @@ about 2-15 s with a short pause between turns; the mono 16 kHz wave and each tur
 from __future__ import annotations
 
 import subprocess
+import zlib
 import wave
 from dataclasses import dataclass
 from pathlib import Path
@@ -62,7 +63,7 @@ def two_voice_call(cache: Path, voices: int = 2) -> tuple[np.ndarray, list[Truth
     parts, truth, at = [pause], [], len(pause)
     for k, text in enumerate(TEXTS):
         v = k % voices
-        speech = _speak(text, VOICES[v], cache / f"turn{k}-{VOICES[v]}.wav")
+        speech = _speak(text, VOICES[v], cache / f"turn-{zlib.crc32(text.encode()):08x}-{VOICES[v]}.wav")
         truth.append(TruthTurn(at / SAMPLE_RATE_HZ, (at + len(speech)) / SAMPLE_RATE_HZ, v))
         parts += [speech, pause]
         at += len(speech) + len(pause)

@@ -123,3 +123,47 @@ def test_the_demo_campplus_labels_every_span_with_named_speakers(call, segmenter
     assert sum(s.duration_s for s, _ in got) >= 0.9 * speech
     error, confusion = der(got, truth, len(wave) / SR)
     print(f"two-voice call, demo CAM++ weights: {len(got)} spans, DER {error:.1%} (confusion {confusion:.1%})")
+
+
+# ----------------------------------------------------------------------------- the split's wiring
+class _FixedLabeller:
+    """A labeller double: the spans it is given, alternating two speakers."""
+
+    def __init__(self):
+        self.calls = 0
+
+    def spans(self, wave, segmenter, options, progress=lambda f: None):
+        from pipeline.audio.vad import Span
+
+        self.calls += 1
+        n = wave.shape[-1]
+        return [(Span(0, n // 2), "Speaker 1"), (Span(n // 2, n), "Speaker 2")]
+
+
+def test_split_pieces_labels_a_mono_recording_when_speakers_are_asked():
+    from pipeline.domain.errors import ModelUnavailable
+    from pipeline.domain.types import Lane
+    from pipeline.serving.speech_split import split_pieces
+
+    class NoSegmenter:
+        def split(self, wave, on_progress=None):
+            from pipeline.audio.vad import Span
+
+            return [Span(0, wave.shape[-1])]
+
+    wave = torch.zeros(4 * SR)
+    labeller = _FixedLabeller()
+    items = split_pieces("j", Lane.BULK, TranscribeOptions(speakers=2), wave, NoSegmenter(),
+                         speakers=lambda: labeller)
+    assert [(i.speaker, i.start_s, i.piece, i.pieces) for i in items] == [
+        ("Speaker 1", 0.0, 0, 2), ("Speaker 2", 2.0, 1, 2)]
+    assert items[1].audio.shape[-1] == 2 * SR
+    # not asked: no labeller called, no names
+    plain = split_pieces("j", Lane.BULK, TranscribeOptions(), wave, NoSegmenter(), speakers=lambda: labeller)
+    assert [i.speaker for i in plain] == [None] and labeller.calls == 1
+    # a split stereo call keeps its channels as its speakers
+    stereo = split_pieces("j", Lane.BULK, TranscribeOptions(split_channels=True, speakers=2),
+                          torch.zeros(2, SR), NoSegmenter(), speakers=lambda: labeller)
+    assert sorted(i.speaker for i in stereo) == ["left", "right"] and labeller.calls == 1
+    with pytest.raises(ModelUnavailable, match="no speaker model"):
+        split_pieces("j", Lane.BULK, TranscribeOptions(diarize=True), wave, NoSegmenter())

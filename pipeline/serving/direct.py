@@ -28,7 +28,7 @@ if TYPE_CHECKING:
     from pipeline.config import Settings
     from pipeline.serving.records import SegmentResult
     from pipeline.serving.scheduler import Scheduler
-    from pipeline.serving.speech_split import SegmenterLoader
+    from pipeline.serving.speech_split import SegmenterLoader, SpeakersLoader
     from pipeline.serving.upload_decode import UploadDecoder
     from pipeline.serving.worker_pool import WorkerPool
 
@@ -121,13 +121,14 @@ class DirectRun:
     (its pieces, when long) into the scheduler the pool batches from."""
 
     def __init__(self, settings: Settings, scheduler: Scheduler, pool: WorkerPool, uploads: UploadDecoder,
-                 sink: LocalSink, segmenter: SegmenterLoader):
+                 sink: LocalSink, segmenter: SegmenterLoader, speakers: SpeakersLoader | None = None):
         self.settings = settings
         self.scheduler = scheduler  # the bound is the caller's (files in flight): nothing is refused
         self.pool = pool
         self.uploads = uploads
         self.sink = sink
         self.segmenter = segmenter  # silero-vad, loaded on the first long recording
+        self.speakers = speakers  # the speaker model, loaded on the first ask for speakers
 
     # ------------------------------------------------------------------ lifecycle
     def start(self) -> None:
@@ -148,8 +149,8 @@ class DirectRun:
             wave = self.uploads.decode(data, options)
         seconds = wave_seconds(wave)
         job_id = self.sink.new_id()
-        if seconds > self.settings.engine.segment_threshold_s or options.split_channels:
-            items = split_pieces(job_id, Lane.BULK, options, wave, self.segmenter())
+        if seconds > self.settings.engine.segment_threshold_s or options.split_channels or options.wants_speakers:
+            items = split_pieces(job_id, Lane.BULK, options, wave, self.segmenter(), speakers=self.speakers)
             if not items:  # no speech at all: an empty transcript, not an error
                 empty: Future = Future()
                 empty.set_result(Transcript(text="", raw_text="", segments=()))

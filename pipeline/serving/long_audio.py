@@ -18,7 +18,7 @@ import torch
 
 from pipeline.domain.errors import SegmentationFailed, SenseVoiceError
 from pipeline.domain.types import Job, TranscribeOptions, Transcript
-from pipeline.serving.speech_split import SegmenterLoader, split_pieces
+from pipeline.serving.speech_split import SegmenterLoader, SpeakersLoader, split_pieces
 
 if TYPE_CHECKING:
     from pipeline.serving.admission import Backlog
@@ -33,7 +33,8 @@ logger = logging.getLogger("sensevoice.long_audio")
 class LongAudio:
     def __init__(self, broker: LongJobs, view: JobView, decode: Callable[[bytes, TranscribeOptions], torch.Tensor],
                  *, threshold_s: float, backlog: Backlog, waves: WaveSpool, load_segmenter: SegmenterLoader,
-                 on_failed: Callable[[Job, str], None] = lambda job, code: None):
+                 on_failed: Callable[[Job, str], None] = lambda job, code: None,
+                 load_speakers: SpeakersLoader | None = None):
         self.threshold_s = threshold_s  # longer than this (s): split by speech detection
         self.on_failed = on_failed  # (job, error code): a job this class failed (metrics)
         self.broker = broker
@@ -42,18 +43,22 @@ class LongAudio:
         self.backlog = backlog  # the long jobs accepted and not yet split (seats, hours)
         self.waves = waves  # their decoded audio on disk until split
         self._load_segmenter = load_segmenter
+        self._load_speakers = load_speakers  # the speaker model, loaded on the first ask for speakers
         self._pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="sensevoice-vad")
         self._segmenter = None  # silero-vad, loaded on the first long recording
         self._segmenter_lock = threading.Lock()
         view.on_finished.append(self._finished)
 
     def is_long(self, seconds: float, options: TranscribeOptions) -> bool:
-        return seconds > self.threshold_s or options.split_channels
+        return seconds > self.threshold_s or options.split_channels or options.wants_speakers
 
     def check(self, options: TranscribeOptions) -> None:
-        """A cheap early answer (BacklogFull) before a split call is decoded."""
-        if options.split_channels:
+        """A cheap early answer (BacklogFull) before a split call is decoded; an ask for speakers
+        loads the speaker model first (ModelUnavailable, e.g. an unreachable hub, answers the submit)."""
+        if options.split_channels or options.wants_speakers:
             self.backlog.check()
+        if options.wants_speakers and self._load_speakers is not None:
+            self._load_speakers()
 
     def accept(self, job: Job, data: bytes, wave: torch.Tensor) -> Job:
         """Store a long job and queue (or schedule) its pieces."""
@@ -101,7 +106,7 @@ class LongAudio:
 
     def _pieces(self, job: Job, wave: torch.Tensor) -> list[WorkItem]:
         return split_pieces(job.id, job.lane, job.options, wave, self.segmenter(),
-                            lambda f: self.view.set_progress(job.id, f"segmenting {f:.0%}"))
+                            lambda f: self.view.set_progress(job.id, f"segmenting {f:.0%}"), self._load_speakers)
 
     def _queue_pieces(self, job: Job, items: list[WorkItem], accepted: bool = True) -> None:
         """Queue the pieces of a long job. An ``accepted`` job's pieces all go in whatever the

@@ -39,7 +39,7 @@ from pipeline.serving.job_view import JobView
 from pipeline.serving.long_audio import LongAudio
 from pipeline.serving.metrics import Metrics
 from pipeline.serving.scheduler import Scheduler
-from pipeline.serving.speech_split import LazySegmenter
+from pipeline.serving.speech_split import LazySegmenter, LazySpeakers
 from pipeline.serving.upload_decode import UploadDecoder
 from pipeline.serving.worker_pool import WorkerPool, visible_devices
 
@@ -264,7 +264,8 @@ def _direct_run(settings: Settings, source: ModelSource | None) -> DirectRun:
     uploads = UploadDecoder(Decoder(limits.decode_processes, timeout_s=limits.decode_timeout_s,
                                     **Decoder.limits(settings)),
                             Resampler(devices[0]), limits, concurrency=None)  # the CLI bounds files in flight
-    return DirectRun(settings, scheduler, pool, uploads, sink, LazySegmenter(e.max_segment_s, pool.speech_device))
+    return DirectRun(settings, scheduler, pool, uploads, sink, LazySegmenter(e.max_segment_s, pool.speech_device),
+                     LazySpeakers(settings, pool.speech_device))
 
 
 def _intake(settings: Settings, broker: Broker, view: JobView, metrics: Metrics, device: str,
@@ -279,7 +280,8 @@ def _intake(settings: Settings, broker: Broker, view: JobView, metrics: Metrics,
                            backlog=Backlog(limits.segment_backlog_jobs, limits.segment_backlog_hours * 3600),
                            waves=WaveSpool(settings.server.data_dir / "waves"),
                            load_segmenter=LazySegmenter(settings.engine.max_segment_s, speech_device),
-                           on_failed=lambda job, code: metrics.request_failure(job.lane, code))
+                           on_failed=lambda job, code: metrics.request_failure(job.lane, code),
+                           load_speakers=LazySpeakers(settings, speech_device))
     return Intake(settings, broker, view, uploads, long_audio, free_memory=free_memory, failed=failed,
                   rejected=metrics.rejected)
 

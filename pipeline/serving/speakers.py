@@ -4,14 +4,14 @@ embeddings (batched on the speech device) -> clusters -> each span cut into one-
 ``speaker`` a split stereo call's channel has, so every face (JSON, SRT/VTT, verbose_json, the
 stores) shows it the way it shows a channel's.
 
-The model is loaded once per process on first use (:class:`LazySpeakers`): the demo weights with
+The model is loaded once per process on first use
+(:class:`pipeline.serving.speech_split.LazySpeakers`): the demo weights with
 ``--demo`` (built offline), else ``engine.speaker_model`` (a directory or the hub name; an unreachable
 hub fails fast with :class:`~pipeline.domain.errors.ModelUnavailable`)."""
 
 from __future__ import annotations
 
 import logging
-import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -86,19 +86,3 @@ def load_labeller(settings: "Settings", device: str) -> SpeakerLabeller:
     embedder = SpeakerEmbedder.load(source, device)
     logger.info("speaker model %s (%s) on %s", source.name, source.weights, device)
     return SpeakerLabeller(embedder.embed)
-
-
-class LazySpeakers:
-    """The labeller, loaded on first use (once, whichever thread asks first)."""
-
-    def __init__(self, settings: "Settings", device: str,
-                 loader: Callable[["Settings", str], SpeakerLabeller] = load_labeller):
-        self.settings, self.device, self.loader = settings, device, loader
-        self._labeller: SpeakerLabeller | None = None
-        self._lock = threading.Lock()
-
-    def __call__(self) -> SpeakerLabeller:
-        with self._lock:
-            if self._labeller is None:
-                self._labeller = self.loader(self.settings, self.device)
-            return self._labeller

@@ -327,7 +327,7 @@ def test_no_decoder_outlives_its_server(end, clip_factory):
 
 def test_server_answers_decoder_faults_and_serves_the_next_job(demo_dir, tmp_path, clip_factory):
     server = LiveServer(make_settings(demo_dir, tmp_path / "d", decode_processes=2)).start()
-    decoder = server.runtime.intake.decoder
+    decoder = server.runtime.intake.uploads.decoder
     decoder.target = crash_on_marker
     clip = clip_factory("wav", 16000, 1)
     try:

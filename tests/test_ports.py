@@ -136,7 +136,8 @@ def _class_slots(rel, cls: ast.ClassDef, names, slots, signatures, by_param) -> 
                              and isinstance(n.value, ast.Name) and n.value.id == a.arg
                              for t in n.targets if isinstance(t, ast.Attribute)), None)
                 slot = Slot(f"{rel}: {cls.name}({a.arg})", port, param=a.arg, attr=attr)
-                found.pop(attr, None) if attr else None
+                if attr:  # the attribute it is kept in is this slot, not one of its own
+                    found.pop(attr, None)
                 found[f"param:{a.arg}"] = slot
                 by_param[(cls.name, a.arg)] = slot
     for key, slot in found.items():

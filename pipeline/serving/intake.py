@@ -42,7 +42,8 @@ def new_job_id() -> str:
 class Intake:
     def __init__(self, settings: Settings, broker: Admission, view: JobView, uploads: UploadDecoder,
                  long_audio: LongAudio, free_memory: FreeMemory, failed: Callable[[], str | None],
-                 rejected: Callable[[str], None] = lambda code: None):
+                 rejected: Callable[[str], None] = lambda code: None,
+                 check_hotwords: Callable[[tuple], None] = lambda hotwords: None):
         self.settings = settings
         self.broker = broker
         self.view = view
@@ -51,6 +52,7 @@ class Intake:
         self.free_memory = free_memory  # the free GPU memory shares admission looks at
         self.failed = failed  # why the service cannot take work at all, or None
         self.rejected = rejected  # (error code): a submit refused (metrics)
+        self.check_hotwords = check_hotwords  # (a list): raises InvalidOption for a term the model cannot spell
         self._owned_files: dict[str, list[Path]] = {}  # job id -> intermediate copies to delete with it
         self._owned_lock = threading.Lock()
 
@@ -70,6 +72,8 @@ class Intake:
             raise NotReady(f"the service is not available: {reason}")
         self.broker.check_capacity()  # cheap early answers before decoding
         self.long_audio.check(options)
+        if options.hotwords:  # a term the model's vocabulary cannot spell: 400 here
+            self.check_hotwords(options.hotwords)
         self._check_memory()
         # a mono 16 kHz 16-bit PCM WAV, where the broker reads a job's audio from its stored upload:
         # never converted (to float, to the GPU) here; anything else is decoded
@@ -105,15 +109,6 @@ class Intake:
     def decode(self, data: bytes, options: TranscribeOptions) -> torch.Tensor:
         """Upload bytes -> 16 kHz wave on the device: [n] mono, or [channels, n] for split calls."""
         return self.uploads.decode(data, options)
-
-    @property
-    def decoder(self):
-        """The decoder pool (PyAV in processes) the uploads are decoded in."""
-        return self.uploads.decoder
-
-    @property
-    def resampler(self):
-        return self.uploads.resampler
 
     # ------------------------------------------------------------------ files tied to jobs
     def own_file(self, job_id: str, path: str | Path) -> None:

@@ -135,7 +135,7 @@ class Runtime:
                 self.startup.update(self.pool.startup)
             t1 = time.perf_counter()
             if self.intake is not None:
-                self.intake.decoder.warm_up()
+                self.intake.uploads.warm_up()
                 self.intake.recover()
             self.startup["decoder_s"] = time.perf_counter() - t1
             self.metrics.start()
@@ -174,7 +174,7 @@ class Runtime:
             self.pool.stop()
         self.metrics.stop()
         if self.intake is not None:
-            self.intake.decoder.close()
+            self.intake.uploads.close()
         self.broker.close()
 
     def purge_expired(self) -> int:

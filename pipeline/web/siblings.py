@@ -99,7 +99,7 @@ class WebSiblings:
         secret_file.touch(mode=0o600)
         secret_file.write_text(self.secret)
         self.hub = SiblingHub(str(self.dir / "hub.sock"), self.secret, runtime.broker, runtime.view.remember,
-                              lambda: owner_state(runtime), device=runtime.intake.resampler.device,
+                              lambda: owner_state(runtime), device=runtime.intake.uploads.resampler.device,
                               body_of=lambda job_id: final_body(runtime.view, bodies, job_id))
         runtime.on_purge.append(self.hub.forget)
         self.metrics_dir = self.dir / "metrics"  # the siblings' PROMETHEUS_MULTIPROC_DIR (private: 0700)

@@ -20,6 +20,7 @@ import functools
 import logging
 import os
 import socket
+import struct
 import threading
 from collections.abc import Callable
 from multiprocessing.connection import AuthenticationError, Client, Connection, answer_challenge, deliver_challenge
@@ -130,8 +131,6 @@ class Wire:
 
     def send_timeout(self, seconds: int) -> None:
         """Sends fail after ``seconds`` without progress (reads still wait)."""
-        import struct
-
         self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, struct.pack("ll", seconds, 0))
 
     def cut(self) -> None:

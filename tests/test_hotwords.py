@@ -217,6 +217,18 @@ def test_a_term_the_vocabulary_cannot_spell_is_reported(sp):
     assert lenient.terms == ("hello",)
 
 
+def test_the_api_check_reads_the_configured_model_directory(demo_dir, tmp_path):
+    from pipeline.model.loading import hotword_checker
+    from tests.conftest import make_settings
+
+    check = hotword_checker(make_settings(demo_dir, tmp_path))
+    check(parse_hotwords("hello\n北京"))
+    with pytest.raises(hw.Unspellable, match="cannot spell 'zzqx'"):
+        check(parse_hotwords("hello\nzzqx"))
+    elsewhere = hotword_checker(make_settings(tmp_path / "no-model-here", tmp_path))
+    elsewhere(parse_hotwords("zzqx"))  # no vocabulary on this host: the engine's lenient spelling
+
+
 def test_a_term_of_too_many_pieces_is_refused(sp):
     with pytest.raises(InvalidOption, match="at most 64"):
         hw.spell(sp, parse_hotwords("北京" * 40))

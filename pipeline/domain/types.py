@@ -7,7 +7,9 @@ from dataclasses import dataclass, field, fields, is_dataclass
 
 import orjson
 
-from pipeline.domain.hotwords import Hotword, parse_hotwords
+from pipeline.domain.hotwords import Hotword, hotwords_from_funasr, parse_hotwords
+
+__all__ = ["Hotword", "hotwords_from_funasr"]  # (re-exported: the routes read options from here)
 from pipeline.domain.redact_kinds import parse_redact
 from pipeline.domain.tags import AUTO_LANGUAGE, LANGUAGES, NO_SPEECH, REQUEST_LANGUAGES
 

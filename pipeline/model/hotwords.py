@@ -352,3 +352,32 @@ def rewrite(host: np.ndarray, runs: np.ndarray | None, logp: np.ndarray | None, 
                 logp[row, t] = min(float(logp[row, t]) + d, 0.0)
         changed += 1
     return changed
+
+
+BPE_FILE = "chn_jpn_yue_eng_ko_spectok.bpe.model"
+
+
+class Speller:
+    """The API's check of a list against the model's vocabulary, where the process can read the
+    model directory (roles ``all`` and a worker's host; an api-only process without the files
+    skips it and the engine leaves unspellable terms out). Lists seen before are not spelt again."""
+
+    def __init__(self, bpe_path):
+        import sentencepiece as spm
+
+        sp = spm.SentencePieceProcessor()
+        sp.load(str(bpe_path))
+        self._cache = TableCache(sp, size=512)
+        self._ok: OrderedDict[tuple, None] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def check(self, hotwords: tuple[Hotword, ...]) -> None:
+        """Raises :class:`Unspellable` (400 invalid_option) naming the terms it cannot spell."""
+        with self._lock:
+            if hotwords in self._ok:
+                return
+        spell(self._cache.sp, hotwords, strict=True)
+        with self._lock:
+            self._ok[hotwords] = None
+            while len(self._ok) > 512:
+                self._ok.popitem(last=False)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import os
 import socket
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Sequence
@@ -89,6 +90,38 @@ def resolve_model(settings: "Settings") -> ModelSource:
             "directory with --model DIR (SENSEVOICE_MODEL=DIR), or try the app offline with --demo."
         )
     return ModelSource(path=_download(settings.engine.model), name=settings.engine.model, is_demo=False)
+
+
+def hotword_checker(settings: "Settings") -> Callable[[tuple], None]:
+    """A check of a hotword list against the model's vocabulary (raises InvalidOption naming a
+    term it cannot spell), read from the model directory on first use; a no-op where this
+    process cannot read it (an api-only host: the engine leaves such terms out)."""
+    lock = threading.Lock()
+    held: list = []
+
+    def check(hotwords: tuple) -> None:
+        with lock:
+            if not held:
+                held.append(_speller(settings))
+        if held[0] is not None:
+            held[0].check(hotwords)
+
+    return check
+
+
+def _speller(settings: "Settings"):
+    """The configured model's vocabulary when it is on this machine (never the network)."""
+    from pipeline.model.hotwords import BPE_FILE, Speller
+
+    try:
+        if settings.engine.demo:
+            path = resolve_model(settings).path / BPE_FILE
+        else:
+            path = Path(settings.engine.model).expanduser() / BPE_FILE
+        return Speller(path) if path.is_file() else None
+    except Exception as e:  # no vocabulary here: the engine's lenient spelling is the net
+        logger.info("hotwords are not checked against the vocabulary here: %s", e)
+        return None
 
 
 def _download(name: str) -> Path:

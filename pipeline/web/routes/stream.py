@@ -70,9 +70,8 @@ from pipeline.audio.stream_vad import MAX_RATE, MIN_RATE
 from pipeline.domain.errors import (FrameTooLarge, IdleTimeout, InvalidMessage, InvalidOption,
                                     LinkExpired, QuietStreamYielded, SenseVoiceError,
                                     StreamTimeLimit, StreamTooLong, Unauthorized, WsClose)
-from pipeline.domain.hotwords import Hotword, hotwords_from_funasr
 from pipeline.domain.tags import AUTO_LANGUAGE, REQUEST_LANGUAGES, SAMPLE_RATE_HZ
-from pipeline.domain.types import TranscribeOptions
+from pipeline.domain.types import Hotword, TranscribeOptions, hotwords_from_funasr
 from pipeline.serving.live import Caption, LiveHub, LiveSession
 from pipeline.web.auth import token_ok
 from pipeline.web.auth_throttle import AUTH_FAILED

@@ -704,10 +704,10 @@ def _languages(value: str) -> tuple[str, ...]:
 def _redact(value: str) -> tuple[str, ...]:
     """``--redact pii`` or ``--redact card,phone``: checked here (an unknown kind is a usage error)."""
     from pipeline.domain.errors import InvalidOption
-    from pipeline.domain.redact_kinds import parse_redact
+    from pipeline.domain.types import TranscribeOptions
 
     try:
-        return parse_redact(value)
+        return TranscribeOptions(redact=value).redact
     except InvalidOption as e:
         raise argparse.ArgumentTypeError(str(e)) from None
 

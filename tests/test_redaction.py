@@ -263,5 +263,16 @@ def test_the_option_is_validated_and_stored_with_the_job():
     assert load_options(dump_options(o)) == o
     assert "redact" not in dump_options(TranscribeOptions())  # rows of before read as they did
 
+
+def test_a_live_partial_masks_digit_runs_that_may_still_be_growing():
+    partial = "<|en|><|NEUTRAL|><|Speech|><|withitn|>my card is 4111 11"
+    assert redact_rich(partial, (), KINDS).raw_text == partial  # (not yet a card)
+    assert redact_rich(partial, (), KINDS, eager=True).raw_text.endswith("my card is [DIGITS]")
+    assert redact_rich(partial, (), ("email",), eager=True).raw_text == partial  # no digit kind asked
+    short = "<|en|><|NEUTRAL|><|Speech|><|withitn|>at 5 pm, 3 boxes"
+    assert redact_rich(short, (), KINDS, eager=True).raw_text == short
+
+
+
 if __name__ == "__main__":
     print(fixture_figures())

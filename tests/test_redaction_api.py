@@ -183,3 +183,76 @@ def test_cli_redact_through_the_server_and_a_usage_error_for_an_unknown_kind(ser
     with pytest.raises(SystemExit) as e:
         cli.main([str(speech_clip), "--out", str(out), "--redact", "card,ssn"])
     assert e.value.code == 2 and "unknown redact kind 'ssn'" in capsys.readouterr().err
+
+
+def _pcm(clip) -> bytes:
+    import wave
+
+    with wave.open(str(clip)) as w:
+        assert w.getframerate() == 16000 and w.getnchannels() == 1
+        return w.readframes(w.getnframes())
+
+
+def test_live_streams_mask_every_caption(server, speech_clip):
+    """FunASR's protocol (``redact`` in its first JSON) and /api/stream (``?redact=``): each message
+    the client reads carries masks, never a planted value."""
+    import asyncio
+
+    import websockets
+
+    from pipeline.web.links import live_query
+
+    pcm, ws_base = _pcm(speech_clip), server.url.replace("http", "ws")
+
+    async def funasr() -> list[dict]:
+        async with websockets.connect(f"{ws_base}/api/stream/funasr?{live_query(TOKEN)}",
+                                      subprotocols=["binary"], proxy=None) as ws:
+            await ws.send(json.dumps({"mode": "2pass", "wav_name": "call", "is_speaking": True,
+                                      "redact": "pii"}))
+            for i in range(0, len(pcm), 3200):
+                await ws.send(pcm[i:i + 3200])
+            await ws.send(json.dumps({"is_speaking": False}))
+            got = []
+            while not (got and got[-1].get("is_end")):
+                got.append(json.loads(await asyncio.wait_for(ws.recv(), 60)))
+            return got
+
+    async def native() -> list[dict]:
+        async with websockets.connect(f"{ws_base}/api/stream?redact=card,email&{live_query(TOKEN)}",
+                                      proxy=None) as ws:
+            for i in range(0, len(pcm), 3200):
+                await ws.send(pcm[i:i + 3200])
+            await ws.send(json.dumps({"type": "end"}))
+            got = []
+            try:
+                while True:
+                    got.append(json.loads(await asyncio.wait_for(ws.recv(), 60)))
+            except websockets.ConnectionClosedOK:
+                return got
+
+    messages = asyncio.run(funasr())
+    finals = [m for m in messages if m.get("mode") == "2pass-offline" and m["text"]]
+    assert finals and all("[CARD]" in m["text"] and "[EMAIL]" in m["text"] for m in finals)
+    assert not any(s in json.dumps(messages, ensure_ascii=False) for s in SECRETS)
+    messages = asyncio.run(native())
+    finals = [m for m in messages if m["type"] == "final"]
+    assert finals and all("[CARD]" in m["text"] and "13800138000" in m["text"] for m in finals)
+    assert not any(s in json.dumps(messages) for s in ("4111", "john.smith"))
+
+
+def test_funasr_protocol_refuses_an_unknown_kind_in_its_shape(server):
+    import asyncio
+
+    import websockets
+
+    from pipeline.web.links import live_query
+
+    async def go():
+        async with websockets.connect(
+                f"{server.url.replace('http', 'ws')}/api/stream/funasr?{live_query(TOKEN)}",
+                subprotocols=["binary"], proxy=None) as ws:
+            await ws.send(json.dumps({"mode": "2pass", "is_speaking": True, "redact": ["card", "ssn"]}))
+            return json.loads(await asyncio.wait_for(ws.recv(), 30))
+
+    answer = asyncio.run(go())
+    assert answer["code"] == "invalid_option" and "'ssn'" in answer["error"]

@@ -48,6 +48,8 @@ _KIND_OF_MASK = {mask: kind for kind, mask in MASKS.items()}
 MASK_RE = re.compile("|".join(re.escape(m) for m in MASKS.values()))
 DIGITS_MIN = 8  # a digit run this long is masked as [DIGITS] when no other kind fits
 _ITEM_MAX = 19  # digits of the longest item (a card)
+EAGER_MIN = 4  # a live partial's digit runs masked from this length (the item may not be complete)
+_DIGIT_KINDS = frozenset(("card", "phone", "id", "digits"))
 
 
 @dataclass(frozen=True)
@@ -209,7 +211,7 @@ def _runs(text: str) -> list[list[_Atom]]:
             any(x.digits != "X" for x in run)]
 
 
-def _run_spans(text: str, run: list[_Atom], kinds: frozenset[str]) -> list[Span]:
+def _run_spans(text: str, run: list[_Atom], kinds: frozenset[str], eager: bool = False) -> list[Span]:
     a0 = run[0].a
     before = text[max(0, a0 - 3):a0]
     plus = before.rstrip(" (").endswith("+")
@@ -245,7 +247,9 @@ def _run_spans(text: str, run: list[_Atom], kinds: frozenset[str]) -> list[Span]
                 break
         else:
             i += 1
-    long_run = len(digits.replace("X", "")) >= DIGITS_MIN
+    long_run = len(digits.replace("X", "")) >= (EAGER_MIN if eager else DIGITS_MIN)
+    if eager and long_run and not all(covered) and kinds & _DIGIT_KINDS:
+        return [span("digits", 0, len(run))]  # perhaps the start of an item still being said
     if "digits" in kinds and long_run and not all(covered):
         return [span("digits", 0, len(run))]  # not wholly items of their own: one digit run
     return sorted(spans, key=lambda s: s.a)
@@ -265,8 +269,9 @@ _EMAIL = re.compile(
     re.IGNORECASE)
 
 
-def find_spans(text: str, kinds: Iterable[str]) -> list[Span]:
-    """Every item of ``kinds`` in ``text``, in order, not overlapping."""
+def find_spans(text: str, kinds: Iterable[str], eager: bool = False) -> list[Span]:
+    """Every item of ``kinds`` in ``text``, in order, not overlapping. ``eager`` (a live partial,
+    which may end inside an item): any run of ``EAGER_MIN`` digits or more is masked too."""
     kinds = frozenset(kinds)
     if not kinds or not text:
         return []
@@ -279,7 +284,7 @@ def find_spans(text: str, kinds: Iterable[str]) -> list[Span]:
             scan = scan[:s.a] + "\x00" * (s.b - s.a) + scan[s.b:]
     if kinds - {"email"}:
         for run in _runs(scan):
-            spans += _run_spans(scan, run, kinds)
+            spans += _run_spans(scan, run, kinds, eager)
     return sorted(spans, key=lambda s: s.a)
 
 
@@ -326,7 +331,7 @@ class Redacted:
 
 
 def redact_rich(raw_text: str, words: Sequence[Word], kinds: Iterable[str],
-                span: tuple[float, float] | None = None) -> Redacted:
+                span: tuple[float, float] | None = None, eager: bool = False) -> Redacted:
     """Mask ``kinds`` in the text parts of SenseVoice rich text (its tags untouched) and in the
     words aligned to them. A masked item's time is its words' (first start, last end), else
     ``span`` (the piece's start and end)."""
@@ -342,7 +347,8 @@ def redact_rich(raw_text: str, words: Sequence[Word], kinds: Iterable[str],
     stream_parts, found, offset = [], [], 0  # the text parts joined by "\n"; spans in the stream
     for is_text, chars in pieces:
         if is_text:
-            found += [Span(s.kind, s.a + offset, s.b + offset) for s in find_spans(chars, kinds)]
+            found += [Span(s.kind, s.a + offset, s.b + offset)
+                      for s in find_spans(chars, kinds, eager)]
             stream_parts.append(chars)
             offset += len(chars) + 1
     if not found:

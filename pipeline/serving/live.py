@@ -69,6 +69,7 @@ from pipeline.audio.vad import WINDOW, Segmenter
 from pipeline.domain.errors import (BrokerUnavailable, LiveAtCapacity, LiveDecodeFailed,
                                     LiveOverloaded, LiveWorkerLost, NotReady, QuietStreamYielded,
                                     SenseVoiceError, StreamTimeLimit, StreamTooLong, TooManyStreams)
+from pipeline.domain.redaction import redact_rich
 from pipeline.domain.richtext import parse_rich_text
 from pipeline.domain.tags import SAMPLE_RATE_HZ
 from pipeline.domain.types import Segment, TranscribeOptions, Word
@@ -584,10 +585,14 @@ class LiveSession:
         t0, t1 = _seconds(start), _seconds(end)
         words = tuple(replace(w, start=round(w.start + t0, 3), end=round(w.end + t0, 3))
                       for w in out.words)
+        raw = out.raw_text
+        if self.options.redact:  # a partial may end inside an item: its digit runs masked early
+            masked = redact_rich(raw, words, self.options.redact, span=(t0, t1), eager=not final)
+            raw, words = masked.raw_text, masked.words
         segments = tuple(replace(s, start=t0, end=t1, words=words if k == 0 else ())
-                         for k, s in enumerate(parse_rich_text(out.raw_text)))
+                         for k, s in enumerate(parse_rich_text(raw)))
         text = " ".join(s.text for s in segments if s.text)
-        return Caption(final, t0, t1, out.raw_text, text, segments, reason)
+        return Caption(final, t0, t1, raw, text, segments, reason)
 
 
 REFUSAL_CODES = (TooManyStreams.code, LiveAtCapacity.code, NotReady.code)  # why a stream is refused a slot

@@ -7,7 +7,9 @@ clients connect when given only a host and a port). Both drive the same
 ``use_itn`` (true), ``sample_rate`` (``tags.SAMPLE_RATE_HZ``; 8000..192000, other rates are resampled),
 ``ban_emo_unk`` (false), ``word_timestamps`` (false: finals carry timed words when true),
 ``languages`` (a language allow-list, e.g. ``zh,en``: each utterance's language is detected
-only among these; empty: any). The client
+only among these; empty: any), ``redact`` (``pii`` or a comma list of card, phone, email, id,
+digits: masked in every caption; a partial's runs of 4 digits or more too, as it may end inside an
+item). The client
 sends binary frames of 16-bit little-endian mono PCM, of any size, then the text frame
 ``{"type": "end"}``. The server sends text frames of JSON:
 
@@ -41,7 +43,8 @@ upgrade, as an error frame and a close, so that a browser can read the reason.
 SenseVoice runtime reads them (``svs_lang`` also takes an allow-list: ``"zh,en"`` or
 ``["zh", "en"]``, the language detected only among these), ``hotwords`` (FunASR's
 ``{"term": weight}``, its weights around 20 divided by 10 and bounded to 0.1-10; or lines of
-``term weight``: the recording is decoded with them, :mod:`pipeline.model.hotwords`);
+``term weight``: the recording is decoded with them, :mod:`pipeline.model.hotwords`), ``redact``
+(this server's extension: ``"pii"`` or a list of kinds, as ``/api/stream``'s);
 ``chunk_size``, ``chunk_interval`` and the look-backs are accepted and ignored), then binary PCM, then ``{"is_speaking": false}``. Answers:
 ``{"mode", "wav_name", "text", "is_final", "timestamp"}`` plus SenseVoice's ``raw_text`` and
 ``segment``. Finals are its offline messages (``2pass-offline``, or ``offline``), partials its
@@ -325,7 +328,7 @@ class NativeStream:
             use_itn=_flag("use_itn", q.get("use_itn"), True),
             ban_emo_unk=_flag("ban_emo_unk", q.get("ban_emo_unk"), False),
             word_timestamps=_flag("word_timestamps", q.get("word_timestamps"), False),
-            languages=_allow_list(q.get("languages", "")))
+            languages=_allow_list(q.get("languages", "")), redact=q.get("redact", ""))
         return options, _rate(q.get("sample_rate", str(SAMPLE_RATE_HZ)))
 
     async def serve(self) -> None:
@@ -388,6 +391,7 @@ class FunAsrConfig:
     languages: tuple[str, ...] = ()  # the allow-list (svs_lang as a list); () = any
     audio_fs: int = SAMPLE_RATE_HZ
     hotwords: tuple[Hotword, ...] = ()  # FunASR's {"term": weight} (pipeline/domain/hotwords.py)
+    redact: tuple[str, ...] = ()  # personal data masked (an extension: "pii" or a list of kinds)
 
     def update(self, message: dict) -> None:
         if "mode" in message and message["mode"] is not None:
@@ -406,6 +410,8 @@ class FunAsrConfig:
             self.audio_fs = _rate(message["audio_fs"], "audio_fs")
         if message.get("hotwords"):
             self.hotwords = hotwords_from_funasr(message["hotwords"])
+        if message.get("redact") is not None:
+            self.redact = TranscribeOptions(redact=message["redact"]).redact
         fmt = message.get("wav_format")
         if fmt is not None and str(fmt).lower() != "pcm":
             raise InvalidOption(f"this server takes PCM streams only (wav_format 'pcm'), not "
@@ -490,7 +496,7 @@ class FunAsrStream:
         self._reset()
         options = TranscribeOptions(language=self.config.language, use_itn=self.config.itn,
                                     word_timestamps=True, languages=self.config.languages,
-                                    hotwords=self.config.hotwords)
+                                    hotwords=self.config.hotwords, redact=self.config.redact)
         async with self.hub.stream(options, self.config.audio_fs, self.emit,
                                    client_of(self.ws)) as session, \
                 failing_with(session):

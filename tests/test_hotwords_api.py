@@ -78,6 +78,7 @@ def test_rest_hotwords_as_a_json_list(server, clip, seen):
     ("\n".join(f"term{i}" for i in range(10_000)), "at most 1000"),
     ("Kubernetes:99", "between 0.1 and 10"),
     ("<|en|>", "tag"),
+    ("hello\nzzqx", "cannot spell 'zzqx' (unknown: zz)"),  # the demo vocabulary lacks the piece zz
 ])
 def test_hostile_lists_are_refused_with_the_reason(server, clip, hotwords, message):
     r = _submit(server, clip, hotwords=hotwords)

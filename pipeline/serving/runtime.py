@@ -282,8 +282,10 @@ def _intake(settings: Settings, broker: Broker, view: JobView, metrics: Metrics,
                            load_segmenter=LazySegmenter(settings.engine.max_segment_s, speech_device),
                            on_failed=lambda job, code: metrics.request_failure(job.lane, code),
                            load_speakers=LazySpeakers(settings, speech_device))
+    from pipeline.model.loading import hotword_checker
+
     return Intake(settings, broker, view, uploads, long_audio, free_memory=free_memory, failed=failed,
-                  rejected=metrics.rejected)
+                  rejected=metrics.rejected, check_hotwords=hotword_checker(settings))
 
 
 def _free_memory(broker: Broker, pool: WorkerPool | None) -> Callable[[], list[float]]:

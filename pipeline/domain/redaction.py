@@ -82,8 +82,9 @@ _ZH_DIGITS = {"零": "0", "〇": "0", "一": "1", "幺": "1", "二": "2", "三":
 _ZH_PLACES = set("十百千万萬亿億拾佰仟点點")
 _EN = "|".join(_EN_DIGITS)
 _ATOM = re.compile(
+    r"(?=[0-9零〇一幺二三四五六七八九叉]|(?<![A-Za-z])[A-Za-z])"  # (fast past the inside of words)
     # quantities: never part of a run (a barrier)
-    r"(?P<qty>(?:19|20)\d{2}\s*[-–—~]\s*(?:19|20)\d{2}(?![0-9])"  # year range
+    r"(?:(?P<qty>(?:19|20)\d{2}\s*[-–—~]\s*(?:19|20)\d{2}(?![0-9])"  # year range
     r"|\d{4}[-/.]\d{1,2}[-/.]\d{1,2}(?![0-9])|\d{1,2}[-/.]\d{1,2}[-/.](?:\d{4}|\d{2})(?![0-9])"  # dates
     r"|\d+(?::\d{2})+(?![0-9])"  # clock times
     r"|\d{1,3}(?:,\d{3})+(?:\.\d+)?(?![0-9])|\d+\.\d+)"  # 1,299.99 / 3.5
@@ -91,7 +92,7 @@ _ATOM = re.compile(
     rf"|(?P<rep>(?<![A-Za-z])(?:double|triple)[\s-]+(?:{_EN})(?![A-Za-z]))"
     rf"|(?P<word>(?<![A-Za-z])(?:{_EN})(?![A-Za-z]))"
     r"|(?P<zh>[零〇一幺二三四五六七八九]+)"
-    r"|(?P<x>(?<![A-Za-z])[Xx](?![A-Za-z])|叉)",
+    r"|(?P<x>(?<![A-Za-z])[Xx](?![A-Za-z])|叉))",
     re.IGNORECASE)
 _GAP = re.compile(r"[\s\-–—()]{0,3}")  # between any two groups of a run
 _SPOKEN_GAP = re.compile(r"[\s\-–—(),，、.。]{0,3}")  # between spoken groups
@@ -267,6 +268,7 @@ _EMAIL = re.compile(
     rf"(?<![A-Za-z0-9._%+-])(?:[A-Za-z0-9]\s+){{0,30}}{_LABEL}(?:{_LOCAL_SEP}{_LABEL}){{0,10}}"
     rf"{_AT}{_LABEL}(?:(?:-|{_DOT}){_LABEL}){{0,10}}{_DOT}(?:{_TLDS})(?![A-Za-z0-9])",
     re.IGNORECASE)
+_EMAIL_HINT = re.compile(r"@|(?<![A-Za-z])at(?![A-Za-z])|艾特", re.IGNORECASE)
 
 
 def find_spans(text: str, kinds: Iterable[str], eager: bool = False) -> list[Span]:
@@ -277,7 +279,7 @@ def find_spans(text: str, kinds: Iterable[str], eager: bool = False) -> list[Spa
         return []
     spans: list[Span] = []
     scan = text
-    if "email" in kinds:
+    if "email" in kinds and _EMAIL_HINT.search(text):  # (the full pattern only where it may match)
         for m in _EMAIL.finditer(text):
             spans.append(Span("email", m.start(), m.end()))
         for s in spans:  # the digits in an address are the address's

@@ -249,6 +249,11 @@ class EngineSettings(BaseModel):
     fp32_residual: bool = Field(
         True, description="Keep the encoder's residual stream in fp32 when dtype is fp16/bf16 "
         "(closer to fp32 tokens; about 15% slower on an H200).")
+    fp8_gemm: Literal["off", "ffn", "all"] = Field(
+        "off", description="FP8 (e4m3) matrix products in the fused encoder's linear layers on a GPU "
+        "of compute capability 8.9+ (pipeline/model/fp8.py): weights per output channel, "
+        "activations per token. 'ffn': the feed-forward's two linears; 'all': also the attention's "
+        "qkv and output projections; 'off': the 16-bit path, unchanged.")
     cpu_threads: int = Field(
         1, description="torch threads for inference on a CPU device (more spin and starve the web "
         "server on small machines).")
@@ -455,6 +460,7 @@ GROUP_OF = {
     'device': ('engine', 'device'),
     'dtype': ('engine', 'dtype'),
     'fp32_residual': ('engine', 'fp32_residual'),
+    'fp8_gemm': ('engine', 'fp8_gemm'),
     'cpu_threads': ('engine', 'cpu_threads'),
     'max_batch': ('engine', 'max_batch'),
     'max_wait_ms': ('engine', 'max_wait_ms'),

@@ -38,6 +38,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from pipeline.model import fp8 as fp8_mod
 from pipeline.model import fused as fused_mod
 from pipeline.model.features import BatchedFrontend, num_lfr_frames
 from pipeline.model.protocol import EngineOutput
@@ -377,6 +378,23 @@ class SenseVoiceEngine:
         self._init_graph_state()
         return self
 
+    def use_fp8(self, mode: str) -> tuple[str, ...]:
+        """FP8 (e4m3) GEMMs for the fused encoder's linear layers named by ``mode`` ('off', 'ffn',
+        'all': :mod:`pipeline.model.fp8`), weights quantised now. Before the compile and the first
+        graph (those keep the weights they saw). Returns the layers quantised."""
+        layers = fp8_mod.layers_of(mode)
+        if not layers:
+            return ()
+        if self._graphs or (self.compiled is not None and self.compiled.ready and self.compiled.compiles):
+            raise RuntimeError("use_fp8 must come before the fused encoder is compiled or captured")
+        if isinstance(self.core, EncoderCore) and self.compiled is None:
+            raise ValueError("fp8_gemm needs the fused encoder (this engine runs the eager reference)")
+        fp8_mod.check_device(self.device)
+        fm = getattr(self.core, "fused_model", self.core)
+        fp8_mod.quantise_model(fm, layers)
+        self.fp8_layers = layers
+        return layers
+
     def _init_tag_vocab(self) -> None:
         """The tag tokens of this model's vocabulary: the head's tag columns (confidence)."""
         def piece_id(piece: str) -> int | None:
@@ -410,6 +428,7 @@ class SenseVoiceEngine:
         self._closed = False  # close(): no background work starts any more
         self.compile_error: BaseException | None = None
         self.startup_seconds: dict[str, float] = {}
+        self.fp8_layers: tuple[str, ...] = ()  # use_fp8's
 
     @property
     def in_dim(self) -> int:

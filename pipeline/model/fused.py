@@ -39,7 +39,7 @@ import torch
 import torch.nn.functional as F
 
 from pipeline.domain.tags import EMO_UNKNOWN_ID
-from pipeline.model import kernels
+from pipeline.model import fp8, kernels
 
 logger = logging.getLogger("sensevoice.engine")
 
@@ -61,6 +61,11 @@ class BlockWeights(NamedTuple):
     b1: torch.Tensor
     w2: torch.Tensor  # [D, FFN]
     b2: torch.Tensor
+    # FP8 (:mod:`pipeline.model.fp8`): a layer with a scale [1, N] has its weight in e4m3
+    qkv_s: torch.Tensor | None = None
+    out_s: torch.Tensor | None = None
+    w1_s: torch.Tensor | None = None
+    w2_s: torch.Tensor | None = None
 
 
 class BlockSpec(NamedTuple):
@@ -100,11 +105,11 @@ def sanm_block(x: torch.Tensor, mask: torch.Tensor, key_mask: torch.Tensor, w: B
 
     x [B, T, D_in] in the residual stream's dtype; mask [B, T, 1] in the compute dtype (1 = frame);
     key_mask [B, 1, 1, T] bool (True = attend). Returns [B, T, D] in x's dtype."""
-    dtype = w.qkv_w.dtype
+    dtype = w.qkv_b.dtype  # (the weight's, unless it is e4m3)
     b, t, _ = x.shape
     d = w.out_w.shape[0]
     h = F.layer_norm(x, (x.shape[-1],), w.ln1_w, w.ln1_b, spec.eps).to(dtype)
-    qkv = F.linear(h, w.qkv_w, w.qkv_b)
+    qkv = _linear(h, w.qkv_w, w.qkv_b, w.qkv_s)
     q, k, v = qkv.split(d, dim=-1)
     mem = kernels.fsmn_memory(v, mask[:, :, 0], w.fsmn_w, spec.left)  # fp32, its own kernel
     heads = (b, t, spec.heads, d // spec.heads)
@@ -112,14 +117,24 @@ def sanm_block(x: torch.Tensor, mask: torch.Tensor, key_mask: torch.Tensor, w: B
         q.view(heads).transpose(1, 2), k.view(heads).transpose(1, 2),
         v.view(heads).transpose(1, 2), attn_mask=key_mask,
     )
-    o = F.linear(o.transpose(1, 2).reshape(b, t, d), w.out_w, w.out_b)
+    o = _linear(o.transpose(1, 2).reshape(b, t, d), w.out_w, w.out_b, w.out_s)
     o = (o.float() + mem).to(x.dtype)
     x = x + o if spec.residual else o
     h = F.layer_norm(x, (d,), w.ln2_w, w.ln2_b, spec.eps).to(dtype)
     # bias + ReLU in the GEMM's epilogue (cuBLASLt; inductor keeps this op as it is)
-    hidden = torch._addmm_activation(w.b1, h.reshape(b * t, d), w.w1.t())
-    y = F.linear(hidden, w.w2, w.b2).view(b, t, d)
+    if w.w1_s is None:
+        hidden = torch._addmm_activation(w.b1, h.reshape(b * t, d), w.w1.t())
+    else:
+        hidden = F.relu(fp8.linear(h.reshape(b * t, d), w.w1, w.w1_s, w.b1, dtype))
+    y = _linear(hidden, w.w2, w.b2, w.w2_s).view(b, t, d)
     return x + y.to(x.dtype)
+
+
+def _linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, scale: torch.Tensor | None) -> torch.Tensor:
+    """``F.linear``; with a scale, the e4m3 weight's product (:func:`pipeline.model.fp8.linear`)."""
+    if scale is None:
+        return F.linear(x, weight, bias)
+    return fp8.linear(x, weight, scale, bias, bias.dtype)
 
 
 QUERY_FRAMES = 4  # the first output frames answer the prompt: language, emotion, event, itn

@@ -256,3 +256,18 @@ def test_funasr_protocol_refuses_an_unknown_kind_in_its_shape(server):
 
     answer = asyncio.run(go())
     assert answer["code"] == "invalid_option" and "'ssn'" in answer["error"]
+
+
+def test_a_long_split_call_is_masked_piece_by_piece(server, long_call):
+    """A stereo call split by channel and speech (its pieces stored one by one, then joined): every
+    piece's text and words masked, the per-job list timed within each piece."""
+    r = _submit(server, long_call, redact="pii", split_channels="true", word_timestamps="true")
+    assert r.status_code == 200, r.text
+    job = r.json()
+    segments = [s for s in job["result"]["segments"] if s["text"]]
+    assert len(segments) >= 2 and {s["speaker"] for s in segments} == {"left", "right"}
+    assert all("[CARD]" in s["text"] and "[PHONE]" in s["text"] for s in segments)
+    assert len(job["redactions"]) == 3 * len(segments)
+    for item, seg in zip(job["redactions"][::3], segments):
+        assert seg["start"] <= item["start"] < item["end"] <= seg["end"] + 1
+    assert not any(s in r.text + _stored(server, job["id"]) for s in SECRETS)

@@ -53,7 +53,7 @@ import sys
 import threading
 import time
 from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from queue import Empty, Queue
 
@@ -712,6 +712,22 @@ def _redact(value: str) -> tuple[str, ...]:
         raise argparse.ArgumentTypeError(str(e)) from None
 
 
+def _hotwords(path: str) -> tuple:
+    """``--hotwords FILE``: one term a line (``term`` or ``term:weight``) or a JSON list, read and
+    checked here (an unreadable file or a refused list is a usage error)."""
+    from pipeline.domain.errors import InvalidOption
+    from pipeline.domain.types import TranscribeOptions
+
+    try:
+        with open(path, "rb") as f:
+            text = f.read(200_001).decode("utf-8")
+        return TranscribeOptions(hotwords=text).hotwords
+    except (OSError, UnicodeDecodeError) as e:
+        raise argparse.ArgumentTypeError(f"cannot read the hotwords file {path!r}: {e}") from None
+    except InvalidOption as e:
+        raise argparse.ArgumentTypeError(f"{path}: {e}") from None
+
+
 def parse_args(argv=None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(prog="python -m pipeline.cli", description=__doc__.splitlines()[0],
                                  epilog="Exit status: 0 all done, 1 some file failed, 2 could not "
@@ -722,6 +738,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--format", type=_formats, default=("txt",),
                     help="comma list of txt,json,srt,vtt (default txt)")
     ap.add_argument("--language", default=AUTO_LANGUAGE, choices=REQUEST_LANGUAGES)
+    ap.add_argument("--hotwords", type=_hotwords, default=(), metavar="FILE",
+                    help="words or phrases to favour, one a line ('term' or 'term:weight', weight "
+                         "0.1-10, default 2) or a JSON list; at most 1,000")
     ap.add_argument("--languages", type=_languages, default=(), metavar="LIST",
                     help="a language allow-list, e.g. zh,en: each segment's language is "
                          "detected only among these (default: any)")
@@ -789,6 +808,8 @@ def main(argv=None) -> int:
                                 split_channels=args.split_channels,
                                 word_timestamps=args.word_timestamps, languages=args.languages,
                                 redact=args.redact)
+    if args.hotwords:
+        options = replace(options, hotwords=args.hotwords)
     plan = make_plan(args.paths, args.output_dir, args.format)
     for link in plan.links_out:
         print(f"skipped: {link}: a link pointing out of the folder walked", file=sys.stderr)

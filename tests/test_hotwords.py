@@ -274,3 +274,20 @@ def test_engine_with_an_unspellable_term_boosts_the_rest(engine, waves, caplog):
     out = engine.transcribe(waves[:1], [TranscribeOptions("en", hotwords="hello:10\nzzqx")])
     assert "hello" in out[0].raw_text
     assert "cannot spell 'zzqx'" in caplog.text
+
+
+# ---------------------------------------------------------------------- the CLI
+def test_cli_reads_a_hotwords_file_and_refuses_a_bad_one(tmp_path, capsys):
+    from pipeline.cli import parse_args
+
+    good = tmp_path / "terms.txt"
+    good.write_text("Kubernetes\nNew York:3\n", encoding="utf-8")
+    args = parse_args(["a.wav", "--output-dir", str(tmp_path), "--hotwords", str(good)])
+    assert args.hotwords == (Hotword("Kubernetes"), Hotword("New York", 3.0))
+    assert parse_args(["a.wav", "--output-dir", str(tmp_path)]).hotwords == ()
+    huge = tmp_path / "huge.txt"
+    huge.write_text("\n".join(f"t{i}" for i in range(10_000)), encoding="utf-8")
+    for bad, message in ((huge, "at most 1000"), (tmp_path / "missing.txt", "cannot read")):
+        with pytest.raises(SystemExit) as e:
+            parse_args(["a.wav", "--output-dir", str(tmp_path), "--hotwords", str(bad)])
+        assert e.value.code == 2 and message in capsys.readouterr().err

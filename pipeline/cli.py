@@ -2,7 +2,7 @@
 
     python -m pipeline.cli PATHS... --output-dir DIR [--format txt,json,srt,vtt] [--language auto]
                            [--languages zh,en] [--word-timestamps] [--no-itn] [--split-channels]
-                           [--redact pii|card,phone,...]
+                           [--redact pii|card,phone,...] [--speakers N | --diarize]
                            [--demo | --model DIR|NAME] [--device cuda|cpu]
                            [--server URL [--token TOKEN]] [--jobs N] [--retry-for S] [--quiet]
 
@@ -701,6 +701,17 @@ def _languages(value: str) -> tuple[str, ...]:
     return chosen
 
 
+def _speakers(value: str) -> int | None:
+    """``--speakers N``: checked here (out of 1..16 is a usage error); 0 is off."""
+    from pipeline.domain.errors import InvalidOption
+    from pipeline.domain.types import TranscribeOptions
+
+    try:
+        return TranscribeOptions(speakers=value).speakers
+    except InvalidOption as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
 def _redact(value: str) -> tuple[str, ...]:
     """``--redact pii`` or ``--redact card,phone``: checked here (an unknown kind is a usage error)."""
     from pipeline.domain.errors import InvalidOption
@@ -753,6 +764,11 @@ def parse_args(argv=None) -> argparse.Namespace:
                     "text normalisation off)")
     ap.add_argument("--split-channels", action="store_true",
                     help="stereo calls: each channel as its own speaker")
+    ap.add_argument("--speakers", type=_speakers, default=None, metavar="N",
+                    help="mono recordings: N speakers (1-16), each segment labelled 'Speaker 1', ...; "
+                         "0: off")
+    ap.add_argument("--diarize", action="store_true",
+                    help="mono recordings: label the speakers, their count found")
     local = ap.add_argument_group("local mode (the default): the model in this process")
     local.add_argument("--model", help="local model directory or hub name (default iic/SenseVoiceSmall)")
     local.add_argument("--demo", action="store_true", help="the small offline demo model")
@@ -807,7 +823,7 @@ def main(argv=None) -> int:
     options = TranscribeOptions(language=args.language, use_itn=not args.no_itn,
                                 split_channels=args.split_channels,
                                 word_timestamps=args.word_timestamps, languages=args.languages,
-                                redact=args.redact)
+                                redact=args.redact, speakers=args.speakers, diarize=args.diarize)
     if args.hotwords:
         options = replace(options, hotwords=args.hotwords)
     plan = make_plan(args.paths, args.output_dir, args.format)

@@ -71,11 +71,20 @@ class SpeakerLabeller:
         return [(Span(t.start, t.end), speaker_name(t.speaker)) for t in found]
 
 
+def _is_demo_dir(model: str) -> bool:
+    """The ASR model is a demo directory (built offline): its speaker model is the demo one too."""
+    from pipeline.model.demo import is_demo_model
+
+    path = Path(model).expanduser()
+    return path.is_dir() and is_demo_model(path)
+
+
 def load_labeller(settings: "Settings", device: str) -> SpeakerLabeller:
-    """The CAM++ labeller this process's settings name, on ``device``."""
+    """The CAM++ labeller this process's settings name, on ``device``: the demo weights beside a
+    demo ASR model (``--demo`` or a demo directory), else the speaker model."""
     from pipeline.model.speaker import resolve_speaker_model, weights_file
 
-    if settings.engine.demo:
+    if settings.engine.demo or _is_demo_dir(settings.engine.model):
         from pipeline.model.demo.build_speaker import ensure_speaker_dir
 
         path = ensure_speaker_dir(Path(settings.server.cache_dir) / "models")

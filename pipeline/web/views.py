@@ -44,7 +44,11 @@ def job_json(job: Job) -> dict:
                     **({"hotwords": "\n".join(h.to_text() for h in job.options.hotwords)}
                        if job.options.hotwords else {}),
                     # the kinds of personal data masked ("card,phone"), only when asked for
-                    **({"redact": ",".join(job.options.redact)} if job.options.redact else {})},
+                    **({"redact": ",".join(job.options.redact)} if job.options.redact else {}),
+                    **({"redact_audio": job.options.redact_audio} if job.options.redact_audio else {}),
+                    # speakers asked for on a mono recording (the count, its bounds), only when asked
+                    **{k: getattr(job.options, k) for k in ("diarize", "speakers", "min_speakers",
+                                                            "max_speakers") if getattr(job.options, k)}},
         "progress": job.meta.get("progress"),
         # the reviewer's text where corrected, the model's kept beside it (pipeline/domain/review.py)
         "result": result_with_review(job.result, job.meta.get("review")) if job.result else None,

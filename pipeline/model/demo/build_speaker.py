@@ -33,7 +33,7 @@ logger = logging.getLogger("sensevoice.speaker")
 BUILDER_VERSION = 1
 MARKER_NAME = "sensevoice_speaker_build.json"
 WEIGHTS_NAME = "campplus_cn_common.bin"
-CALIBRATION_CLIPS = 32  # synthetic 1.5 s voices the BatchNorm statistics are measured on
+CALIBRATION_CLIPS = 16  # synthetic 1.5 s voices the BatchNorm statistics are measured on
 CLIP_SAMPLES = int(1.5 * SAMPLE_RATE_HZ)  # one embedding window
 
 

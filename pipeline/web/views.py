@@ -45,7 +45,6 @@ def job_json(job: Job) -> dict:
                        if job.options.hotwords else {}),
                     # the kinds of personal data masked ("card,phone"), only when asked for
                     **({"redact": ",".join(job.options.redact)} if job.options.redact else {}),
-                    **({"redact_audio": job.options.redact_audio} if job.options.redact_audio else {}),
                     # speakers asked for on a mono recording (the count, its bounds), only when asked
                     **{k: getattr(job.options, k) for k in ("diarize", "speakers", "min_speakers",
                                                             "max_speakers") if getattr(job.options, k)}},

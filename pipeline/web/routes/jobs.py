@@ -57,24 +57,6 @@ def media_type_of(head: bytes) -> str:
     return "application/octet-stream"
 
 
-def _redacted_audio(job, source, limits) -> bytes:
-    """The recording of a ``redact_audio`` job with its masked items' spans masked (only once its
-    result, which says where they are, is in)."""
-    from pipeline.audio.redact_audio import redacted_recording
-    from pipeline.domain.redaction import redactions_of
-
-    if job.result is None:
-        raise ResultNotReady(f"job {job.id} is {job.state.value}: its recording is served with "
-                             "the personal data masked once the job is done")
-    if not isinstance(source, bytes) and not source.exists():
-        raise AudioGone(f"the audio of job {job.id} is no longer kept")
-    spans = [(r.start, r.end) for r in redactions_of(job.result)
-             if r.start is not None and r.end is not None]
-    return redacted_recording(source if isinstance(source, bytes) else str(source), spans,
-                              job.options.redact_audio, max_seconds=limits.max_audio_seconds,
-                              max_bytes=limits.max_upload_bytes)
-
-
 def build_jobs_router(settings, intake: Intake, view: JobView, bodies: PollBodies) -> APIRouter:
     router = APIRouter()
     auth = [Depends(require_token(settings.server.token))]
@@ -100,8 +82,6 @@ def build_jobs_router(settings, intake: Intake, view: JobView, bodies: PollBodie
             redact: str = Form("", description="personal data masked before the result is "
                                "stored: 'pii' (all) or a comma list of card, phone, email, id, "
                                "digits"),
-            redact_audio: str = Form("", description="the recording served back with those items "
-                                     "'silence'd or 'beep'ed (alone: redact=pii)"),
             speakers: str = Form("", description="a mono recording's speakers: their count "
                                  "(1-16; each segment labelled 'Speaker 1', ...); empty or 0: off"),
             diarize: bool = Form(False, description="label a mono recording's speakers, their "
@@ -117,7 +97,6 @@ def build_jobs_router(settings, intake: Intake, view: JobView, bodies: PollBodie
         options = TranscribeOptions(language=language, use_itn=use_itn, ban_emo_unk=ban_emo_unk,
                                     split_channels=split_channels, word_timestamps=word_timestamps,
                                     languages=languages, hotwords=hotwords, redact=redact,
-                                    redact_audio=redact_audio,
                                     speakers=speakers, diarize=diarize, min_speakers=min_speakers,
                                     max_speakers=max_speakers)
         job = await submit_upload(request, intake, file, options, Lane.BULK)
@@ -162,14 +141,10 @@ def build_jobs_router(settings, intake: Intake, view: JobView, bodies: PollBodie
 
     @router.get("/api/jobs/{job_id}/audio", dependencies=auth_or_link)
     def get_audio(job_id: str):
-        """The recording as uploaded, while it is retained (for the review player); a job that
-        asked for ``redact_audio``: a WAV with the masked items' spans silenced or bleeped."""
-        job = view.get(job_id)  # 404 / 410 first
+        """The recording as uploaded, while it is retained (for the review player)."""
+        view.get(job_id)  # 404 / 410 first
         headers = {"Cache-Control": "private, max-age=3600", "X-Content-Type-Options": "nosniff"}
         path = view.upload(job_id)
-        if job.options.redact_audio:
-            return Response(_redacted_audio(job, path, settings.limits), media_type="audio/wav",
-                            headers=headers)
         if isinstance(path, bytes):  # the upload lives in a shared broker, read by any api process
             return Response(path, media_type=media_type_of(path[:12]), headers=headers)
         if not path.exists():

@@ -51,6 +51,7 @@ CONTRACT = {
     "ReadOnlyLink": ("read_only_link", 403, 1008),
     "RequestTimeout": ("request_timeout", 408, 1008),
     "ResultNotReady": ("result_not_ready", 409, 1008),
+    "JobUnfinished": ("job_not_finished", 409, 1008),
     "SenseVoiceError": ("internal_error", 500, 1011),
     "StorageError": ("storage_error", 503, 1013),
     "StorageFull": ("storage_full", 507, 1011),

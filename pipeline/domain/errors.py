@@ -160,6 +160,15 @@ class ResultNotReady(SenseVoiceError):
     close_code = WsClose.POLICY_VIOLATION
 
 
+class JobUnfinished(SenseVoiceError):
+    """A queued or running job was asked to be deleted or kept: only a finished job (done or
+    failed) is; wait for its end (its events or a poll), then ask again."""
+
+    status = 409
+    code = "job_not_finished"
+    close_code = WsClose.POLICY_VIOLATION
+
+
 class AudioGone(SenseVoiceError):
     """The recording was deleted (done-and-delete setting, or retention)."""
 

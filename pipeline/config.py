@@ -281,6 +281,10 @@ class EngineSettings(BaseModel):
         30.0, description="Audio longer than this is split with silero-vad into speech segments.")
     max_segment_s: float = Field(30.0, description="Longest VAD segment, seconds (split at the quietest point).")
     hub_timeout_s: float = Field(3.0, description="Seconds to wait for the model hub to answer.")
+    speaker_model: str = Field(
+        "iic/speech_campplus_sv_zh-cn_16k-common", description="The CAM++ speaker model that labels "
+        "a mono recording's speakers when a job asks (speakers=N / diarize): a local directory or "
+        "the hub name; with --demo (or a demo model directory) offline demo weights instead.")
 
     def resolved_device(self) -> str:
         return self.device or default_device()
@@ -473,6 +477,7 @@ GROUP_OF = {
     'segment_threshold_s': ('engine', 'segment_threshold_s'),
     'max_segment_s': ('engine', 'max_segment_s'),
     'hub_timeout_s': ('engine', 'hub_timeout_s'),
+    'speaker_model': ('engine', 'speaker_model'),
     'broker': ('broker', 'url'),
     'shared_dir': ('broker', 'shared_dir'),
     'visibility_timeout_s': ('broker', 'visibility_timeout_s'),

@@ -294,7 +294,7 @@ def resolve_speaker_model(name: str, *, hub_timeout_s: float) -> SpeakerModelSou
         raise ModelUnavailable(
             f"cannot reach the model hub ({HUB_HOST}) to download the speaker model {name!r} and it "
             "is not in the local cache. Connect once, or pass a local directory with "
-            "--speaker-model DIR (SENSEVOICE_ENGINE__SPEAKER_MODEL=DIR), or use --demo.")
+            "--speaker-model DIR (SENSEVOICE_SPEAKER_MODEL=DIR), or use --demo.")
     from pipeline.model.loading import _download
 
     found = weights_file(_download(name))

@@ -24,7 +24,7 @@ from pipeline.audio.diarize import SpeakerCount, diarize
 from pipeline.audio.vad import Span
 from pipeline.domain.tags import SAMPLE_RATE_HZ
 from pipeline.domain.types import MAX_SPEAKERS, TranscribeOptions
-from pipeline.model.speaker import DEFAULT_SPEAKER_MODEL, SpeakerEmbedder, SpeakerModelSource
+from pipeline.model.speaker import SpeakerEmbedder, SpeakerModelSource
 
 if TYPE_CHECKING:
     import torch
@@ -90,8 +90,7 @@ def load_labeller(settings: "Settings", device: str) -> SpeakerLabeller:
         path = ensure_speaker_dir(Path(settings.server.cache_dir) / "models")
         source = SpeakerModelSource(weights_file(path) or path, "demo", True)
     else:
-        name = getattr(settings.engine, "speaker_model", DEFAULT_SPEAKER_MODEL)
-        source = resolve_speaker_model(name, hub_timeout_s=settings.engine.hub_timeout_s)
+        source = resolve_speaker_model(settings.engine.speaker_model, hub_timeout_s=settings.engine.hub_timeout_s)
     embedder = SpeakerEmbedder.load(source, device)
     logger.info("speaker model %s (%s) on %s", source.name, source.weights, device)
     return SpeakerLabeller(embedder.embed)

@@ -6,6 +6,9 @@
 #   bash bench/gpu_engine.sh startup    # bench/gpu_startup.py (cold and warm compile cache) and the
 #                                       # CUDA-only tests (tests -m requires_cuda; their espeak-ng
 #                                       # media made here and carried in .gpu-media)
+#   bash bench/gpu_engine.sh fp8        # bench/gpu_fp8.py: fp8 (e4m3) GEMMs vs 16-bit, 512 x 10 s clips/s,
+#                                       # token agreement vs fp32, per-layer errors ($OUT/fp8.json), then
+#                                       # the CUDA-only fp8 tests (tests/test_fp8.py); <= 6 min
 # The full-size model (random weights) is built once per machine under /tmp.
 set -uo pipefail
 OUT=${OUT:-$(mktemp -d)}
@@ -32,4 +35,12 @@ case "${1:-bench}" in
     SENSEVOICE_TEST_MEDIA=$PWD/.gpu-media python3 -m pytest -q -p no:cacheprovider -m requires_cuda \
       tests/test_engine.py tests/test_vad.py tests/test_cli_cuda.py 2>&1 \
       | grep -v torch_complex | tail -15;;
+  fp8)
+    python3 -u bench/gpu_fp8.py --model-dir $model --cache-dir /tmp/sv-inductor ${BENCH_ARGS:-} 2>&1 \
+      | grep -v "torch_complex" >"$OUT/fp8.log"
+    tail -40 "$OUT/fp8.log"
+    python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/pytest*.whl .whl/pluggy*.whl \
+      .whl/iniconfig*.whl >/dev/null 2>&1
+    SENSEVOICE_TEST_MEDIA=$PWD/.gpu-media timeout 120 python3 -m pytest -q -p no:cacheprovider -m requires_cuda \
+      tests/test_fp8.py 2>&1 | grep -v torch_complex | tail -15;;
 esac

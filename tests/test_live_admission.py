@@ -287,7 +287,7 @@ def test_a_cold_lane_is_probed_when_streams_come_not_calibrated_at_start_up():
         clock.t += LiveHub.PROBE_EVERY_S
         held += await _open(hub, 1)
         assert lane.sizes == probe * 2  # still no figure: probed again
-        profile.batch(LiveHub.PROBE_SIZE, 0.16)  # the worker timed the probe's batch: 100/s
+        profile.batch(LiveHub.PROBE_SIZE, LiveHub.PROBE_SIZE / 100)  # the worker timed the probe: 100/s
         clock.t += LiveHub.PROBE_EVERY_S
         held += await _open(hub, 20)  # 0.8 x 100 / 1.74 = 45 fit: the 20 at once, no probe
         assert lane.sizes == probe * 2

@@ -392,7 +392,7 @@ def test_a_cold_lane_is_probed_through_the_broker_and_admission_then_reads_the_w
                 assert item.audio.shape[-1] == probe[0]
                 answer(item, "<|en|><|NEUTRAL|><|Speech|><|withitn|>")
                 got.append(item)
-        scheduler.live_batches.batch(LiveHub.PROBE_SIZE, 0.16)  # the worker timed it: 100/s
+        scheduler.live_batches.batch(LiveHub.PROBE_SIZE, LiveHub.PROBE_SIZE / 100)  # timed: 100/s
         deadline = time.monotonic() + 10
         while cap.rate(0.15) is None:  # the worker's next beat carries its report
             assert time.monotonic() < deadline

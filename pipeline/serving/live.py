@@ -937,9 +937,10 @@ class LiveHub:
     def _rate(self) -> float | None:
         return None if self.capacity is None else self.capacity.rate(self.limits.latency_budget_s)
 
-    PROBE_SIZE = 16  # re-decodes in a cold lane's probe (one batch where the lane batches them:
-    # the sizes a lane runs under many streams; on a CPU a batch of 4 costs more a re-decode)
-    PROBE_AUDIO_S = 2.0  # each as long as an utterance in progress
+    PROBE_SIZE = 8  # re-decodes in a cold lane's probe (one batch where the lane batches them:
+    # the sizes a lane runs under many streams; on a CPU a batch of 4 cost more a re-decode)
+    PROBE_AUDIO_S = 1.5  # each as long as an utterance in progress (on this CPU under a load of
+    # 16 a probe of 16 x 2 s held the lane ~3 s in the way of the first streams' re-decodes)
     PROBE_EVERY_S = 5.0  # a probe whose figure has not come (a worker's next report) is sent again
 
     def _probe(self) -> None:

@@ -23,7 +23,7 @@ import pytest
 import torch
 
 from pipeline.audio.wav import pcm16_mono_layout
-from pipeline.domain.errors import AudioGone, JobGone, JobNotFound, QueueFull
+from pipeline.domain.errors import AudioGone, JobGone, JobNotFound, JobUnfinished, QueueFull
 from pipeline.domain.types import Job, JobState, Lane, TranscribeOptions, Transcript, Word
 from pipeline.model.engine import EngineOutput, as_float_wave
 from pipeline.serving import ports
@@ -221,6 +221,72 @@ class TestJobStore:
         _, review = calls.update_review(job.id, lambda old, j: replace(old, reviewed=True))
         assert review.reviewed and broker.get(job.id).meta["review"] == review
         assert calls.rows([job.id])[0].review == review
+
+
+# ---------------------------------------------------------------------------------- JobRemoval
+def finished(broker, text: str = "hello") -> Job:
+    job = new_job()
+    broker.create(job, b"upload-" + job.id.encode())
+    broker.mark_running([job.id])
+    broker.finish(job.id, result(text))
+    return job
+
+
+class TestJobRemoval:
+    PORT = ports.JobRemoval
+
+    def test_a_removed_job_is_gone_as_a_purged_one_with_its_audio_result_and_review(self, broker):
+        job, other = finished(broker, "the parcel never came"), finished(broker, "the parcel came")
+        broker.calls().update_review(job.id, lambda old, j: replace(old, reviewed=True))
+        broker.remove(job.id)
+        with pytest.raises(JobGone):  # 410 as after retention, not 404
+            broker.get(job.id)
+        with pytest.raises(AudioGone):
+            broker.load_upload(job.id)
+        assert [r.id for r in broker.calls().rows([job.id, other.id], search="parcel")] == [other.id]
+        assert [r.id for r in broker.calls().rows(None) if r.id in (job.id, other.id)] == [other.id]
+        assert broker.get(other.id).result.text == "the parcel came"  # only what it names
+        with pytest.raises(JobGone):
+            broker.remove(job.id)  # again: already gone
+        with pytest.raises(JobNotFound):
+            broker.remove("no-such-job")
+
+    def test_an_unfinished_job_is_neither_removed_nor_kept(self, broker):
+        queued = new_job()
+        broker.create(queued, b"x")
+        for act in (lambda: broker.remove(queued.id), lambda: broker.keep(queued.id, time.time() + 60)):
+            with pytest.raises(JobUnfinished):
+                act()
+        assert broker.get(queued.id).state is JobState.QUEUED
+        assert broker.load_upload(queued.id) == b"x"
+
+    def test_a_kept_job_outlives_its_retention_and_says_until_when(self, broker):
+        job = finished(broker)
+        until = time.time() + 3 * 86400
+        assert broker.keep(job.id, until) == pytest.approx(until)
+        assert broker.keep(job.id, until - 86400) == pytest.approx(until)  # never shortened
+        assert broker.get(job.id).meta["kept_until"] == pytest.approx(until)
+        assert broker.purge(time.time() + 2 * 86400) == []  # past its retention, not its keep
+        assert broker.get(job.id).state is JobState.DONE
+        assert broker.load_upload(job.id) == b"upload-" + job.id.encode()
+        with pytest.raises(JobNotFound):
+            broker.keep("no-such-job", until)
+
+
+def test_a_kept_redis_job_expires_when_kept_not_at_its_retention(redis_url):
+    """The distributed store keeps by TTL: the record and the upload live until the keep (the
+    retention here is 60 s, the keep an hour)."""
+    from pipeline.serving.broker_redis import RedisBroker
+
+    b = RedisBroker(redis_url, retention_s=60, queue_size=QUEUE_SIZE, prefix=f"k{uuid.uuid4().hex[:8]}")
+    try:
+        job = finished(b)
+        b.keep(job.id, time.time() + 3600)
+        for kind in ("job", "upload"):
+            assert 3500_000 < b.client.pttl(b.key(kind, job.id)) <= 3600_000
+        assert b.client.pttl(b.key("tomb", job.id)) > 3600_000
+    finally:
+        b.close()
 
 
 # ---------------------------------------------------------------------------------- Uploads
@@ -464,7 +530,7 @@ class TestClusterState:
 
 
 # ---------------------------------------------------------------------------------- the suite's guards
-CONTRACTS = [TestJobStore, TestUploads, TestWorkQueue, TestWorkerSink, TestWorkSource, TestLiveLane,
+CONTRACTS = [TestJobStore, TestJobRemoval, TestUploads, TestWorkQueue, TestWorkerSink, TestWorkSource, TestLiveLane,
              TestClusterState]
 
 

@@ -92,7 +92,7 @@ from redis.retry import Retry
 
 
 from pipeline.domain.errors import (AudioGone, AudioLost, AudioUnreadable, BrokerUnavailable, JobGone, JobNotFound,
-                                    QueueFull, TooManyAttempts)
+                                    JobUnfinished, QueueFull, TooManyAttempts)
 from pipeline.serving import calls_index
 from pipeline.serving.job_events import Feed, JobEvent
 from pipeline.serving.live_redis import ClusterBusy, ClusterCapacity, LiveClient, LiveServer
@@ -368,6 +368,50 @@ redis.call('HINCRBY', KEYS[1], 'queued', -1)
 return 1
 """
 
+# A finished job removed or kept by a person (JobRemoval). Both answer {1, ''} (done), {0, ''} (no
+# such job), {-1, ''} (purged: the tombstone) or {2, state} (queued or running: refused).
+_FINISHED_ONLY = """
+local function finished_only(job, tomb)
+  local st = redis.call('HGET', job, 'state')
+  if not st then
+    if redis.call('EXISTS', tomb) == 1 then return {-1, ''} end
+    return {0, ''}
+  end
+  if st ~= 'done' and st ~= 'failed' then return {2, st} end
+  return nil
+end
+"""
+
+# ARGV: L, job id, tomb_ttl_ms. KEYS: counts, streams..., job, upload, audio, entries, segs, search,
+# tomb, calls. What the retention's expiry drops, dropped now; the tombstone kept (410, not 404).
+_REMOVE = _PRELUDE + _FINISHED_ONLY + """
+local refused = finished_only(KEYS[L + 2], KEYS[L + 8])
+if refused then return refused end
+redis.call('DEL', KEYS[L + 2], KEYS[L + 3], KEYS[L + 4], KEYS[L + 5], KEYS[L + 6], KEYS[L + 7])
+redis.call('ZREM', KEYS[L + 9], ARGV[2])
+redis.call('SET', KEYS[L + 8], '1', 'PX', ARGV[3])
+return {1, ''}
+"""
+
+# ARGV: L, until (unix s), its TTL from now (ms), the tombstone's beyond it (ms). KEYS: counts,
+# streams..., job, upload, tomb. The record and upload live until then at least (never shorter).
+_KEEP = _PRELUDE + _FINISHED_ONLY + """
+local job, upload, tomb = KEYS[L + 2], KEYS[L + 3], KEYS[L + 4]
+local refused = finished_only(job, tomb)
+if refused then return refused end
+local kept = redis.call('HGET', job, 'kept_until')
+if kept and tonumber(kept) >= tonumber(ARGV[2]) then return {1, kept} end
+redis.call('HSET', job, 'kept_until', ARGV[2])
+local ttl = tonumber(ARGV[3])
+for _, k in ipairs({job, upload}) do
+  local left = redis.call('PTTL', k)
+  if left >= 0 and left < ttl then redis.call('PEXPIRE', k, ttl) end
+end
+local left = redis.call('PTTL', tomb)
+if left >= 0 and left < ttl + tonumber(ARGV[4]) then redis.call('PEXPIRE', tomb, ttl + tonumber(ARGV[4])) end
+return {1, ARGV[2]}
+"""
+
 # ARGV: L, text. KEYS: counts, streams..., job. Never creates a record that expired.
 _SET_PROGRESS = _PRELUDE + """
 local st = redis.call('HGET', KEYS[L + 2], 'state')
@@ -432,6 +476,8 @@ def _job_from_hash(h: dict, job_id: str) -> Job:
         meta["progress"] = _s(progress) if progress else None
     elif h.get(b"review"):
         meta["review"] = calls_index.redis_review(h)
+    if g("kept_until"):  # kept beyond its retention (JobRemoval.keep)
+        meta["kept_until"] = float(g("kept_until"))
     return Job(
         id=job_id, state=state, options=load_options(g("options")),
         lane=Lane(int(g("lane"))), created_at=float(g("created_at")),
@@ -442,6 +488,17 @@ def _job_from_hash(h: dict, job_id: str) -> Job:
         error=JobError(_s(code), _s(g("error_message") or b"")) if code else None,
         meta=meta,
     )
+
+
+def _refused(job_id: str, code: int, state) -> None:
+    """The answer of the remove/keep scripts as the error it means (1: done, nothing raised)."""
+    if code == 0:
+        raise JobNotFound(f"no job with id {job_id!r}")
+    if code == -1:
+        raise _gone(job_id)
+    if code == 2:
+        raise JobUnfinished(f"job {job_id} is {_s(state)}: only a finished job is deleted or kept; "
+                            "wait for its end")
 
 
 def _gone(job_id: str) -> JobGone:
@@ -530,7 +587,7 @@ class RedisBroker:
             ("enqueue", _ENQUEUE), ("mark_running", _MARK_RUNNING), ("finish", _FINISH),
             ("fail", _FAIL), ("save_segments", _SAVE_SEGMENTS), ("heartbeat", _HEARTBEAT),
             ("position", _POSITION), ("discard", _DISCARD), ("set_progress", _SET_PROGRESS),
-            ("requeue", _REQUEUE), ("load", _LOAD))}
+            ("requeue", _REQUEUE), ("load", _LOAD), ("remove", _REMOVE), ("keep", _KEEP))}
         self._groups_ready = False
         self._lock = threading.Lock()
         self._reclaimed: set[str] = set()  # job ids this broker reclaimed: running is fine for them
@@ -850,6 +907,29 @@ class RedisBroker:
             self._swept_at = time.monotonic()
             self.payloads.sweep(self._still_stored, upload_min_age_s=self.retention_s)
         return []
+
+    @_translated
+    def remove(self, job_id: str) -> None:
+        """Delete a finished job now, as its retention's expiry would (JobRemoval): its record (the
+        result and review in it), upload, pieces, search text and calls-listing entry; the
+        tombstone stays (410)."""
+        code, state = self._run("remove", [self._k(k, job_id) for k in (
+            "job", "upload", "audio", "entries", "segs", "search", "tomb")] + [calls_index.calls_key(self.prefix)],
+            [job_id, self._ttl_tomb_ms - self._ttl_done_ms])
+        _refused(job_id, int(code), state)
+        self.payloads.delete_audio([job_id])
+        self.payloads.delete_upload(job_id)
+
+    @_translated
+    def keep(self, job_id: str, until: float) -> float:
+        """Keep a finished job until ``until`` (unix s) at least (JobRemoval): its record and
+        upload expire then, not before; the time it is kept until."""
+        ttl_ms = max(_ms(until - time.time()), 1)
+        code, kept = self._run("keep", [self._k("job", job_id), self._k("upload", job_id),
+                                        self._k("tomb", job_id)],
+                               [repr(float(until)), ttl_ms, self._ttl_tomb_ms - self._ttl_done_ms])
+        _refused(job_id, int(code), kept)
+        return float(kept)
 
     @_translated
     def _still_stored(self, names: list[str]) -> list[bool]:

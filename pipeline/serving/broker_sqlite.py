@@ -30,7 +30,8 @@ from typing import TYPE_CHECKING, Iterable, Iterator, Sequence
 import numpy as np
 import torch
 
-from pipeline.domain.errors import AudioGone, AudioLost, JobGone, JobNotFound, SenseVoiceError, TooManyAttempts
+from pipeline.domain.errors import (AudioGone, AudioLost, JobGone, JobNotFound, JobUnfinished, SenseVoiceError,
+                                    TooManyAttempts)
 from pipeline.domain.types import Job, JobError, JobState, Lane, Transcript
 from pipeline.serving import calls_index
 from pipeline.serving.group_commit import GroupCommit
@@ -157,6 +158,8 @@ class JobStore:
                     c.execute("ALTER TABLE jobs ADD COLUMN upload_bytes INTEGER")  # a store of before
                 if "scores" not in {r["name"] for r in c.execute("PRAGMA table_info(segments)")}:
                     c.execute("ALTER TABLE segments ADD COLUMN scores TEXT")  # before issue 39
+                if "kept_until" not in {r["name"] for r in c.execute("PRAGMA table_info(jobs)")}:
+                    c.execute("ALTER TABLE jobs ADD COLUMN kept_until REAL")  # keep (issue 40)
                 calls_index.ensure_schema(c)  # the calls table's summaries and reviews
 
     # ------------------------------------------------------------------ plumbing
@@ -468,22 +471,60 @@ class JobStore:
             logger.info("removed %d spooled uploads without a job (a crash between spool and insert)", swept)
 
     def purge(self, finished_before: float) -> list[str]:
-        """Delete results and audio of jobs finished before ``finished_before`` (unix s); the row
-        stays as a tombstone so the id answers 410, not 404."""
+        """Delete results and audio of jobs finished before ``finished_before`` (unix s) and not
+        kept beyond now (``keep``); the row stays as a tombstone so the id answers 410, not 404."""
         conn = self._conn()
         rows = conn.execute(
-            "SELECT id FROM jobs WHERE state IN (?, ?) AND finished_at < ?",
-            (JobState.DONE.value, JobState.FAILED.value, finished_before)).fetchall()
-        ids = [r["id"] for r in rows]
+            "SELECT id FROM jobs WHERE state IN (?, ?) AND finished_at < ?"
+            " AND (kept_until IS NULL OR kept_until < ?)",
+            (JobState.DONE.value, JobState.FAILED.value, finished_before, time.time())).fetchall()
+        return self._purge_ids([r["id"] for r in rows])
+
+    def _purge_ids(self, ids: list[str]) -> list[str]:
+        """Retention's removal of finished jobs (their result, review, pieces and upload; the row a
+        tombstone): the ids it removed (a job that is not finished is left as it is)."""
+        done = []
         with self._transaction() as c:
             for jid in ids:
-                c.execute("UPDATE jobs SET state=?, result=NULL, filename='' WHERE id=? AND state IN (?, ?)",
-                          (JobState.PURGED.value, jid, JobState.DONE.value, JobState.FAILED.value))
+                cur = c.execute(
+                    "UPDATE jobs SET state=?, result=NULL, filename='' WHERE id=? AND state IN (?, ?)",
+                    (JobState.PURGED.value, jid, JobState.DONE.value, JobState.FAILED.value))
+                if cur.rowcount:
+                    done.append(jid)
                 c.execute("DELETE FROM segments WHERE job_id=?", (jid,))
                 calls_index.forget(c, jid)
-        for jid in ids:
+        for jid in done:
             self.delete_spool(jid)
-        return ids
+        return done
+
+    def _finished_row(self, job_id: str) -> sqlite3.Row:
+        """A finished job's row (JobNotFound, JobGone, or JobUnfinished for a queued or running one)."""
+        row = self._conn().execute("SELECT state, finished_at, kept_until FROM jobs WHERE id=?",
+                                   (job_id,)).fetchone()
+        if row is None:
+            raise JobNotFound(f"no job with id {job_id!r}")
+        state = JobState(row["state"])
+        if state is JobState.PURGED:
+            raise _purged(job_id)
+        if state not in (JobState.DONE, JobState.FAILED):
+            raise JobUnfinished(f"job {job_id} is {state.value}: only a finished job is deleted or "
+                                "kept; wait for its end")
+        return row
+
+    def remove(self, job_id: str) -> None:
+        """Delete a finished job now, as retention does (JobRemoval)."""
+        self._finished_row(job_id)
+        if not self._purge_ids([job_id]):  # purged (or removed) meanwhile
+            raise _purged(job_id)
+
+    def keep(self, job_id: str, until: float) -> float:
+        """Keep a finished job until ``until`` (unix s) at least; the time it is kept until."""
+        self._finished_row(job_id)
+        with self._write() as conn:
+            conn.execute("UPDATE jobs SET kept_until=MAX(COALESCE(kept_until, 0), ?) WHERE id=? AND state IN (?, ?)",
+                         (until, job_id, JobState.DONE.value, JobState.FAILED.value))
+        row = self._finished_row(job_id)
+        return float(row["kept_until"] or until)
 
     def delete_spool(self, job_id: str) -> None:
         self.spool_path(job_id).unlink(missing_ok=True)
@@ -494,8 +535,7 @@ class JobStore:
         if row is None:
             raise JobNotFound(f"no job with id {job_id!r}")
         if row["state"] == JobState.PURGED.value:
-            raise JobGone(f"job {job_id} finished more than the retention period ago; its result "
-                          "and audio were deleted")
+            raise _purged(job_id)
         return calls_index.with_review(self._conn(), _row_to_job(row))
 
     def calls(self) -> calls_index.SqliteCalls:
@@ -533,6 +573,11 @@ class JobStore:
                 self._write_conn = None
 
 
+def _purged(job_id: str) -> JobGone:
+    return JobGone(f"job {job_id} finished more than the retention period ago, or was deleted; "
+                   "its result and audio were deleted")
+
+
 def _row_to_job(r: sqlite3.Row) -> Job:
     result = Transcript.from_dict(json.loads(r["result"])) if r["result"] else None
     error = JobError(r["error_code"], r["error_message"]) if r["error_code"] else None
@@ -541,6 +586,7 @@ def _row_to_job(r: sqlite3.Row) -> Job:
         lane=Lane(r["lane"]), created_at=r["created_at"], audio_seconds=r["audio_seconds"],
         filename=r["filename"], started_at=r["started_at"], finished_at=r["finished_at"],
         attempts=r["attempts"], result=result, error=error,
+        meta={"kept_until": r["kept_until"]} if "kept_until" in r.keys() and r["kept_until"] else {},
     )
 
 

@@ -9,6 +9,7 @@ port           what it does                                                     
 JobStore       job records: JobReads (read, counts, the calls index: reviews and    job view, routes,
                listing; the feed of this process's writes) + JobWrites          intake, long audio
                (create, discard, running, finish, fail, purge)
+JobRemoval     a finished job removed now, or kept longer, by a person          the job routes
 Uploads        a job's stored upload (bytes, file, the samples of a PCM WAV)    intake, job view
 WorkQueue      lanes: capacity, put, claim, position, depth, recover            intake, long audio
 WorkerSink     what a worker needs to finish work (running, pieces, results)    worker
@@ -123,6 +124,17 @@ class JobOutcomes(Protocol):
 
 class Retention(Protocol):
     def purge(self, finished_before: float) -> list[str]: ...  # retention: the ids deleted
+
+
+@runtime_checkable
+class JobRemoval(Protocol):
+    """A finished job's retention changed by a person (``DELETE /api/jobs/{id}``, ``POST
+    /api/jobs/{id}/keep``): removed now as retention removes it (its audio, result and review;
+    the id then answers 410 as a purged one), or kept until a later time. A queued or running job
+    is refused (JobUnfinished, 409); an unknown id JobNotFound, a purged one JobGone."""
+
+    def remove(self, job_id: str) -> None: ...
+    def keep(self, job_id: str, until: float) -> float: ...  # kept until max(its end, until): that
 
 
 @runtime_checkable
@@ -270,14 +282,16 @@ class ViewedJobs(JobLookup, UploadBytes, UploadFiles, QueuePlaces, Protocol):
 
 
 @runtime_checkable
-class Broker(JobStore, Uploads, WorkQueue, WorkerSink, WorkSource, LiveLane, ClusterState, Protocol):
+class Broker(JobStore, JobRemoval, Uploads, WorkQueue, WorkerSink, WorkSource, LiveLane, ClusterState,
+             Protocol):
     """Every port at once: what one topology's adapter implements, and what only the composition
     root (pipeline/serving/runtime.py) holds. A part takes the ports it uses, not this."""
 
     def close(self) -> None: ...
 
 
-PORTS: tuple[type, ...] = (JobStore, Uploads, WorkQueue, WorkerSink, WorkSource, LiveLane, ClusterState)
+PORTS: tuple[type, ...] = (JobStore, JobRemoval, Uploads, WorkQueue, WorkerSink, WorkSource, LiveLane,
+                           ClusterState)
 
 
 def members(port: type) -> set[str]:

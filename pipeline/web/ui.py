@@ -73,6 +73,7 @@ WORDS = {
         "sv_itn": "Punctuation and numbers",
         "sv_itn_info": "Adds punctuation and writes numbers as digits (inverse text normalisation, ITN)",
         "sv_split": "Stereo call: one speaker per channel",
+        "sv_hotwords": "Hotwords: words or names to favour, one a line (term or term:weight)",
         "sv_submit": "Transcribe",
         "sv_new": "New",
         "sv_sample_hello": "English greeting",
@@ -91,6 +92,7 @@ WORDS = {
         "sv_itn": "标点和数字",
         "sv_itn_info": "加标点，数字写成阿拉伯数字（逆文本正则化，ITN）",
         "sv_split": "立体声通话：每个声道一位说话人",
+        "sv_hotwords": "热词：需要优先识别的词或名称，每行一个（词 或 词:权重）",
         "sv_submit": "转写",
         "sv_new": "新建",
         "sv_sample_hello": "英语问候",
@@ -247,7 +249,7 @@ def make_submit(intake: Intake, pages: JobPages, upload_dir: str):
     """The UI's submit (an event handler named ``submit``)."""
     settings = pages.settings
 
-    def submit(path: str | None, language: str, use_itn: bool, split_channels: bool):
+    def submit(path: str | None, language: str, use_itn: bool, split_channels: bool, hotwords: str = ""):
         """Accept one upload; returns (job id, a status line ending in "job <id>", the page's view
         of the job). The page follows the job itself (GET /api/jobs/{id}/events)."""
         if not path:
@@ -258,7 +260,7 @@ def make_submit(intake: Intake, pages: JobPages, upload_dir: str):
             # AccessGuard refused any other path before Gradio saw the request)
             path, data = read_own_upload(path, upload_dir, settings.limits.max_upload_bytes)
             options = TranscribeOptions(language=language, use_itn=use_itn,
-                                        split_channels=split_channels)
+                                        split_channels=split_channels, hotwords=hotwords or "")
             job = intake.submit(data, filename=Path(path).name, options=options,
                                 lane=Lane.INTERACTIVE)
             intake.own_file(job.id, path)  # Gradio's cached copy goes with the job
@@ -308,6 +310,7 @@ def layout(i18n: gr.I18n, samples: Samples) -> SimpleNamespace:
                 c.use_itn = gr.Checkbox(value=True, label=i18n("sv_itn"), info=i18n("sv_itn_info"),
                                         elem_id="sv-itn", min_width=160)
             c.split = gr.Checkbox(value=False, label=i18n("sv_split"), elem_id="sv-split")
+            c.hotwords = gr.Textbox(value="", label=i18n("sv_hotwords"), lines=2, max_lines=8, elem_id="sv-hotwords")
             with gr.Row(elem_id="sv-actions"):
                 c.submit = gr.Button(i18n("sv_submit"), variant="primary", elem_id="sv-submit",
                                      scale=3)
@@ -399,7 +402,7 @@ def wire(demo: gr.Blocks, c: SimpleNamespace, face: UiFace, submit, samples: Sam
                       show_progress="hidden", api_name="live_link")
     c.language.change(None, [c.language], None, js=ON_LIVE_LANGUAGE)
     c.use_itn.change(None, [c.use_itn], None, js=ON_LIVE_ITN)
-    inputs = [c.audio, c.language, c.use_itn, c.split]
+    inputs = [c.audio, c.language, c.use_itn, c.split, c.hotwords]
     outputs = [c.job_id, c.status, c.view]
     # queue=False: one plain POST answers it (no queue join and event stream round trips: the
     # handler returns in milliseconds, the job itself waits in the service's own queue)

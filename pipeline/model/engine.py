@@ -38,7 +38,6 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from pipeline.model import fp8 as fp8_mod
 from pipeline.model import fused as fused_mod
 from pipeline.model.features import BatchedFrontend, num_lfr_frames
 from pipeline.model.protocol import EngineOutput
@@ -382,18 +381,13 @@ class SenseVoiceEngine:
         """FP8 (e4m3) GEMMs for the fused encoder's linear layers named by ``mode`` ('off', 'ffn',
         'all': :mod:`pipeline.model.fp8`), weights quantised now. Before the compile and the first
         graph (those keep the weights they saw). Returns the layers quantised."""
-        layers = fp8_mod.layers_of(mode)
-        if not layers:
-            return ()
-        if self._graphs or (self.compiled is not None and self.compiled.ready and self.compiled.compiles):
-            raise RuntimeError("use_fp8 must come before the fused encoder is compiled or captured")
-        if isinstance(self.core, EncoderCore) and self.compiled is None:
-            raise ValueError("fp8_gemm needs the fused encoder (this engine runs the eager reference)")
-        fp8_mod.check_device(self.device)
-        fm = getattr(self.core, "fused_model", self.core)
-        fp8_mod.quantise_model(fm, layers)
-        self.fp8_layers = layers
-        return layers
+        if mode != "off":
+            if self._graphs or (self.compiled is not None and self.compiled.ready and self.compiled.compiles):
+                raise RuntimeError("use_fp8 must come before the fused encoder is compiled or captured")
+            if isinstance(self.core, EncoderCore) and self.compiled is None:
+                raise ValueError("fp8_gemm needs the fused encoder (this engine runs the eager reference)")
+        self.fp8_layers = getattr(self.core, "fused_model", self.core).use_fp8(mode)
+        return self.fp8_layers
 
     def _init_tag_vocab(self) -> None:
         """The tag tokens of this model's vocabulary: the head's tag columns (confidence)."""

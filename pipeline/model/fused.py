@@ -229,6 +229,17 @@ class FusedModel:
     def fused(self) -> bool:
         return True
 
+    def use_fp8(self, mode: str) -> tuple[str, ...]:
+        """The linear layers ``mode`` names ('off', 'ffn', 'all') in e4m3 from now on
+        (:mod:`pipeline.model.fp8`); a CUDA device without fp8 units is refused. The layers."""
+        layers = fp8.layers_of(mode)
+        if layers:
+            fp8.check_device(self.lo_w.device)
+            if self.lo_w.device.type == "cpu":
+                logger.warning("fp8 GEMMs on a CPU run the emulation (tests): slower than the 16-bit path")
+            fp8.quantise_model(self, layers)
+        return layers
+
     def _functions(self):
         c = self.compiled
         if c is not None and c.ready:

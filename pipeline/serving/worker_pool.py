@@ -90,6 +90,7 @@ class WorkerPool:
             engine = load_engine(self.source.path, dev, s.engine.dtype, fp32_residual=s.engine.fp32_residual,
                                  fused=s.engine.fused_encoder, cache_dir=s.server.cache_dir, automodel=automodel)
             self.startup.setdefault("load_s", time.perf_counter() - t0)
+            engine.use_fp8(s.engine.fp8_gemm)  # 'off' (the default): nothing changes
             if s.engine.cuda_graphs:  # captured by the worker when idle, after the compile
                 sizes = [int(b) for b in s.engine.graph_batch_sizes.split(",") if b.strip()]
                 engine.plan_graphs(sizes, s.engine.graph_max_seconds)

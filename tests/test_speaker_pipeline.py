@@ -167,3 +167,16 @@ def test_split_pieces_labels_a_mono_recording_when_speakers_are_asked():
     assert sorted(i.speaker for i in stereo) == ["left", "right"] and labeller.calls == 1
     with pytest.raises(ModelUnavailable, match="no speaker model"):
         split_pieces("j", Lane.BULK, TranscribeOptions(diarize=True), wave, NoSegmenter())
+
+
+def test_the_calls_table_counts_each_labelled_speaker():
+    from pipeline.domain.calls import summarize
+    from pipeline.domain.types import Segment, Transcript
+
+    segs = (Segment("en", "NEUTRAL", (), "withitn", "hello", 0.0, 3.0, speaker="Speaker 1"),
+            Segment("en", "ANGRY", (), "withitn", "no", 3.5, 8.5, speaker="Speaker 2"),
+            Segment("en", "NEUTRAL", (), "withitn", "ok", 9.0, 10.0, speaker="Speaker 1"))
+    summary = summarize(Transcript(text="hello no ok", raw_text="", segments=segs), 10.0)
+    assert set(summary.speakers) == {"Speaker 1", "Speaker 2"}
+    assert summary.speech_s == {"Speaker 1": 4.0, "Speaker 2": 5.0}
+    assert summary.share("Speaker 2", "ANGRY") == 1.0

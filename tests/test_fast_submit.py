@@ -294,7 +294,7 @@ def test_the_fast_path_reads_every_field_the_route_declares(live_server, speech_
     assert len(taken) == 1  # the server's own fast path is on
 
 
-SAMPLES = {"language": "en", "languages": "zh,ja", "hotwords": "kubernetes", "redact": "card,phone",
+SAMPLES = {"language": "en", "languages": "zh,ja", "hotwords": "kubernetes", "redact": "card,phone", "redact_audio": "beep",
            "speakers": "2", "min_speakers": "2", "max_speakers": "3"}  # a str option's value other than its default (add one per new str option)
 
 

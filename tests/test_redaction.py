@@ -262,6 +262,11 @@ def test_the_option_is_validated_and_stored_with_the_job():
     o = TranscribeOptions(redact="email,id", languages="zh,en")
     assert load_options(dump_options(o)) == o
     assert "redact" not in dump_options(TranscribeOptions())  # rows of before read as they did
+    o = TranscribeOptions(redact_audio="Beep")  # alone: every kind
+    assert (o.redact, o.redact_audio) == (KINDS, "beep") and load_options(dump_options(o)) == o
+    assert TranscribeOptions(redact="card", redact_audio="silence").redact == ("card",)
+    with pytest.raises(InvalidOption, match="unknown redact_audio 'scramble'"):
+        TranscribeOptions(redact_audio="scramble")
 
 
 def test_a_live_partial_masks_digit_runs_that_may_still_be_growing():

@@ -271,3 +271,52 @@ def test_a_long_split_call_is_masked_piece_by_piece(server, long_call):
     for item, seg in zip(job["redactions"][::3], segments):
         assert seg["start"] <= item["start"] < item["end"] <= seg["end"] + 1
     assert not any(s in r.text + _stored(server, job["id"]) for s in SECRETS)
+
+
+def _wav(data: bytes):
+    import io
+    import wave
+
+    import numpy as np
+
+    with wave.open(io.BytesIO(data)) as w:
+        rate, channels = w.getframerate(), w.getnchannels()
+        pcm = np.frombuffer(w.readframes(w.getnframes()), dtype="<i2").reshape(-1, channels)
+    return rate, pcm
+
+
+@pytest.mark.parametrize("mode", ["silence", "beep"])
+def test_redact_audio_masks_the_spans_of_the_recording_served_back(server, speech_clip, mode):
+    import numpy as np
+
+    r = _submit(server, speech_clip, redact="pii", redact_audio=mode, word_timestamps="true")
+    assert r.status_code == 200, r.text
+    job = r.json()
+    assert job["options"]["redact_audio"] == mode
+    audio = httpx.get(f"{server.url}/api/jobs/{job['id']}/audio", headers=_headers(), timeout=60)
+    assert audio.status_code == 200 and audio.headers["content-type"] == "audio/wav"
+    rate, served = _wav(audio.content)
+    _, original = _wav(speech_clip.read_bytes())
+    assert rate == 16000 and served.shape == original.shape
+    card = job["redactions"][0]  # 0.9 .. 2.05 s: inside the clip
+    a, b = int((card["start"] - 0.1) * rate), int((card["end"] + 0.1) * rate)
+    assert b < len(original) and np.abs(original[a:b]).max() > 1000  # speech was there
+    inside = served[a + 1:b - 1, 0].astype(float)
+    if mode == "silence":
+        assert not inside.any()
+    else:  # a 1 kHz tone: its spectrum's peak
+        peak_hz = np.argmax(np.abs(np.fft.rfft(inside))) * rate / len(inside)
+        assert abs(peak_hz - 1000) < 20 and np.abs(inside).max() > 5000
+    before = int(0.7 * rate)  # before the first item (padded): the recording as it was
+    assert np.abs(served[:before].astype(int) - original[:before].astype(int)).max() <= 1
+    # a job without redact_audio: the upload as it was sent
+    plain = _submit(server, speech_clip, redact="pii").json()
+    same = httpx.get(f"{server.url}/api/jobs/{plain['id']}/audio", headers=_headers(), timeout=60)
+    assert same.content == speech_clip.read_bytes()
+
+
+def test_redact_audio_alone_masks_every_kind_and_an_unknown_mode_is_refused(server, speech_clip):
+    job = _submit(server, speech_clip, redact_audio="silence").json()
+    assert job["options"]["redact"] == "card,phone,email,id,digits" and len(job["redactions"]) == 3
+    bad = _submit(server, speech_clip, redact_audio="scramble")
+    assert bad.status_code == 400 and "scramble" in bad.json()["error"]["message"]

@@ -10,7 +10,7 @@ import orjson
 from pipeline.domain.hotwords import Hotword, hotwords_from_funasr, parse_hotwords
 
 __all__ = ["Hotword", "hotwords_from_funasr"]  # (re-exported: the routes read options from here)
-from pipeline.domain.redact_kinds import parse_redact
+from pipeline.domain.redact_kinds import parse_redact, parse_redact_audio
 from pipeline.domain.tags import AUTO_LANGUAGE, LANGUAGES, NO_SPEECH, REQUEST_LANGUAGES
 
 ALLOWED_LANGUAGES = tuple(code for code in LANGUAGES if code != NO_SPEECH)  # what an allow-list may name
@@ -56,6 +56,9 @@ class TranscribeOptions:
     # personal data masked in the result before it is stored (pipeline/domain/redaction.py): the
     # kinds, from "pii" (all) or a comma list such as "card,phone"; () = none
     redact: tuple[str, ...] = ()
+    # the recording served back (GET /api/jobs/{id}/audio) with those items' spans "silence"d or
+    # "beep"ed; "" = as uploaded. Given alone, it masks every kind ("pii")
+    redact_audio: str = ""
 
     @property
     def wants_speakers(self) -> bool:
@@ -76,6 +79,12 @@ class TranscribeOptions:
             object.__setattr__(self, "redact", parse_redact(self.redact))
         elif self.redact != ():
             object.__setattr__(self, "redact", ())
+        if self.redact_audio:
+            object.__setattr__(self, "redact_audio", parse_redact_audio(self.redact_audio))
+            if not self.redact:
+                object.__setattr__(self, "redact", parse_redact("pii"))
+        elif self.redact_audio != "":
+            object.__setattr__(self, "redact_audio", "")
 
         if self.language not in REQUEST_LANGUAGES:
             raise InvalidOption(

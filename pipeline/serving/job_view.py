@@ -89,6 +89,25 @@ class JobView:
         path = self.broker.upload_path(job_id)
         return path if path is not None else self.broker.load_upload(job_id)
 
+    def masked_upload(self, job: Job, max_seconds: float, max_bytes: int | None = None) -> bytes:
+        """The recording of a ``redact_audio`` job as a WAV with its masked items' spans silenced
+        or bleeped (pipeline/audio/redact_audio.py); only once its result says where they are."""
+        from pipeline.audio.redact_audio import redacted_recording
+        from pipeline.domain.errors import AudioGone, ResultNotReady
+        from pipeline.domain.redaction import redactions_of
+
+        if job.result is None:
+            raise ResultNotReady(f"job {job.id} is {job.state.value}: its recording is served with "
+                                 "the personal data masked once the job is done")
+        source = self.upload(job.id)
+        if not isinstance(source, bytes) and not source.exists():
+            raise AudioGone(f"the audio of job {job.id} is no longer kept")
+        spans = [(r.start, r.end) for r in redactions_of(job.result)
+                 if r.start is not None and r.end is not None]
+        return redacted_recording(source if isinstance(source, bytes) else str(source), spans,
+                                  job.options.redact_audio, max_seconds=max_seconds,
+                                  max_bytes=max_bytes)
+
     def progress(self, job_id: str) -> str | None:
         return self._progress.get(job_id)
 

@@ -116,6 +116,8 @@ def dump_options(o: TranscribeOptions) -> str:
             d[name] = getattr(o, name)
     if o.redact:  # when set (a worker of the previous release cannot build these options, so it
         d["redact"] = list(o.redact)  # never stores such a job's text unredacted)
+    if o.redact_audio:
+        d["redact_audio"] = o.redact_audio
     return json.dumps(d)
 
 

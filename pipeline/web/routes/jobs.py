@@ -82,6 +82,8 @@ def build_jobs_router(settings, intake: Intake, view: JobView, bodies: PollBodie
             redact: str = Form("", description="personal data masked before the result is "
                                "stored: 'pii' (all) or a comma list of card, phone, email, id, "
                                "digits"),
+            redact_audio: str = Form("", description="the recording served back with those items "
+                                     "'silence'd or 'beep'ed (alone: redact=pii)"),
             speakers: str = Form("", description="a mono recording's speakers: their count "
                                  "(1-16; each segment labelled 'Speaker 1', ...); empty or 0: off"),
             diarize: bool = Form(False, description="label a mono recording's speakers, their "
@@ -97,6 +99,7 @@ def build_jobs_router(settings, intake: Intake, view: JobView, bodies: PollBodie
         options = TranscribeOptions(language=language, use_itn=use_itn, ban_emo_unk=ban_emo_unk,
                                     split_channels=split_channels, word_timestamps=word_timestamps,
                                     languages=languages, hotwords=hotwords, redact=redact,
+                                    redact_audio=redact_audio,
                                     speakers=speakers, diarize=diarize, min_speakers=min_speakers,
                                     max_speakers=max_speakers)
         job = await submit_upload(request, intake, file, options, Lane.BULK)
@@ -141,10 +144,15 @@ def build_jobs_router(settings, intake: Intake, view: JobView, bodies: PollBodie
 
     @router.get("/api/jobs/{job_id}/audio", dependencies=auth_or_link)
     def get_audio(job_id: str):
-        """The recording as uploaded, while it is retained (for the review player)."""
-        view.get(job_id)  # 404 / 410 first
+        """The recording as uploaded, while it is retained (for the review player); a job that
+        asked for ``redact_audio``: a WAV with the masked items' spans silenced or bleeped."""
+        job = view.get(job_id)  # 404 / 410 first
         headers = {"Cache-Control": "private, max-age=3600", "X-Content-Type-Options": "nosniff"}
         path = view.upload(job_id)
+        if job.options.redact_audio:
+            limits = settings.limits
+            return Response(view.masked_upload(job, limits.max_audio_seconds, limits.max_upload_bytes),
+                            media_type="audio/wav", headers=headers)
         if isinstance(path, bytes):  # the upload lives in a shared broker, read by any api process
             return Response(path, media_type=media_type_of(path[:12]), headers=headers)
         if not path.exists():

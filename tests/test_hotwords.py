@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from pipeline.domain.errors import InvalidOption
-from pipeline.domain.hotwords import (DEFAULT_WEIGHT, MAX_TERMS, Hotword, hotwords_from_prompt,
-                                      parse_hotwords)
+from pipeline.domain.hotwords import (DEFAULT_WEIGHT, MAX_TERMS, Hotword, hotwords_from_funasr,
+                                      hotwords_from_prompt, parse_hotwords)
 from pipeline.domain.types import TranscribeOptions
 from pipeline.model import hotwords as hw
 from pipeline.serving.records import dump_options, load_options
@@ -76,6 +76,25 @@ def test_hotwords_are_stored_with_the_options_and_read_back():
 ])
 def test_openai_prompt_reads_as_hotwords_only_when_it_is_a_list_of_short_terms(prompt, terms):
     assert tuple(h.term for h in hotwords_from_prompt(prompt)) == terms
+
+
+@pytest.mark.parametrize("value, expected", [
+    ('{"阿里巴巴": 20, "hello world": 40}', (("阿里巴巴", 2.0), ("hello world", 4.0))),
+    ({"x": 500, "y": 0}, (("x", 10.0), ("y", 0.1))),  # bounded, as every weight is
+    ("阿里巴巴 20\nhello world 40\nplain\n\n", (("阿里巴巴", 2.0), ("hello world", 4.0), ("plain", 2.0))),
+    ("", ()),
+])
+def test_funasr_hotwords_as_its_clients_send_them(value, expected):
+    assert tuple((h.term, h.weight) for h in hotwords_from_funasr(value)) == expected
+
+
+@pytest.mark.parametrize("value, message", [
+    ("{oops", "JSON object"), ('{"x": "heavy"}', "not a number"), ([1, 2], "JSON object"),
+    (json.dumps({f"t{i}": 20 for i in range(10_000)}), "at most 1000"),
+])
+def test_hostile_funasr_hotwords_are_refused(value, message):
+    with pytest.raises(InvalidOption, match=message):
+        hotwords_from_funasr(value)
 
 
 # ---------------------------------------------------------------------- the biased decoding

@@ -264,6 +264,7 @@ def test_the_option_is_validated_and_stored_with_the_job():
     assert "redact" not in dump_options(TranscribeOptions())  # rows of before read as they did
     o = TranscribeOptions(redact_audio="Beep")  # alone: every kind
     assert (o.redact, o.redact_audio) == (KINDS, "beep") and load_options(dump_options(o)) == o
+    assert o.word_timestamps  # (the spans to mask are the words' times)
     assert TranscribeOptions(redact="card", redact_audio="silence").redact == ("card",)
     with pytest.raises(InvalidOption, match="unknown redact_audio 'scramble'"):
         TranscribeOptions(redact_audio="scramble")

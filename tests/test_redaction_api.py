@@ -289,7 +289,7 @@ def _wav(data: bytes):
 def test_redact_audio_masks_the_spans_of_the_recording_served_back(server, speech_clip, mode):
     import numpy as np
 
-    r = _submit(server, speech_clip, redact="pii", redact_audio=mode, word_timestamps="true")
+    r = _submit(server, speech_clip, redact="pii", redact_audio=mode)  # (word times: implied)
     assert r.status_code == 200, r.text
     job = r.json()
     assert job["options"]["redact_audio"] == mode

@@ -57,7 +57,7 @@ class TranscribeOptions:
     # kinds, from "pii" (all) or a comma list such as "card,phone"; () = none
     redact: tuple[str, ...] = ()
     # the recording served back (GET /api/jobs/{id}/audio) with those items' spans "silence"d or
-    # "beep"ed; "" = as uploaded. Given alone, it masks every kind ("pii")
+    # "beep"ed; "" = as uploaded. Given alone, it masks every kind ("pii"); it turns word times on
     redact_audio: str = ""
 
     @property
@@ -83,6 +83,7 @@ class TranscribeOptions:
             object.__setattr__(self, "redact_audio", parse_redact_audio(self.redact_audio))
             if not self.redact:
                 object.__setattr__(self, "redact", parse_redact("pii"))
+            object.__setattr__(self, "word_timestamps", True)  # the spans are the words' times
         elif self.redact_audio != "":
             object.__setattr__(self, "redact_audio", "")
 

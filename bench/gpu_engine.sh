@@ -36,11 +36,12 @@ case "${1:-bench}" in
       tests/test_engine.py tests/test_vad.py tests/test_cli_cuda.py 2>&1 \
       | grep -v torch_complex | tail -15;;
   fp8)
-    python3 -u bench/gpu_fp8.py --model-dir $model --cache-dir /tmp/sv-inductor ${BENCH_ARGS:-} 2>&1 \
+    python3 -u bench/gpu_fp8.py --model-dir $model --cache-dir /tmp/sv-inductor --budget-s "${BUDGET_S:-240}" \
+      ${BENCH_ARGS:-} 2>&1 \
       | grep -v "torch_complex" >"$OUT/fp8.log"
     tail -40 "$OUT/fp8.log"
     python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/pytest*.whl .whl/pluggy*.whl \
       .whl/iniconfig*.whl >/dev/null 2>&1
-    SENSEVOICE_TEST_MEDIA=$PWD/.gpu-media timeout 120 python3 -m pytest -q -p no:cacheprovider -m requires_cuda \
+    SENSEVOICE_TEST_MEDIA=$PWD/.gpu-media timeout 180 python3 -m pytest -q -p no:cacheprovider -m requires_cuda \
       tests/test_fp8.py 2>&1 | grep -v torch_complex | tail -15;;
 esac

@@ -194,7 +194,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--model-dir", default="/tmp/sensevoice-full")
     ap.add_argument("--cache-dir", default="/tmp/sv-inductor")
-    ap.add_argument("--configs", default="float16,float16+ffn,float16+all,bfloat16,bfloat16+all",
+    ap.add_argument("--configs", default="float16,float16+all,float16+ffn,bfloat16,bfloat16+all",
                     help="comma list of DTYPE[+ffn|+all]; each fp8 one is compared with its DTYPE alone")
     ap.add_argument("--fp32-residual", type=int, default=1)
     ap.add_argument("--clips", type=int, default=512)

@@ -130,7 +130,7 @@ def test_batches_take_redact(server, speech_clip):
         data = f.read()
     r = httpx.post(server.url + "/api/batches", headers=_headers(), timeout=90,
                    files=[("files", ("a.wav", data)), ("files", ("b.wav", data))],
-                   data={"redact": "phone,email"})
+                   data={"redact": "phone,email", "redact_audio": "beep"})
     assert r.status_code == 200, r.text
     for entry in r.json()["jobs"]:
         for _ in range(600):
@@ -140,6 +140,9 @@ def test_batches_take_redact(server, speech_clip):
             time.sleep(0.1)
         text = got.json()["result"]["text"]
         assert "[PHONE]" in text and "[EMAIL]" in text and "4111 1111" in text
+        assert got.json()["options"]["redact_audio"] == "beep"
+        audio = httpx.get(f"{server.url}/api/jobs/{entry['id']}/audio", headers=_headers(), timeout=60)
+        assert audio.status_code == 200 and audio.headers["content-type"] == "audio/wav"
 
 
 def test_openai_client_sends_redact_as_an_extra_field(server, speech_clip):

@@ -61,7 +61,8 @@ def build_batches_router(settings, intake) -> APIRouter:
             language: str = Form("auto"), use_itn: bool = Form(True),
             split_channels: bool = Form(False), word_timestamps: bool = Form(False),
             hotwords: str = Form("", description="as POST /api/jobs: one list for every recording"),
-            redact: str = Form("", description="as POST /api/jobs: 'pii' or a comma list of kinds")):
+            redact: str = Form("", description="as POST /api/jobs: 'pii' or a comma list of kinds"),
+            redact_audio: str = Form("", description="as POST /api/jobs: 'silence' or 'beep'")):
         if not token_or_ui_login(request, settings.server.token):
             raise Unauthorized("missing or wrong API token (send 'Authorization: Bearer <token>'), "
                                "or sign in to the UI")
@@ -69,7 +70,8 @@ def build_batches_router(settings, intake) -> APIRouter:
             raise ArchiveRefused(f"{len(files)} files in one request; at most {MAX_FILES}")
         options = TranscribeOptions(language=language, use_itn=use_itn,
                                     split_channels=split_channels, word_timestamps=word_timestamps,
-                                    hotwords=hotwords, redact=redact)
+                                    hotwords=hotwords, redact=redact,
+                                    redact_audio=redact_audio)
         limiter = submit_limiter(request.app.state, intake)
         cap = settings.limits.max_upload_bytes
         entries: list[Entry] = []

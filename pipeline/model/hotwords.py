@@ -240,13 +240,16 @@ def _search_rows(h, g, n, tokens, skip, last, bonus, w, b):
     invalid = (tokens < 0).view(r, 1, j * s) | (frames[None, :, None] >= n[:, None, None])
     emit = emit.masked_fill(invalid, NEG).view(r, t_len, j, s).transpose(0, 1).contiguous()  # [T, R, J, S]
     skip_bias = torch.zeros((r, j, s), device=dev).masked_fill(~skip, NEG)
-    history = torch.full((t_len, r, j, s + 2), NEG, device=dev)
-    for t in range(FIRST_FRAME, t_len):
-        prev = history[t - 1]
-        came = torch.maximum(prev[..., 2:], prev[..., 1:-1])
-        came = torch.maximum(came, prev[..., :-2] + skip_bias)
-        came[..., 0].clamp_(min=0.0)  # the term may start here
-        history[t, ..., 2:] = came.add_(emit[t])
+    if dev.type == "cpu":  # numpy: one thread, ~1 us a step (torch's pool spun 9x the CPU time)
+        history = torch.from_numpy(_steps_numpy(emit.numpy(), skip_bias.numpy()))
+    else:
+        history = torch.full((t_len, r, j, s + 2), NEG, device=dev)
+        for t in range(FIRST_FRAME, t_len):
+            prev = history[t - 1]
+            came = torch.maximum(prev[..., 2:], prev[..., 1:-1])
+            came = torch.maximum(came, prev[..., :-2] + skip_bias)
+            came[..., 0].clamp_(min=0.0)  # the term may start here
+            history[t, ..., 2:] = came.add_(emit[t])
     history = history[..., 2:]
     done = history.gather(3, last[None, :, :, None].expand(t_len, r, j, 1))[..., 0]  # [T, R, J]
     best_end, end = done.max(0)
@@ -257,6 +260,22 @@ def _search_rows(h, g, n, tokens, skip, last, bonus, w, b):
     pick = top_term[None, :, :, None].expand(t_len, r, m, s)
     hist = history.gather(2, pick).permute(1, 2, 0, 3).contiguous()  # [R, M, T, S]
     return top_gain, top_term, top_end, hist
+
+
+def _steps_numpy(emit: np.ndarray, skip_bias: np.ndarray) -> np.ndarray:
+    """The frame steps of :func:`_search_rows` on the host: history [T, R, J, S + 2]."""
+    t_len = emit.shape[0]
+    history = np.full(emit.shape[:3] + (emit.shape[3] + 2,), NEG, dtype=np.float32)
+    came = np.empty(emit.shape[1:], dtype=np.float32)
+    tmp = np.empty_like(came)
+    for t in range(FIRST_FRAME, t_len):
+        prev = history[t - 1]
+        np.maximum(prev[..., 2:], prev[..., 1:-1], out=came)
+        np.add(prev[..., :-2], skip_bias, out=tmp)
+        np.maximum(came, tmp, out=came)
+        np.maximum(came[..., 0], 0.0, out=came[..., 0])  # the term may start here
+        np.add(came, emit[t], out=history[t, ..., 2:])
+    return history
 
 
 def trace(history: np.ndarray, table: TermTable, term: int, end: int) -> list[tuple[int, int, float]]:

@@ -116,3 +116,12 @@ def test_funasr_client_hotwords_are_honoured(server, clip, seen):
     uri = server.url.replace("http", "ws") + "/api/stream/funasr?" + live_query(TOKEN)
     asyncio.run(async_file_asr(path, uri, mode="offline", hotwords={"speech": 20, "北京": 40}))
     assert any(o.hotwords == (Hotword("speech", 2.0), Hotword("北京", 4.0)) for o in seen)
+
+
+def test_a_list_of_the_most_terms_allowed_is_decoded(server, clip, seen):
+    letters = "abcdefghij"
+    terms = [f"hello {a}{b}{c}" for a in letters for b in letters for c in letters]  # 1,000
+    r = _submit(server, clip, hotwords="\n".join(terms))
+    assert r.status_code == 200, r.text
+    assert r.json()["status"] == "done" and "speech" in r.json()["result"]["text"]
+    assert any(len(o.hotwords) == 1000 for o in seen)

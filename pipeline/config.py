@@ -214,6 +214,8 @@ class LimitsSettings(BaseModel):
     min_free_memory_ratio: float = Field(
         0.15, description="GPU admission: refuse new jobs (503) while free device memory is under this share.")
     retention_hours: float = Field(24.0, description="Results and their audio are purged after this.")
+    keep_max_days: float = Field(30.0, gt=0, description="POST /api/jobs/{id}/keep (the desk's Keep) keeps "
+                                 "a finished call this many days from then, at most.")
     delete_audio_when_done: bool = Field(False, description="Delete a job's audio as soon as it is done.")
     queue_timeout_s: float = Field(600.0, description="A job waiting longer than this fails ('timed out in queue').")
 
@@ -457,6 +459,7 @@ GROUP_OF = {
     'segment_backlog_hours': ('limits', 'segment_backlog_hours'),
     'min_free_memory_ratio': ('limits', 'min_free_memory_ratio'),
     'retention_hours': ('limits', 'retention_hours'),
+    'keep_max_days': ('limits', 'keep_max_days'),
     'delete_audio_when_done': ('limits', 'delete_audio_when_done'),
     'queue_timeout_s': ('limits', 'queue_timeout_s'),
     'model': ('engine', 'model'),

@@ -42,7 +42,7 @@ E2E_FILES = {
     "test_settings_flags", "test_startup", "test_storage", "test_watchdog", "test_web_siblings",
 }
 INTEGRATION_FILES = {
-    "test_api", "test_archive", "test_hotwords_api", "test_redaction_api", "test_speaker_api", "test_auth_throttle", "test_backlog", "test_broker_contract", "test_broker_redis",
+    "test_api", "test_archive", "test_delete_api", "test_hotwords_api", "test_redaction_api", "test_speaker_api", "test_auth_throttle", "test_backlog", "test_broker_contract", "test_broker_redis",
     "test_calls_index", "test_cli_hostile_server", "test_decoder", "test_deploy", "test_doctor", "test_edge",
     "test_event_fanout", "test_events", "test_expired_links", "test_fast_submit", "test_forwarded",
     "test_hostile_batches", "test_hostile_exports", "test_live_fairness", "test_live_hostile",

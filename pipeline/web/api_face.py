@@ -33,7 +33,8 @@ def add_api(app, runtime: Runtime, bodies, pages: JobPages):
                   busy_seconds=runtime.live_busy_seconds, capacity=runtime.live_capacity)
     app.state.live_hub = hub
     app.include_router(build_live_router(hub))  # live captions (WebSocket): ours, FunASR's, OpenAI's
-    app.include_router(build_desk_router(settings, intake, view, runtime.broker.calls()))  # the desk
+    app.include_router(build_desk_router(settings, intake, view, runtime.broker.calls(),  # the desk
+                                         runtime.broker, runtime.on_purge))
     if settings.ui.enabled:
         from pipeline.web.ui import mount_ui
 

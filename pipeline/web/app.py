@@ -49,7 +49,7 @@ def create_app(settings: Settings | None = None, start: bool = True, runtime: Ru
     app = FastAPI(title="SenseVoice", lifespan=lifespan)
     app.state.runtime = runtime
     install_error_handlers(app)
-    bodies = PollBodies()
+    bodies = PollBodies(retention_hours=settings.limits.retention_hours)  # bodies carry expires_at
     runtime.on_purge.append(bodies.forget)
     app.state.poll_bodies = bodies
     app.include_router(build_health_router(runtime))

@@ -68,9 +68,11 @@ def verify(key: bytes, job_id: str, exp: str | None, sig: str | None,
 
 
 def expiry(job, retention_hours: float, now: float | None = None) -> int:
-    """When the job's retention ends (its audio and result are purged then anyway)."""
+    """When the job's retention ends (its audio and result are purged then anyway), or its keep
+    when later (``meta["kept_until"]``, POST /api/jobs/{id}/keep)."""
     finished = job.finished_at if job.finished_at is not None else (time.time() if now is None else now)
-    return int(math.ceil(finished + max(retention_hours, 0.0) * 3600))
+    kept = getattr(job, "meta", None) and job.meta.get("kept_until") or 0.0
+    return int(math.ceil(max(finished + max(retention_hours, 0.0) * 3600, kept)))
 
 
 def job_links(job, token: str, retention_hours: float, now: float | None = None,

@@ -23,7 +23,10 @@ PIECES = re.compile(r"^segment (\d+) of (\d+)$")
 FINAL = (JobState.DONE, JobState.FAILED, JobState.PURGED)
 
 
-def job_json(job: Job) -> dict:
+def job_json(job: Job, retention_hours: float | None = None) -> dict:
+    """A job's JSON; with ``retention_hours``, a finished job's ``expires_at`` (unix s: when its
+    audio, result and review are deleted, its keep included; null until it ends)."""
+    expires = expiry(job, retention_hours) if retention_hours is not None and job.state in FINAL else None
     return {
         "id": job.id,
         "status": job.state.value,
@@ -32,6 +35,7 @@ def job_json(job: Job) -> dict:
         "created_at": job.created_at,
         "started_at": job.started_at,
         "finished_at": job.finished_at,
+        **({"expires_at": expires} if retention_hours is not None else {}),
         "duration_s": job.duration_s,
         "audio_seconds": job.audio_seconds,
         "options": {"language": job.options.language, "use_itn": job.options.use_itn,
@@ -60,9 +64,9 @@ def job_json(job: Job) -> dict:
     }
 
 
-def job_body(job: Job) -> bytes:
+def job_body(job: Job, retention_hours: float | None = None) -> bytes:
     """The JSON of a job, as GET /api/jobs/{id} answers it (orjson: no framework encoder)."""
-    return orjson.dumps(job_json(job))
+    return orjson.dumps(job_json(job, retention_hours))
 
 
 class PollBodies:
@@ -76,8 +80,9 @@ class PollBodies:
 
     PUSHED_BYTES = 64 << 20  # a sibling's pushed bodies, at most (long calls' transcripts are large)
 
-    def __init__(self, size: int = 2048, pushed_size: int = 8192):
+    def __init__(self, size: int = 2048, pushed_size: int = 8192, retention_hours: float | None = None):
         self.size, self.pushed_size = size, pushed_size
+        self.retention_hours = retention_hours  # the bodies carry expires_at (None: they do not)
         self._bodies: OrderedDict[str, tuple[Job, bytes]] = OrderedDict()
         self._pushed: OrderedDict[str, bytes] = OrderedDict()
         self._pushed_bytes = 0
@@ -100,13 +105,13 @@ class PollBodies:
 
     def body(self, job: Job) -> bytes:
         if job.state not in (JobState.DONE, JobState.FAILED):
-            return job_body(job)  # small, and its position/progress change
+            return job_body(job, self.retention_hours)  # small, and its position/progress change
         with self._lock:
             hit = self._bodies.get(job.id)
             if hit is not None and hit[0] is job:
                 self._bodies.move_to_end(job.id)
                 return hit[1]
-        body = job_body(job)
+        body = job_body(job, self.retention_hours)
         with self._lock:
             self._bodies[job.id] = (job, body)
             while len(self._bodies) > self.size:
@@ -171,7 +176,7 @@ class JobPages:
     def live_view(self, job: Job) -> dict:
         """The job as the page shows it: the REST JSON, its stage, the model state, signed links."""
         settings = self.settings
-        body = job_json(job)
+        body = job_json(job, settings.limits.retention_hours)
         body.update(stage_of(job, self.health.state))
         body["model"] = self.health.state
         # the player and download links once there is something to play or download (their expiry

@@ -39,7 +39,7 @@ from pipeline.domain.errors import ClientExportLimit, InvalidOption, TooManyExpo
 from pipeline.domain.review import ReviewPatch, apply_patch
 from pipeline.web.auth import require_token_or_link, token_ok
 from pipeline.web.edge import scope_client_key
-from pipeline.web.links import job_links, link_key, link_state
+from pipeline.web.links import expiry, job_links, link_key, link_state
 from pipeline.web.views import job_json
 
 if TYPE_CHECKING:
@@ -192,6 +192,7 @@ def build_calls_router(settings, view, calls: CallsIndex) -> APIRouter:
                 d = r.to_dict()
                 # the review link only to the token's holder: a download link must not lead to one
                 d["links"] = job_links(r, token, hours, review=signed_in)
+                d["expires_at"] = expiry(r, hours) if r.finished_at is not None else None  # (a keep: the job's JSON)
                 rows.append(d)
             return orjson.dumps({"total": page.total, "page": page.page,
                                  "per_page": page.per_page, "rows": rows})

@@ -8,6 +8,7 @@ root holds ``Broker``, every port at once."""
 from __future__ import annotations
 
 import ast
+import functools
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -66,8 +67,10 @@ def _read(body: list[ast.AST], slot: Slot, own_scope: bool) -> None:
             if isinstance(node, ast.Attribute) and _is_slot(node.value, slot, own_scope):
                 slot.used.add(node.attr)
             elif isinstance(node, ast.Call):
-                callee = ast.unparse(node.func)
-                for i, arg in enumerate(node.args):
+                callee, args = ast.unparse(node.func), node.args
+                if callee in ("functools.partial", "partial") and args:  # partial(f, port, ...): f's
+                    callee, args = ast.unparse(args[0]), args[1:]
+                for i, arg in enumerate(args):
                     if _is_slot(arg, slot, own_scope):
                         if callee == "len":
                             slot.used.add("__len__")
@@ -84,6 +87,11 @@ def _params(fn: ast.FunctionDef | ast.AsyncFunctionDef) -> list[ast.arg]:
 
 
 def consumers(names: set[str]) -> tuple[list[Slot], dict[str, list[str]], dict[tuple[str, str], Slot]]:
+    return _consumers(frozenset(names))
+
+
+@functools.cache  # (the tests read the same source: parsed once)
+def _consumers(names: frozenset[str]) -> tuple[list[Slot], dict[str, list[str]], dict[tuple[str, str], Slot]]:
     """Every slot that names a port; the parameter names of each class's constructor and each
     function (to follow a port handed on); slots by (callee name, parameter)."""
     slots: list[Slot] = []
@@ -177,6 +185,7 @@ def used_members(slot: Slot, signatures, by_param, seen=None) -> set[str]:
     return out
 
 
+@functools.cache
 def shares() -> dict[str, tuple[str, int, int, set[str]]]:
     """slot -> (port, members used, members of the port, members read that the port lacks)."""
     types = port_types()
@@ -208,6 +217,27 @@ def test_every_consumer_uses_most_of_each_port_it_takes():
 def test_no_consumer_reads_a_member_its_port_lacks():
     lacking = {where: sorted(extra) for where, (_, _, _, extra) in shares().items() if extra}
     assert lacking == {}
+
+
+def test_the_composition_root_hands_each_part_a_port_of_its_own():
+    """Every part the root hands the whole Broker takes it as a port (an annotated parameter that
+    this test measures), not as a Broker or an untyped parameter."""
+    types = port_types()
+    slots, signatures, by_param = consumers(set(types))
+    unmeasured = []
+    for slot in slots:
+        if slot.port != ADAPTER_UNION:
+            continue
+        for callee, where in slot.handed:
+            if callee == "type":  # type(broker).__name__, in the start-up line
+                continue
+            name = callee.rsplit(".", 1)[-1]
+            params = signatures.get(name, [])
+            param = where if isinstance(where, str) else (params[where] if where < len(params) else None)
+            target = by_param.get((name, param))
+            if target is None:
+                unmeasured.append(f"{slot.where} -> {callee}[{where}]")
+    assert unmeasured == []
 
 
 def test_only_the_composition_root_holds_every_port():

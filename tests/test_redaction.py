@@ -19,6 +19,7 @@ from pipeline.domain.redaction import (
     parse_redact_audio,
     redact_rich,
     redact_text,
+    redact_across,
     redact_transcript,
     redactions_of,
     resident_id_ok,
@@ -277,6 +278,32 @@ def test_a_live_partial_masks_digit_runs_that_may_still_be_growing():
     assert redact_rich(partial, (), ("email",), eager=True).raw_text == partial  # no digit kind asked
     short = "<|en|><|NEUTRAL|><|Speech|><|withitn|>at 5 pm, 3 boxes"
     assert redact_rich(short, (), KINDS, eager=True).raw_text == short
+
+
+
+
+def _seg(text, start, speaker=None, words=()):
+    return Segment("en", "NEUTRAL", ("Speech",), "withitn", text, start, start + 2.0, speaker, words)
+
+
+def test_an_item_said_across_two_segments_is_masked_in_both():
+    head = "<|en|><|NEUTRAL|><|Speech|><|withitn|>"
+    words = (Word("my", 10.0, 10.2), Word("number", 10.3, 10.6), Word("is", 10.7, 10.8),
+             Word("one", 11.0, 11.2), Word("three", 11.3, 11.5), Word("eight", 11.6, 11.9))
+    segs = (_seg("my number is one three eight", 10.0, "left", words),
+            _seg("hello there", 11.0, "right"),
+            _seg("zero zero one three, eight zero zero zero", 12.0, "left"),
+            _seg("thanks, 2024 was good", 14.0, "left"))
+    t = Transcript(text="", raw_text="".join(head + s.text for s in segs), segments=segs)
+    out = redact_across(t, KINDS)
+    assert [s.text for s in out.segments] == ["my number is [PHONE]", "hello there", "[PHONE]",
+                                              "thanks, 2024 was good"]
+    assert [w.text for w in out.segments[0].words] == ["my", "number", "is", "[PHONE]"]
+    assert (out.segments[0].words[-1].start, out.segments[0].words[-1].end) == (11.0, 11.9)
+    assert "three eight" not in out.raw_text and "zero zero" not in out.raw_text
+    assert out.raw_text.count("[PHONE]") == 2 and "2024 was good" in out.raw_text
+    # an item within one segment (the piece's own pass) and other speakers: untouched here
+    assert redact_across(Transcript("", "", segs[1:2] + segs[3:]), KINDS).segments == segs[1:2] + segs[3:]
 
 
 

@@ -440,3 +440,60 @@ def redact_transcript(transcript: Transcript, kinds: Iterable[str]) -> Transcrip
         segs.append(replace(seg, text=r.raw_text, words=r.words))
     return Transcript(text=" ".join(s.text for s in segs if s.text), raw_text=raw,
                       segments=tuple(segs))
+
+
+def redact_across(transcript: Transcript, kinds: Iterable[str]) -> Transcript:
+    """Items said across two segments of one speaker (a long recording is split at pauses, and each
+    piece is masked alone): the segments' texts joined, in order, each speaker's apart; the part of
+    such an item in each segment masked (text, aligned words, ``raw_text``). Items within one
+    segment are the pieces' own (:func:`redact_rich`), already masked."""
+    kinds = frozenset(kinds)
+    segs = list(transcript.segments)
+    if not kinds or len(segs) < 2:
+        return transcript
+    cuts: dict[int, list[Span]] = {}
+    for speaker in dict.fromkeys(s.speaker for s in segs):
+        order = [k for k, s in enumerate(segs) if s.speaker == speaker and s.text]
+        starts, pos = [], 0
+        for k in order:
+            starts.append(pos)
+            pos += len(segs[k].text) + 1
+        stream = " ".join(segs[k].text for k in order)
+        for s in find_spans(stream, kinds):
+            first = max(i for i, a in enumerate(starts) if a <= s.a)
+            last = max(i for i, a in enumerate(starts) if a < s.b)
+            if first == last:
+                continue  # within one segment: the piece's own pass saw it
+            for i in range(first, last + 1):
+                a = max(s.a - starts[i], 0)
+                b = min(s.b - starts[i], len(segs[order[i]].text))
+                if a < b:
+                    cuts.setdefault(order[i], []).append(Span(s.kind, a, b))
+    if not cuts:
+        return transcript
+    raw, cursor, parts = transcript.raw_text, 0, []
+    for k, seg in enumerate(segs):
+        if k not in cuts:
+            continue
+        text, p, out = seg.text, 0, []
+        for s in sorted(cuts[k], key=lambda s: s.a):
+            out += [text[p:s.a], MASKS[s.kind]]
+            p = s.b
+        out.append(text[p:])
+        new_text = "".join(out)
+        words = list(seg.words)
+        ranges = _word_ranges(text, words)
+        for s in cuts[k]:
+            hit = [i for i, r in enumerate(ranges) if r is not None and r[0] < s.b and s.a < r[1]]
+            if hit:
+                words[hit[0]] = Word(MASKS[s.kind], words[hit[0]].start, words[hit[-1]].end)
+                for i in hit[1:]:
+                    words[i] = None
+        segs[k] = replace(seg, text=new_text, words=tuple(w for w in words if w is not None))
+        at = raw.find(text, cursor)  # the segment's text in the joined raw text, in order
+        if at >= 0:
+            parts += [raw[cursor:at], new_text]
+            cursor = at + len(text)
+    parts.append(raw[cursor:])
+    return Transcript(text=" ".join(s.text for s in segs if s.text), raw_text="".join(parts),
+                      segments=tuple(segs))

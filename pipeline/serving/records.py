@@ -19,7 +19,7 @@ from typing import Any
 
 from pipeline.domain.errors import SenseVoiceError, StorageError, StorageFull
 from pipeline.domain.hotwords import dump_hotwords
-from pipeline.domain.redaction import redact_rich
+from pipeline.domain.redaction import redact_across, redact_rich  # noqa: F401 (redact_across: for the worker)
 from pipeline.domain.richtext import parse_rich_text
 from pipeline.domain.types import Segment, TranscribeOptions, Transcript, Word
 

@@ -27,7 +27,8 @@ from pipeline.model.protocol import Engine
 from pipeline.domain.errors import (AudioLost, BrokerUnavailable, DeviceFailed, InferenceFailed, JobFailed,
                                     NotReady, OutOfDeviceMemory, QueueTimeout, WorkerFailed)
 from pipeline.serving.ports import WorkerSink
-from pipeline.serving.records import SegmentResult, redacted_piece, transcript_from_pieces
+from pipeline.serving.records import (SegmentResult, redact_across, redacted_piece,
+                                      transcript_from_pieces)
 from pipeline.serving.metrics import Metrics
 from pipeline.domain.tags import SAMPLE_RATE_HZ
 from pipeline.serving.scheduler import Scheduler, WorkItem
@@ -346,12 +347,16 @@ class Worker(threading.Thread):
         recording) of the jobs whose last piece is in."""
         self.store.save_segments([_piece(i, w, o) for i, w, o in parts])
         complete = []
+        redact = {i.job_id: i.options.redact for i, _, _ in parts}
         for job_id, total in {i.job_id: i.pieces for i, _, _ in parts}.items():
             done = self.store.segment_count(job_id)  # the pieces themselves only once complete
             if done >= total:
                 pieces = self.store.segments(job_id)
                 seconds = _recording_seconds(self.store.get, job_id, pieces)
-                complete.append((job_id, transcript_from_pieces(pieces), seconds))
+                transcript = transcript_from_pieces(pieces)
+                if redact[job_id]:  # an item said across a pause: its parts in two pieces
+                    transcript = redact_across(transcript, redact[job_id])
+                complete.append((job_id, transcript, seconds))
         return complete
 
     def _fail(self, item: WorkItem, failure: JobFailed | BrokerUnavailable,

@@ -125,3 +125,38 @@ def test_a_list_of_the_most_terms_allowed_is_decoded(server, clip, seen):
     assert r.status_code == 200, r.text
     assert r.json()["status"] == "done" and "speech" in r.json()["result"]["text"]
     assert any(len(o.hotwords) == 1000 for o in seen)
+
+
+def test_openai_realtime_prompt_of_terms_is_read_as_hotwords(server, clip, seen):
+    import base64
+    import wave
+
+    import numpy as np
+    from openai import AsyncOpenAI
+
+    with wave.open(str(clip)) as w:
+        pcm16k = np.frombuffer(w.readframes(w.getnframes()), dtype=np.int16).astype(np.float32)
+    n24 = int(len(pcm16k) * 1.5)
+    pcm = np.interp(np.arange(n24) / 1.5, np.arange(len(pcm16k)), pcm16k).astype(np.int16)
+    pcm = np.concatenate([pcm, np.zeros(24_000, dtype=np.int16)]).tobytes()  # a pause ends the turn
+    session = {"type": "transcription",
+               "audio": {"input": {"format": {"type": "audio/pcm", "rate": 24_000},
+                                   "transcription": {"model": "gpt-4o-transcribe", "language": "en",
+                                                     "prompt": "Kubernetes, New York:3"},
+                                   "turn_detection": {"type": "server_vad"}}}}
+
+    async def go():
+        client = AsyncOpenAI(api_key=TOKEN, base_url=server.url + "/v1", max_retries=0)
+        async with client.realtime.connect(extra_query={"intent": "transcription"}) as conn:
+            await conn.recv()
+            await conn.session.update(session=session)
+            await conn.recv()
+            for i in range(0, len(pcm), 9600):
+                await conn.input_audio_buffer.append(audio=base64.b64encode(pcm[i:i + 9600]).decode())
+            while True:
+                event = await asyncio.wait_for(conn.recv(), 60)
+                if event.type.endswith("transcription.completed"):
+                    return event
+
+    assert asyncio.run(go()).transcript
+    assert any(o.hotwords == (Hotword("Kubernetes"), Hotword("New York", 3.0)) for o in seen)

@@ -7,9 +7,8 @@ from dataclasses import dataclass, field, fields, is_dataclass
 
 import orjson
 
-from pipeline.domain.hotwords import Hotword, hotwords_from_funasr, parse_hotwords
-
-__all__ = ["Hotword", "hotwords_from_funasr"]  # (re-exported: the routes read options from here)
+# (hotwords_from_funasr, hotwords_from_prompt: re-exported, the routes read options from here)
+from pipeline.domain.hotwords import Hotword, hotwords_from_funasr, hotwords_from_prompt, parse_hotwords  # noqa: F401
 from pipeline.domain.redact_kinds import parse_redact, parse_redact_audio
 from pipeline.domain.tags import AUTO_LANGUAGE, LANGUAGES, NO_SPEECH, REQUEST_LANGUAGES
 

@@ -10,8 +10,9 @@ transcription" is the user's reference.
 **Session.** On connect the server sends ``session.created`` (``transcription_session.created`` to
 a beta client). ``session.update`` / ``transcription_session.update`` set the input format
 (``audio/pcm`` or ``pcm16``: 16-bit PCM, 24 kHz as OpenAI's, or another ``rate`` between 8 and
-192 kHz; G.711 is refused), the ``language`` (ISO-639-1, or none: detected) and
-``turn_detection`` (``server_vad``, or null); each is answered ``session.updated`` with the
+192 kHz; G.711 is refused), the ``language`` (ISO-639-1, or none: detected), the transcription's
+``prompt`` (hotwords when it is a list of short terms, as the OpenAI face reads it; read when the
+audio starts) and ``turn_detection`` (``server_vad``, or null); each is answered ``session.updated`` with the
 settings in effect (the speech detection's own pause, padding and threshold). The format and the
 language are fixed once audio has been sent.
 
@@ -56,7 +57,7 @@ from pipeline.audio.stream_vad import MAX_RATE, MIN_RATE
 from pipeline.domain.errors import (FrameTooLarge, IdleTimeout, InvalidMessage, QuietStreamYielded,
                                     SenseVoiceError, StreamTimeLimit, StreamTooLong, Unauthorized)
 from pipeline.domain.tags import SAMPLE_RATE_HZ
-from pipeline.domain.types import TranscribeOptions
+from pipeline.domain.types import TranscribeOptions, hotwords_from_prompt
 from pipeline.serving.live import Caption, LiveHub, LiveSession
 from pipeline.web.realtime_events import (AudioAppend, BufferClear, BufferCommit, Cleared,
                                           ClientEvent, Committed, ErrorEvent, EventError, OtherEvent,
@@ -116,7 +117,8 @@ class RealtimeStream:
         try:
             await self.send(SessionState(self.describe(), self.config.beta, created=True))
             first = await self.configure()
-            options = TranscribeOptions(language=self.config.sensevoice_language)
+            options = TranscribeOptions(language=self.config.sensevoice_language,  # the prompt: as OpenAI's
+                                        hotwords=hotwords_from_prompt(self.config.prompt))  # (README)
             async with self.hub.stream(options, self.config.rate, self.emit,
                                        client_of(self.ws)) as session, failing_with(session):
                 await self.pump(session, first)

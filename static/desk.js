@@ -55,7 +55,10 @@
       next_call: 'Next call', edit: 'Edit', save: 'Save', cancel: 'Cancel', flag: 'Flag', unflag: 'Unflag',
       note: 'Note', corrected: 'corrected', model: 'Model:', revert: 'Use the model\u2019s text',
       saved: 'Saved', save_failed: 'Not saved: {why}', keys: 'Keys: space play/pause \u00b7 J/K previous/next segment \u00b7 L loop \u00b7 E edit \u00b7 F flag',
-      speaker_all: 'one speaker', loop_on: 'Looping this segment'
+      speaker_all: 'one speaker', loop_on: 'Looping this segment',
+      c_exp: 'Kept until', c_act: 'Actions', keep: 'Keep', del: 'Delete',
+      del_confirm: 'Delete “{name}”: its recording, transcript and review? This cannot be undone.',
+      act_failed: 'Not done: {why}'
     },
     zh: {
       desk: '\u901a\u8bdd', intake: '\u6dfb\u52a0\u901a\u8bdd\uff1a\u591a\u4e2a\u6587\u4ef6\u3001\u4e00\u4e2a\u6587\u4ef6\u5939\u6216\u5f55\u97f3\u538b\u7f29\u5305\uff08zip\uff09',
@@ -71,7 +74,10 @@
       next_call: '\u4e0b\u4e00\u4e2a\u901a\u8bdd', edit: '\u7f16\u8f91', save: '\u4fdd\u5b58', cancel: '\u53d6\u6d88', flag: '\u6807\u8bb0', unflag: '\u53d6\u6d88\u6807\u8bb0',
       note: '\u5907\u6ce8', corrected: '\u5df2\u66f4\u6b63', model: '\u6a21\u578b\uff1a', revert: '\u6539\u56de\u6a21\u578b\u7684\u6587\u5b57',
       saved: '\u5df2\u4fdd\u5b58', save_failed: '\u672a\u4fdd\u5b58\uff1a{why}', keys: '\u6309\u952e\uff1a\u7a7a\u683c \u64ad\u653e/\u6682\u505c \u00b7 J/K \u4e0a/\u4e0b\u4e00\u6bb5 \u00b7 L \u5faa\u73af \u00b7 E \u7f16\u8f91 \u00b7 F \u6807\u8bb0',
-      speaker_all: '\u4e00\u4f4d\u8bf4\u8bdd\u4eba', loop_on: '\u6b63\u5728\u5faa\u73af\u672c\u6bb5'
+      speaker_all: '\u4e00\u4f4d\u8bf4\u8bdd\u4eba', loop_on: '\u6b63\u5728\u5faa\u73af\u672c\u6bb5',
+      c_exp: '\u4fdd\u7559\u81f3', c_act: '\u64cd\u4f5c', keep: '\u4fdd\u7559', del: '\u5220\u9664',
+      del_confirm: '\u5220\u9664\u201c{name}\u201d\u7684\u5f55\u97f3\u3001\u8f6c\u5199\u548c\u5ba1\u6838\uff1f\u6b64\u64cd\u4f5c\u65e0\u6cd5\u64a4\u9500\u3002',
+      act_failed: '\u672a\u5b8c\u6210\uff1a{why}'
     }
   };
 
@@ -344,6 +350,8 @@
         th.addEventListener('keydown', function (ev) { if (ev.key === 'Enter') go(); });
         head.appendChild(th);
       });
+      head.appendChild(el('th', 'sv-call-exp-h', t('c_exp')));  // (not sortable: the server sorts the others)
+      head.appendChild(el('th', 'sv-call-act-h', t('c_act')));
       var thead = el('thead');
       thead.appendChild(head);
       table.appendChild(thead);
@@ -406,10 +414,64 @@
     tr.appendChild(el('td', 'sv-call-flags', r.flags ? '\u2691 ' + r.flags : ''));
     var stateWord = r.state === 'done' ? (r.reviewed ? t('yes') : t('no')) : t(r.state === 'running' ? 'running' : r.state);
     tr.appendChild(el('td', 'sv-call-reviewed', stateWord));
+    var exp = el('td', 'sv-call-exp', fmtDate(r.expires_at));
+    tr.appendChild(exp);
+    tr.appendChild(actions(r, exp));
     var open = function () { openCall(r.id, queryOf(r.links && r.links.result)); };
     tr.addEventListener('click', open);
     tr.addEventListener('keydown', function (e) { if (e.key === 'Enter') open(); });
     return tr;
+  }
+
+  function fmtDate(unix) {
+    if (typeof unix !== 'number' || !isFinite(unix)) return '';
+    try { return new Date(unix * 1000).toLocaleString(lang() === 'zh' ? 'zh-CN' : 'en'); } catch (e) { return ''; }
+  }
+
+  // a finished call's Keep and Delete: only where its review link is held (whoever may edit its
+  // review may keep or delete it: DELETE /api/jobs/{id}, POST /api/jobs/{id}/keep)
+  function actionUrl(r, suffix) {
+    var link = String((r.links && r.links.review) || '');
+    var m = /^(\/api\/jobs\/[^/?]+)\/review(\?exp=\d{1,12}&sig=[A-Za-z0-9_-]{1,64})?$/.exec(link);
+    return m ? m[1] + suffix + (m[2] || '') : null;
+  }
+
+  function failed(td, r) {
+    return r.json().then(function (b) { return (b && b.error && b.error.message) || r.status; }, function () { return r.status; })
+      .then(function (why) { td.title = t('act_failed', { why: why }); td.classList.add('sv-act-failed'); });
+  }
+
+  function actions(r, expCell) {
+    var td = el('td', 'sv-call-actions');
+    var del = actionUrl(r, '');
+    if (!del || !FINAL[r.state] || r.state === 'purged') return td;
+    td.addEventListener('click', function (e) { e.stopPropagation(); });
+    td.addEventListener('keydown', function (e) { e.stopPropagation(); });
+    td.appendChild(button('sv-call-keep', t('keep'), function () {
+      root.fetch(actionUrl(r, '/keep'), { method: 'POST', credentials: 'same-origin' }).then(function (resp) {
+        if (!resp.ok) return failed(td, resp);
+        return resp.json().then(function (b) { expCell.textContent = fmtDate(b.expires_at); });
+      }, function () {});
+    }));
+    td.appendChild(button('sv-call-delete', t('del'), function () {
+      if (!root.confirm(t('del_confirm', { name: r.filename || r.id.slice(0, 8) }))) return;
+      root.fetch(del, { method: 'DELETE', credentials: 'same-origin' }).then(function (resp) {
+        if (!resp.ok && resp.status !== 410) return failed(td, resp);
+        forget(r.id);
+        if (state.current && state.current.id === r.id) state.current = null;
+        return refresh();
+      }, function () {});
+    }));
+    return td;
+  }
+
+  function forget(id) {  // this browser's lists lose the deleted call too
+    [STORE, STORE_RECENT].forEach(function (key) {
+      try {
+        var list = JSON.parse(storageGet(key) || '[]');
+        if (Array.isArray(list)) storageSet(key, JSON.stringify(list.filter(function (e) { return !e || e.id !== id; })));
+      } catch (e) { /* unreadable: left */ }
+    });
   }
 
   function openCall(id, q) {

@@ -11,10 +11,12 @@ import json
 import httpx
 import openai
 import pytest
+import torch
 
 from pipeline.domain.hotwords import Hotword
 from pipeline.web.links import live_query
 from tests.conftest import LiveServer, make_settings
+from tests.redis_server import redis_server, redis_url  # noqa: F401  (fixtures)
 
 TOKEN = "hot-token"
 
@@ -160,3 +162,24 @@ def test_openai_realtime_prompt_of_terms_is_read_as_hotwords(server, clip, seen)
 
     assert asyncio.run(go()).transcript
     assert any(o.hotwords == (Hotword("Kubernetes"), Hotword("New York", 3.0)) for o in seen)
+
+
+def test_the_redis_store_keeps_a_jobs_hotwords_and_hands_them_to_the_worker(redis_url):  # noqa: F811
+    import time
+    import uuid
+
+    from pipeline.domain.types import Job, JobState, Lane, TranscribeOptions
+    from pipeline.serving.broker_redis import RedisBroker
+    from pipeline.serving.scheduler import WorkItem
+
+    options = TranscribeOptions("en", hotwords="Kubernetes\nNew York:3")
+    job = Job(str(uuid.uuid4()), JobState.QUEUED, options, Lane.BULK, time.time(), 1.0, filename="call.wav")
+    broker = RedisBroker(redis_url, retention_s=60, queue_size=10)
+    try:
+        broker.create(job, b"upload")
+        broker.put(WorkItem(job.id, job.lane, options, 16_000, audio=torch.zeros(16_000)))
+        assert broker.get(job.id).options.hotwords == options.hotwords
+        (item,) = broker.claim("w1", 10, 0)
+        assert item.options.hotwords == (Hotword("Kubernetes"), Hotword("New York", 3.0))
+    finally:
+        broker.close()

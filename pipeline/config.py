@@ -404,6 +404,10 @@ class UiSettings(BaseModel):
     enabled: bool = Field(True, description="Serve the Gradio UI at /ui; false = REST API only (gradio "
                      "is then not imported).")
     auth: SecretStr = Field(SecretStr(""), description="If set ('user:password'), the UI asks for this login.")
+    kiosk: bool = Field(False, description="Kiosk mode for demo stations (also ?kiosk=1 on the page): no "
+                        "history, no calls table, each visitor's result cleared on 'Next visitor' or when idle.")
+    kiosk_clear_s: float = Field(120.0, ge=5, le=3600, description="Kiosk mode: a visitor's result is cleared "
+                                 "after this many seconds without a touch.")
 
     @property
     def login(self) -> str:
@@ -506,6 +510,8 @@ GROUP_OF = {
     'live_client_prefix_v6': ('live', 'client_prefix_v6'),
     'ui': ('ui', 'enabled'),
     'ui_auth': ('ui', 'auth'),
+    'kiosk': ('ui', 'kiosk'),
+    'kiosk_clear_s': ('ui', 'kiosk_clear_s'),
 }
 
 

@@ -48,7 +48,7 @@ from pipeline.web.vocab import vocab_script
 logger = logging.getLogger("sensevoice.ui")
 
 STATIC = next(p / "static" for p in Path(__file__).resolve().parents[1:3] if (p / "static").is_dir())  # installed | repo
-SCRIPTS = ("richtext.js", "review.js", "app.js", "live-worklet.js", "live.js", "desk.js")  # inlined into the
+SCRIPTS = ("richtext.js", "review.js", "app.js", "live-worklet.js", "live.js", "desk.js", "kiosk.js")  # inlined into the
 # page head, in this order
 SHEETS = ("style.css", "review.css", "app.css", "live.css", "desk.css")  # through Gradio's css (scoped to the app)
 RAW_SHEETS = ("review.css", "app.css", "live.css", "desk.css")  # also in the head as written (see head_html)
@@ -392,11 +392,19 @@ ON_LOAD = ("() => { window.SenseVoiceApp && window.SenseVoiceApp.boot(); "
            "window.SenseVoiceDesk && window.SenseVoiceDesk.boot(); return []; }")
 
 
+def on_load(ui) -> str:
+    """Gradio's load hook of the page: the app, the desk, and kiosk mode (static/kiosk.js: the
+    setting's config, JSON; ``?kiosk=1`` turns it on without the setting)."""
+    kiosk = orjson.dumps({"enabled": bool(ui.kiosk), "clear_s": float(ui.kiosk_clear_s)}).decode()
+    return ON_LOAD.replace("return []; }", f"window.SenseVoiceKiosk && window.SenseVoiceKiosk.boot({kiosk}); "
+                           "return []; }")
+
+
 def wire(demo: gr.Blocks, c: SimpleNamespace, face: UiFace, submit, samples: Samples) -> None:
-    demo.load(lambda: gr.Markdown(visible=face.is_demo()), None, c.banner, js=ON_LOAD)
+    settings = face.pages.settings
+    demo.load(lambda: gr.Markdown(visible=face.is_demo()), None, c.banner, js=on_load(settings.ui))
     # Live captions: the page script streams the microphone itself; these hand it the choices
     # (live captions need a process that holds the model: not an api-role process)
-    settings = face.pages.settings
     demo.load(None, [c.language, c.use_itn], None, js=on_live_load(settings, enabled=face.live))
     c.live_link.click(make_live_link(settings), None, c.live_link_out, queue=False,
                       show_progress="hidden", api_name="live_link")

@@ -364,7 +364,7 @@ def test_funasr_errors_are_in_its_shape(server):
 
 
 def test_a_model_failure_ends_the_stream_with_a_reason(server, speech, monkeypatch):
-    def broken(wave, options):
+    def broken(wave, options, final=False):  # the live lane's signature
         future = Future()
         future.set_exception(RuntimeError("the device fell over"))
         return future

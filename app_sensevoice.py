@@ -150,6 +150,14 @@ def announce(settings, source) -> None:
           f"(model: {source.name if source else 'none, api role'})", flush=True)
 
 
+def early_probe(settings, source) -> dict:
+    """What /readyz says of the model before the runtime exists (as ``Runtime.is_demo`` and
+    ``Runtime.model_name`` will)."""
+    demo = source.is_demo if source is not None else settings.engine.demo
+    model = "demo (hand-set weights, not a real model)" if demo else source.name if source else settings.engine.model
+    return {"model": model, "demo": demo}
+
+
 def serve_at_once(settings, options: dict) -> int:
     """One web process: the HTTP server answers within a second (probes, a "starting" page:
     pipeline/web/early.py) while torch, the runtime and the UI are built in a thread (issue 42).
@@ -183,11 +191,8 @@ def serve_at_once(settings, options: dict) -> int:
         if server is not None:
             server.should_exit = True
 
-    demo = source.is_demo if source is not None else settings.engine.demo  # (as Runtime.is_demo says)
-    model = "demo (hand-set weights, not a real model)" if demo else source.name if source else settings.engine.model
-    probe = {"model": model, "demo": demo}
     announce(settings, source)
-    server = uvicorn.Server(uvicorn.Config(EarlyApp(build, failed, probe), host=settings.server.host,
+    server = uvicorn.Server(uvicorn.Config(EarlyApp(build, failed, early_probe(settings, source)), host=settings.server.host,
                                            port=settings.server.port, **options))
     server.run()
     return status["code"]
@@ -237,21 +242,31 @@ def main(argv=None) -> int:
         return serve_at_once(settings, options)
     import uvicorn
 
-    from pipeline.serving.runtime import build_runtime
-    from pipeline.web.siblings import WebSiblings
+    from pipeline.model.loading import resolve_model
+    from pipeline.web.early import EarlyServer
 
-    try:  # the model is found now (an api process holds none): fail fast, before the server starts
-        runtime = build_runtime(settings, resolve=True)
-    except (ModelUnavailable, UnsafeDirectory) as e:
+    try:  # the model is found now, without torch: fail fast, before the server listens
+        source = resolve_model(settings)
+    except ModelUnavailable as e:
         print(f"error: {e.message}", file=sys.stderr)
         return 2
-    app = create_app(runtime=runtime)
-    announce(settings, runtime.source)
-    # sibling web processes on the same port: uploads and polls on more cores (pipeline/web/siblings.py)
-    listener = uvicorn.Config(app, host=settings.server.host, port=settings.server.port).bind_socket()
-    siblings = WebSiblings(settings, runtime, processes, sys.argv[1:] if argv is None else list(argv), listener,
-                           bodies=app.state.poll_bodies)
-    siblings.start()
+    # sibling web processes on the same port: uploads and polls on more cores (pipeline/web/siblings.py);
+    # the port answers "starting" (pipeline/web/early.py) while torch, the runtime and the UI are built
+    listener = uvicorn.Config(create_app, host=settings.server.host, port=settings.server.port).bind_socket()
+    announce(settings, source)
+    with EarlyServer(listener, early_probe(settings, source), **options):
+        from pipeline.serving.runtime import build_runtime
+        from pipeline.web.siblings import WebSiblings
+
+        try:
+            runtime = build_runtime(settings, source=source)
+        except UnsafeDirectory as e:
+            print(f"error: {e.message}", file=sys.stderr)
+            return 2
+        app = create_app(runtime=runtime)
+        siblings = WebSiblings(settings, runtime, processes, sys.argv[1:] if argv is None else list(argv),
+                               listener, bodies=app.state.poll_bodies)
+    siblings.start()  # (right before the owner serves: a sibling connects to its hub at once)
     try:
         siblings.serve(app, **options)
     finally:

@@ -10,6 +10,8 @@ from __future__ import annotations
 import os
 import socket
 
+from pipeline.config import gpu_driver_present
+
 AUTO_ON_GPU = 3  # web processes on a CUDA host: the owner (GPU loop, store) + 2 siblings (all public HTTP)
 
 
@@ -23,7 +25,10 @@ def web_processes(settings) -> int:
         return 1  # (siblings need Unix sockets and inherited descriptors: POSIX)
     if settings.server.web_processes > 0:
         return settings.server.web_processes
-    if not settings.engine.resolved_device().startswith("cuda") or (os.cpu_count() or 1) < 2:
+    # a host with a GPU driver counts as a CUDA host here, decided without importing torch (the
+    # port answers while torch loads: pipeline/web/early.py); a set device is taken as it is
+    device = settings.engine.device or ("cuda" if gpu_driver_present() else "cpu")
+    if not device.startswith("cuda") or (os.cpu_count() or 1) < 2:
         return 1
     return AUTO_ON_GPU
 

@@ -476,7 +476,7 @@ def test_a_finished_jobs_body_is_sent_to_the_sibling_as_it_would_read_it(pair, s
 
     jid = submit(sib, speech_clip, wait=60).json()["id"]
     body = pushed_when(lambda b: b is not None, "the finished job's body never reached the sibling")
-    assert body == job_body(store.get(jid))  # what the sibling would answer from SQLite, exactly
+    assert body == job_body(store.get(jid), bodies.retention_hours)  # what the sibling would answer from SQLite, exactly
     assert httpx.get(f"{sib}/api/jobs/{jid}", timeout=10).content == body
     assert json.loads(body)["status"] == "done" and json.loads(body)["result"]["text"]
 
@@ -484,7 +484,7 @@ def test_a_finished_jobs_body_is_sent_to_the_sibling_as_it_would_read_it(pair, s
         {"index": 0, "text": "Corrected words here"}]}, timeout=30)  # (relayed to the owner)
     assert r.status_code == 200, r.text
     edited = pushed_when(lambda b: b != body, "the reviewer's edit never reached the sibling")
-    assert edited == job_body(store.get(jid)) and json.loads(edited)["review"]["reviewed"] is True
+    assert edited == job_body(store.get(jid), bodies.retention_hours) and json.loads(edited)["review"]["reviewed"] is True
     assert httpx.get(f"{sib}/api/jobs/{jid}", timeout=10).json()["result"]["segments"][0]["text"] == \
         "Corrected words here"
 

@@ -48,8 +48,9 @@ coverage: $(VENV)/.installed-dev
 	export COVERAGE_FILE=$(COVERAGE_DIR)/.coverage; \
 	$(call run_tests,$(COV),$(COV) --cov-append); \
 	$(BIN)/coverage combine -q --append --rcfile=.coveragerc 2>/dev/null; \
-	$(BIN)/coverage report --rcfile=.coveragerc --sort=-miss --skip-covered | head -n 25; \
-	$(BIN)/coverage report --rcfile=.coveragerc | tail -n 1; exit $$rc
+	$(BIN)/coverage report --rcfile=.coveragerc --sort=-miss --format=markdown > $(COVERAGE_DIR)/report.md; \
+	head -n 17 $(COVERAGE_DIR)/report.md; echo "total: $$($(BIN)/coverage report --rcfile=.coveragerc --format=total) %"; \
+	exit $$rc
 
 clean:
 	rm -rf $(VENV) .pytest_cache

@@ -149,6 +149,8 @@ def test_keep_moves_expires_at_up_to_the_cap(server, clip_factory):
     assert abs(r.json()["expires_at"] - capped) < 60, r.json()
     body = httpx.get(f"{server.url}/api/jobs/{jid}", headers=AUTH, timeout=10).json()
     assert body["expires_at"] == r.json()["expires_at"] and body["status"] == "done"
+    listed = httpx.post(server.url + "/api/calls", json={"all": True}, headers=AUTH, timeout=10).json()["rows"]
+    assert [row["expires_at"] for row in listed if row["id"] == jid] == [body["expires_at"]]  # the table too
     # a shorter keep afterwards never shortens it; an empty body is the longest keep
     r = httpx.post(f"{server.url}/api/jobs/{jid}/keep", headers=AUTH, json={"days": 1}, timeout=10)
     assert r.json()["expires_at"] == body["expires_at"]

@@ -142,17 +142,18 @@ class CallRow:
     by date parses none of the other 9,950)."""
 
     __slots__ = ("id", "state", "filename", "created_at", "audio_seconds", "finished_at",
-                 "error_code", "review", "search", "_raw", "_summary")
+                 "error_code", "review", "search", "kept_until", "_raw", "_summary")
 
     def __init__(self, id: str, state: str, filename: str, created_at: float, audio_seconds: float,
                  finished_at: float | None = None, error_code: str | None = None,
                  summary: CallSummary | None = None, review: Review | None = None,
-                 search: str = "", summary_raw: bytes | str | None = None):
+                 search: str = "", summary_raw: bytes | str | None = None, kept_until: float | None = None):
         self.id, self.state, self.filename = id, state, filename
         self.created_at, self.audio_seconds = created_at, audio_seconds
         self.finished_at, self.error_code = finished_at, error_code
         self.review = review if review is not None else _NO_REVIEW
         self.search = search  # lower case (filled only for a text search)
+        self.kept_until = kept_until  # kept beyond its retention until then (POST /api/jobs/{id}/keep)
         self._raw, self._summary = summary_raw, summary
 
     @property

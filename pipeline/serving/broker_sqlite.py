@@ -160,6 +160,7 @@ class JobStore:
                     c.execute("ALTER TABLE segments ADD COLUMN scores TEXT")  # before issue 39
                 if "kept_until" not in {r["name"] for r in c.execute("PRAGMA table_info(jobs)")}:
                     c.execute("ALTER TABLE jobs ADD COLUMN kept_until REAL")  # keep (issue 40)
+                c.execute("CREATE INDEX IF NOT EXISTS jobs_kept ON jobs(kept_until) WHERE kept_until IS NOT NULL")
                 calls_index.ensure_schema(c)  # the calls table's summaries and reviews
 
     # ------------------------------------------------------------------ plumbing

@@ -189,6 +189,10 @@ class SqliteCalls:
             if wanted is None or r[0] in wanted:
                 out.append(CallRow(r[0], r[1], r[2], r[3], r[4], r[5],
                                    search=r[2].lower() if search and search in r[2].lower() else ""))
+        kept = dict(conn.execute("SELECT id, kept_until FROM jobs WHERE kept_until IS NOT NULL"))  # (indexed: few)
+        if kept:
+            for row in out:
+                row.kept_until = kept.get(row.id)
         return out
 
     def _backfill(self, conn: sqlite3.Connection) -> None:
@@ -206,7 +210,8 @@ class SqliteCalls:
 
 # ---------------------------------------------------------------------------------- Redis
 _FIELDS = (b"state", b"filename", b"created_at", b"audio_seconds", b"finished_at",
-           b"error_code", b"summary", b"review")
+           b"error_code", b"summary", b"review", b"kept_until")
+_SEARCH = len(_FIELDS)  # a text search's hit, appended after the fields
 
 # KEYS = job 1, search 1, job 2, search 2, ...; ARGV = summary 1, search text 1, summary 2, ...
 # (a worker's finished batch in one command). Only on a record that still exists (never a key
@@ -362,7 +367,7 @@ class RedisCalls:
         s = lambda b: b.decode("utf-8", "replace") if b is not None else None  # noqa: E731
         state = s(v[0])
         summary = v[6]
-        search = s(v[8]) if query and v[8] is not None else ""
+        search = s(v[_SEARCH]) if query and v[_SEARCH] is not None else ""
         if summary is None and state == JobState.DONE.value:
             summary, search = self._backfill(jid)
         elif query and not search and query in (s(v[1]) or "").lower():  # unfinished: its name
@@ -371,7 +376,8 @@ class RedisCalls:
             id=jid, state=state, filename=s(v[1]) or "", created_at=float(v[2] or 0),
             audio_seconds=float(v[3] or 0), finished_at=float(v[4]) if v[4] else None,
             error_code=s(v[5]), summary_raw=summary,
-            review=_review(v[7]), search=search if query and query in search else "")
+            review=_review(v[7]), search=search if query and query in search else "",
+            kept_until=float(v[8]) if v[8] else None)
 
     def _backfill(self, jid: str) -> tuple[bytes | None, str]:
         key = self.broker.key("job", jid)

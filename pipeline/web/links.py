@@ -71,7 +71,8 @@ def expiry(job, retention_hours: float, now: float | None = None) -> int:
     """When the job's retention ends (its audio and result are purged then anyway), or its keep
     when later (``meta["kept_until"]``, POST /api/jobs/{id}/keep)."""
     finished = job.finished_at if job.finished_at is not None else (time.time() if now is None else now)
-    kept = getattr(job, "meta", None) and job.meta.get("kept_until") or 0.0
+    meta = getattr(job, "meta", None)  # a Job's, or a calls row's own field
+    kept = (meta.get("kept_until") if meta else getattr(job, "kept_until", None)) or 0.0
     return int(math.ceil(max(finished + max(retention_hours, 0.0) * 3600, kept)))
 
 

@@ -141,10 +141,13 @@ class _Spawner:
         return future.result()
 
     def stop(self) -> None:
-        """End the thread (after the starts already asked for); its children get SIGKILL."""
+        """End the thread (after the starts already asked for) and wait for it, so a closed decoder
+        leaves no thread behind (the CLI's exit: tests/test_cli_threads.py); its children get SIGKILL."""
         with self._lock:
             self._stopped = True
             self._jobs.put(None)
+        if self._thread is not threading.current_thread():
+            self._thread.join(10)
 
     def _run(self) -> None:
         while (job := self._jobs.get()) is not None:

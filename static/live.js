@@ -764,7 +764,7 @@
           var path = Array.isArray(paths) ? paths[0] : null;
           if (typeof path !== 'string') { done(refusal('no_answer')); return null; }
           var data = [{ path: path, orig_name: file.name, mime_type: 'audio/wav', size: file.size,
-            meta: { _type: 'gradio.FileData' } }, opts.language, !!opts.useItn, false];
+            meta: { _type: 'gradio.FileData' } }, opts.language, !!opts.useItn, false, ''];  // split, hotwords
           return root.fetch(config.submitPath, {
             method: 'POST', credentials: 'same-origin', headers: { 'Content-Type': 'application/json' },
             body: JSON.stringify({ data: data })

@@ -378,7 +378,7 @@ def test_save_submits_the_kept_wav_through_the_ui_submit(page):
         assert w.getnframes() == live(page, "session()")["keptSamples"] <= 2 * 16000
     assert b'filename="live-' in up_body
     data = json.loads(sub_body)["data"]
-    assert data[0]["path"] == "/data/ui-uploads/abc/live.wav" and data[1:] == ["en", False, False]
+    assert data[0]["path"] == "/data/ui-uploads/abc/live.wav" and data[1:] == ["en", False, False, ""]  # language, itn, split, hotwords (ui.py inputs)
     assert page.evaluate("location.search") == f"?job={view['id']}"
     assert page.locator("#sv-live .sv-live-save").is_disabled()
 

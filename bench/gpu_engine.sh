@@ -11,17 +11,8 @@
 #                                       # the CUDA-only fp8 tests (tests/test_fp8.py; FP8_TESTS=0: not)
 # The full-size model (random weights) is built once per machine under /tmp.
 set -uo pipefail
-OUT=${OUT:-$(mktemp -d)}
-export PYTHONUNBUFFERED=1
-if [ ! -f /tmp/site/.done ]; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
-    .whl/*.whl >"$OUT/pip.log" 2>&1 || { tail -5 "$OUT/pip.log"; exit 1; }
-  touch /tmp/site/.done
-fi
-export PYTHONPATH=/tmp/site
-model=/tmp/sensevoice-full
-[ -f $model/model.pt ] || python3 -m pipeline.model.demo.build_model --variant full --out $model >"$OUT/build.log" 2>&1 \
-  || { tail -20 "$OUT/build.log"; exit 1; }
+source bench/gpu_setup.sh
+gpu_full_model
 case "${1:-bench}" in
   bench)
     python3 -u bench/gpu_bench.py --model-dir $model --budget-s "${BUDGET_S:-470}" --n "${N:-20}" \

@@ -5,17 +5,8 @@
 # The full-size model (random weights) is built once per machine under /tmp. BENCH_ARGS adds
 # arguments to bench/hotwords_bench.py (e.g. "--batch 256 --rounds 2").
 set -uo pipefail
-OUT=${OUT:-$(mktemp -d)}
-export PYTHONUNBUFFERED=1
-if [ ! -f /tmp/site/.done ]; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
-    .whl/*.whl >"$OUT/pip.log" 2>&1 || { tail -5 "$OUT/pip.log"; exit 1; }
-  touch /tmp/site/.done
-fi
-export PYTHONPATH=/tmp/site
-model=/tmp/sensevoice-full
-[ -f $model/model.pt ] || python3 -m pipeline.model.demo.build_model --variant full --out $model >"$OUT/build.log" 2>&1 \
-  || { tail -20 "$OUT/build.log"; exit 1; }
+source bench/gpu_setup.sh
+gpu_full_model
 python3 -u bench/hotwords_bench.py throughput --model-dir $model --device cuda --batch 512 --seconds 10 \
   --hotwords 100 --batches 6 --rounds 3 ${BENCH_ARGS:-} 2>&1 | grep -v "torch_complex" | tee "$OUT/hotwords.log" | tail -20
 # the CUDA tests the head's new output touches (graphs and fp16 vs fp32 tokens) and the search

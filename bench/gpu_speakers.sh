@@ -5,14 +5,7 @@
 #     np.save('.spkbench/call.npy', two_voice_call(Path('/tmp/spk-calls'))[0])"
 #   bash bench/gpu_speakers.sh   # one hour of mono call audio: speech regions + embeddings + clustering
 set -uo pipefail
-OUT=${OUT:-$(mktemp -d)}
-export PYTHONUNBUFFERED=1
-if [ ! -f /tmp/site/.done ]; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
-    .whl/*.whl >"$OUT/pip.log" 2>&1 || { tail -5 "$OUT/pip.log"; exit 1; }
-  touch /tmp/site/.done
-fi
-export PYTHONPATH=/tmp/site
+source bench/gpu_setup.sh
 python3 -u bench/speaker_cost.py --minutes 60 --device cuda --runs 3 --wave .spkbench/call.npy 2>&1 \
   | grep -v torch_complex | tee "$OUT/speakers_gpu.log"
 python3 -u bench/speaker_cost.py --minutes 60 --device cuda --runs 2 --speakers 2 --wave .spkbench/call.npy 2>&1 \

@@ -151,10 +151,10 @@ def announce(settings, source) -> None:
 
 
 def early_probe(settings, source) -> dict:
-    """What /readyz says of the model before the runtime exists (as ``Runtime.is_demo`` and
-    ``Runtime.model_name`` will)."""
-    demo = source.is_demo if source is not None else settings.engine.demo
-    model = "demo (hand-set weights, not a real model)" if demo else source.name if source else settings.engine.model
+    """What /readyz says of the model before the runtime exists (the runtime says the same)."""
+    from pipeline.model.loading import describe_model
+
+    model, demo = describe_model(source, settings)
     return {"model": model, "demo": demo}
 
 

@@ -34,7 +34,8 @@ from pipeline.serving.broker_sibling import SiblingBroker
 from pipeline.serving.intake import new_job_id
 from pipeline.serving.scheduler import Scheduler, WorkItem
 from pipeline.serving.sibling_hub import SiblingHub
-from pipeline.web.siblings import SiblingTrust, WebSiblings, owned, sibling_app, web_processes
+from pipeline.web.processes import web_processes
+from pipeline.web.siblings import SiblingTrust, WebSiblings, owned, sibling_app
 from tests.conftest import MODEL_CACHE, free_port, make_settings
 from tests.test_reliability import wait_ready
 
@@ -81,7 +82,7 @@ def test_web_processes_auto_is_one_on_a_cpu_host_and_never_beside_redis(tmp_path
 def test_per_server_limits_are_shared_out_among_the_web_processes(tmp_path):
     """Each process counts a client's failed sign-ins on its own: each gets its share of the
     configured whole (rounded up; no limit stays none); limits that are per process stay as set."""
-    from pipeline.web.siblings import share_limits
+    from pipeline.web.processes import share_limits
 
     s = make_settings(tmp_path, tmp_path, auth_failures_per_client=20, max_concurrent_uploads=9,
                       max_uploads_per_client=4)
@@ -643,7 +644,7 @@ def sample(text: str, series: str) -> float:
 
 
 def test_the_owner_accepts_beside_one_sibling_only_unless_told(tmp_path):
-    from pipeline.web.siblings import owner_accepts
+    from pipeline.web.processes import owner_accepts
 
     auto = make_settings(tmp_path, tmp_path)
     assert owner_accepts(auto, 2) and not owner_accepts(auto, 3) and not owner_accepts(auto, 5)

@@ -42,6 +42,19 @@ class ModelSource:
     is_demo: bool
 
 
+DEMO_NAME = "demo (hand-set weights, not a real model)"
+
+
+def describe_model(source: ModelSource | None, settings: "Settings") -> tuple[str, bool]:
+    """(name, is_demo) of the model a process serves, as /readyz and the UI say it: its resolved
+    model, or (no model here: an api process) the settings it was started with (``--demo``),
+    which its workers share."""
+    demo = source.is_demo if source is not None else settings.engine.demo
+    if demo:
+        return DEMO_NAME, True
+    return (source.name if source is not None else settings.engine.model), False
+
+
 def _looks_like_model_dir(path: Path) -> bool:
     return path.is_dir() and all((path / f).exists() for f in REQUIRED_FILES)
 

@@ -75,15 +75,16 @@ class Runtime:
 
     @property
     def is_demo(self) -> bool:
-        """The model served is the demo one: this process's model says so, or (no model here: an
-        api process) the demo setting it was started with (``--demo``), which its workers share."""
-        return self.source.is_demo if self.source is not None else self.settings.engine.demo
+        """The model served is the demo one (:func:`pipeline.model.loading.describe_model`)."""
+        from pipeline.model.loading import describe_model
+
+        return describe_model(self.source, self.settings)[1]
 
     @property
     def model_name(self) -> str:
-        if self.source is None and not self.is_demo:
-            return self.settings.engine.model
-        return "demo (hand-set weights, not a real model)" if self.is_demo else self.source.name
+        from pipeline.model.loading import describe_model
+
+        return describe_model(self.source, self.settings)[0]
 
     @property
     def live_decode(self) -> LiveDecode | None:

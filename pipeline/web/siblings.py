@@ -35,7 +35,7 @@ from pathlib import Path
 from pipeline.domain.errors import NotReady
 from pipeline.serving.sibling_hub import SiblingHub
 from pipeline.web.edge import refuse
-from pipeline.web.processes import SHARED_LIMITS, owner_accepts, share_limits, web_processes  # noqa: F401
+from pipeline.web.processes import SHARED_LIMITS, owner_accepts
 
 logger = logging.getLogger("sensevoice.siblings")
 

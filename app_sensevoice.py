@@ -242,30 +242,20 @@ def main(argv=None) -> int:
         return serve_at_once(settings, options)
     import uvicorn
 
-    from pipeline.model.loading import resolve_model
-    from pipeline.web.early import EarlyServer
+    from pipeline.serving.runtime import build_runtime
+    from pipeline.web.siblings import WebSiblings
 
-    try:  # the model is found now, without torch: fail fast, before the server listens
-        source = resolve_model(settings)
-    except ModelUnavailable as e:
+    try:  # the model is found now (an api process holds none): fail fast, before the server starts
+        runtime = build_runtime(settings, resolve=True)
+    except (ModelUnavailable, UnsafeDirectory) as e:
         print(f"error: {e.message}", file=sys.stderr)
         return 2
-    # sibling web processes on the same port: uploads and polls on more cores (pipeline/web/siblings.py);
-    # the port answers "starting" (pipeline/web/early.py) while torch, the runtime and the UI are built
-    listener = uvicorn.Config(create_app, host=settings.server.host, port=settings.server.port).bind_socket()
-    announce(settings, source)
-    with EarlyServer(listener, early_probe(settings, source), **options):
-        from pipeline.serving.runtime import build_runtime
-        from pipeline.web.siblings import WebSiblings
-
-        try:
-            runtime = build_runtime(settings, source=source)
-        except UnsafeDirectory as e:
-            print(f"error: {e.message}", file=sys.stderr)
-            return 2
-        app = create_app(runtime=runtime)
-        siblings = WebSiblings(settings, runtime, processes, sys.argv[1:] if argv is None else list(argv),
-                               listener, bodies=app.state.poll_bodies)
+    app = create_app(runtime=runtime)
+    announce(settings, runtime.source)
+    # sibling web processes on the same port: uploads and polls on more cores (pipeline/web/siblings.py)
+    listener = uvicorn.Config(app, host=settings.server.host, port=settings.server.port).bind_socket()
+    siblings = WebSiblings(settings, runtime, processes, sys.argv[1:] if argv is None else list(argv), listener,
+                           bodies=app.state.poll_bodies)
     siblings.start()  # (right before the owner serves: a sibling connects to its hub at once)
     try:
         siblings.serve(app, **options)

@@ -174,35 +174,6 @@ def test_nothing_of_the_request_is_echoed():
     asyncio.run(main())
 
 
-def test_the_early_server_answers_on_a_bound_socket_and_leaves_it_open():
-    """The several web processes' owner: "starting" answers on the shared port while it builds,
-    then the port is the real server's (the socket is not closed by the early one)."""
-    import socket
-
-    import httpx
-    import uvicorn
-
-    from pipeline.web.early import EarlyServer
-
-    sock = uvicorn.Config(lambda *a: None, host="127.0.0.1", port=0).bind_socket()
-    port = sock.getsockname()[1]
-    with EarlyServer(sock, {"model": "demo", "demo": True}, log_level="warning", lifespan="on"):
-        for _ in range(200):
-            try:
-                r = httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=2)
-                break
-            except httpx.HTTPError:
-                threading.Event().wait(0.05)
-        assert r.status_code == 503 and r.json()["state"] == "starting" and r.json()["demo"] is True
-        assert httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=2).status_code == 200
-    # the listening socket is still open and listening: a connection is queued for the next server
-    probe = socket.create_connection(("127.0.0.1", port), timeout=2)
-    conn, _ = sock.accept()
-    conn.close()
-    probe.close()
-    sock.close()
-
-
 def test_no_torch_import_to_choose_the_device_on_a_host_without_a_gpu_driver(monkeypatch):
     import pipeline.config as config
     import pipeline.web.processes as processes

@@ -22,9 +22,6 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import os
-import socket
-import threading
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -56,7 +53,7 @@ class EarlyApp:
     ``build`` returned. ``failed(exc)`` is called (on the event loop) when the build or the app's
     start-up raises."""
 
-    def __init__(self, build: Callable[[], ASGIApp] | None, failed: Callable[[BaseException], None],
+    def __init__(self, build: Callable[[], ASGIApp], failed: Callable[[BaseException], None],
                  probe: dict | None = None):
         self._build = build
         self._failed = failed
@@ -109,11 +106,6 @@ class EarlyApp:
     async def _lifespan(self, receive: Receive, send: Send) -> None:
         message = await receive()
         if message["type"] != "lifespan.startup":
-            return
-        if self._build is None:  # answers only (EarlyServer): "starting" until stopped
-            await send({"type": "lifespan.startup.complete"})
-            await receive()
-            await send({"type": "lifespan.shutdown.complete"})
             return
         builder = asyncio.create_task(self._build_and_start(), name="sensevoice-early-build")
         await send({"type": "lifespan.startup.complete"})
@@ -178,30 +170,3 @@ def _is_page(path: str, scope: Scope) -> bool:
     accept = dict(scope.get("headers") or ()).get(b"accept", b"")
     return path.startswith("/ui") and b"text/html" in accept
 
-
-class EarlyServer:
-    """EarlyApp's answers on an already bound socket, from a thread, while the caller builds the app
-    in its own thread -- the several web processes' owner (pipeline/web/siblings.py), whose server
-    needs the runtime before it starts. Leaving the ``with`` block stops it (the connections it holds
-    are answered and closed); the socket stays open for the real server."""
-
-    def __init__(self, sock: socket.socket, probe: dict | None = None, **options):
-        import uvicorn
-
-        self._sock = socket.socket(fileno=os.dup(sock.fileno()))  # uvicorn closes what it served on
-        # asyncio's loop, not uvloop: after a uvloop server had served on (a duplicate of) the shared
-        # socket, the sibling web processes were never handed a connection again (test_web_siblings)
-        options = {k: v for k, v in options.items() if k not in ("host", "port", "lifespan")} | {"loop": "asyncio"}
-        self.server = uvicorn.Server(uvicorn.Config(EarlyApp(None, lambda e: None, probe), **options))
-        self._thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self._sock]},
-                                        name="sensevoice-early-server", daemon=True)
-
-    def __enter__(self) -> EarlyServer:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.server.should_exit = True
-        self._thread.join(30)
-        if self._thread.is_alive():
-            logger.warning("the start-up answers did not stop within 30 s")
